@@ -1,0 +1,23 @@
+"""Talking to judge LLMs: litellm calls with retries, the embedded offline model, rubrics.
+
+`judges` knows nothing about trajectories; `ruler` builds prompts and reads scores on top of it.
+"""
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-table download at import
+
+from judges.completion import JudgeReply, RetryPolicy, complete  # noqa: E402
+from judges.errors import JudgeConfigError, JudgeError, JudgeOutputError, JudgeUnavailableError  # noqa: E402
+from judges.local_provider import EMBEDDED_JUDGE, register_local_provider  # noqa: E402
+from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, get_rubric  # noqa: E402
+
+import litellm  # noqa: E402
+
+litellm.suppress_debug_info = True  # no provider-list banners on our errors
+register_local_provider()
+
+__all__ = [
+    "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "RUBRICS", "JudgeConfigError", "JudgeError", "JudgeOutputError",
+    "JudgeReply", "JudgeUnavailableError", "RetryPolicy", "complete", "get_rubric", "register_local_provider",
+]

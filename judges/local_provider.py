@@ -1,0 +1,88 @@
+"""Makes the embedded model a litellm model string: `local/smollm2-135m-instruct`.
+
+`register_local_provider()` adds a litellm `CustomLLM` under the provider name `local`, so every code
+path that takes a litellm `judge_model` (RULER, panels, the answer-correctness judge, ...) accepts the
+embedded model too. A `response_format` of type `json_schema` is honoured by constrained decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import litellm
+from litellm import CustomLLM
+from litellm.types.utils import ModelResponse
+
+from judges.embedded import EMBEDDED_MODEL_NAME, load_embedded_model
+from judges.errors import JudgeConfigError
+
+LOCAL_PROVIDER = "local"
+EMBEDDED_JUDGE = f"{LOCAL_PROVIDER}/{EMBEDDED_MODEL_NAME}"
+LOCAL_MODELS = {EMBEDDED_MODEL_NAME}
+
+
+def _schema_from_response_format(response_format) -> dict | None:
+    if not response_format:
+        return None
+    if isinstance(response_format, dict):
+        if response_format.get("type") == "json_schema":
+            spec = response_format.get("json_schema") or {}
+            return spec.get("schema") or spec.get("json_schema")
+        if response_format.get("type") == "json_object":
+            return {"type": "object"}
+        return None
+    if hasattr(response_format, "model_json_schema"):  # a pydantic class, as ART passes
+        return response_format.model_json_schema()
+    return None
+
+
+class EmbeddedLLM(CustomLLM):
+    """litellm handler that answers chat completions with the embedded model."""
+
+    def _complete(self, model: str, messages: list, optional_params: dict) -> ModelResponse:
+        name = model.split("/", 1)[-1]
+        if name not in LOCAL_MODELS:
+            raise JudgeConfigError(f"unknown local model {model!r}; available: {sorted(LOCAL_MODELS)}")
+        params = dict(optional_params or {})
+        schema = _schema_from_response_format(params.get("response_format"))
+        max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 1024
+        gen = load_embedded_model().generate(
+            [{"role": m["role"], "content": m.get("content") or ""} for m in messages],
+            json_schema=schema,
+            max_new_tokens=int(max_tokens),
+            temperature=float(params.get("temperature") or 0.0),
+            seed=int(params.get("seed") or 0),
+        )
+        return ModelResponse(
+            id=f"local-{uuid.uuid4().hex[:12]}",
+            created=int(time.time()),
+            model=f"{LOCAL_PROVIDER}/{name}",
+            choices=[{"index": 0, "finish_reason": gen.finish_reason,
+                      "message": {"role": "assistant", "content": gen.text}}],
+            usage={"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
+                   "total_tokens": gen.prompt_tokens + gen.completion_tokens},
+        )
+
+    def completion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
+                   encoding, api_key, logging_obj, optional_params, *args, **kwargs) -> ModelResponse:
+        return self._complete(model, messages, optional_params)
+
+    async def acompletion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
+                          encoding, api_key, logging_obj, optional_params, *args, **kwargs) -> ModelResponse:
+        # generation is CPU-bound: keep the event loop free for other groups and HTTP traffic
+        return await asyncio.to_thread(self._complete, model, messages, optional_params)
+
+
+_handler = EmbeddedLLM()
+
+
+def register_local_provider() -> None:
+    """Register `local/...` with litellm (idempotent)."""
+    if not any(item.get("provider") == LOCAL_PROVIDER for item in litellm.custom_provider_map):
+        litellm.custom_provider_map = [
+            *litellm.custom_provider_map,
+            {"provider": LOCAL_PROVIDER, "custom_handler": _handler},
+        ]
+    litellm.utils.custom_llm_setup()

@@ -1,0 +1,18 @@
+"""ruler-rl: reward-free RL for LLM agents. RULER scores a group of trajectories relative to each other.
+
+    from ruler import ruler_score_group, Trajectory, TrajectoryGroup, group_advantages
+"""
+
+from judges import DEFAULT_RUBRIC, EMBEDDED_JUDGE, RetryPolicy  # also registers local/... with litellm
+from judges.errors import JudgeConfigError, JudgeError, JudgeOutputError, JudgeUnavailableError
+from ruler.advantages import group_advantages, group_has_signal
+from ruler.parse import TrajectoryScore
+from ruler.scoring import RulerResult, default_judge_model, ruler, ruler_score_group, score_group_messages
+from ruler.trajectory import History, PydanticException, Trajectory, TrajectoryGroup
+
+__all__ = [
+    "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "History", "JudgeConfigError", "JudgeError", "JudgeOutputError",
+    "JudgeUnavailableError", "PydanticException", "RetryPolicy", "RulerResult", "Trajectory", "TrajectoryGroup",
+    "TrajectoryScore", "default_judge_model", "group_advantages", "group_has_signal", "ruler",
+    "ruler_score_group", "score_group_messages",
+]

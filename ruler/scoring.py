@@ -1,0 +1,361 @@
+"""The RULER algorithm: one judge call scores a whole group relative to each other.
+
+    ruler(message_lists, judge_model, ...)        -> list[TrajectoryScore]   (ids "1".."N")
+    ruler_score_group(group, judge_model, ...)    -> new TrajectoryGroup with reward = judge score
+
+Per judge call: build the prompt (ruler/prompt.py) -> look in the cache -> ask the judge with
+retries (judges.complete) -> parse and validate by id (ruler/parse.py); an invalid answer is sent
+back with its problems stated, up to `max_format_retries` times, then a `JudgeOutputError` is raised.
+A score is never invented. With `num_permutations=k > 1` the group is judged under k orderings
+(deterministic given `seed`, so the cache still hits) and scores are averaged by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import litellm
+
+from judges import EMBEDDED_JUDGE, DEFAULT_RUBRIC, JudgeConfigError, JudgeOutputError, RetryPolicy, complete
+from judges.rubrics import get_rubric
+from ruler.cache import CacheLike, cache_key, open_cache
+from ruler.parse import ScoreProblems, TrajectoryScore, parse_scores
+from ruler.prompt import JudgePrompt, Render, build_prompt, response_schema
+from ruler.trajectory import KNOWN_ROLES, Trajectory, TrajectoryGroup
+
+log = logging.getLogger("ruler")
+
+
+def default_judge_model() -> str:
+    """`$RULER_JUDGE_MODEL` when set, else the embedded offline judge."""
+    return os.environ.get("RULER_JUDGE_MODEL") or EMBEDDED_JUDGE
+
+
+@dataclass
+class RulerResult:
+    """Scores plus what it took to get them."""
+
+    scores: list[TrajectoryScore]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    calls: int = 0          # judge calls actually made (0 when everything came from the cache)
+    cached: bool = False    # every judgment came from the cache
+    spread: list[float] = field(default_factory=list)  # per-trajectory std across orderings
+    notes: list[str] = field(default_factory=list)
+
+
+def validate_message_lists(message_lists: Any) -> list[list[dict]]:
+    """Check the shape of a group of conversations; raise ValueError naming the first problem."""
+    if not isinstance(message_lists, (list, tuple)):
+        raise TypeError(f"message_lists must be a list of message lists, got {type(message_lists).__name__}")
+    out = []
+    for t, ml in enumerate(message_lists, 1):
+        if not isinstance(ml, (list, tuple)):
+            raise TypeError(f"trajectory {t}: expected a list of messages, got {type(ml).__name__}")
+        if not ml:
+            raise ValueError(f"trajectory {t} has no messages")
+        for k, m in enumerate(ml, 1):
+            if not isinstance(m, dict):
+                raise TypeError(f"trajectory {t}, message {k}: expected a dict, got {type(m).__name__}")
+            role = m.get("role")
+            if role not in KNOWN_ROLES:
+                raise ValueError(f"trajectory {t}, message {k}: unknown role {role!r} (known: {sorted(KNOWN_ROLES)})")
+            content = m.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise TypeError(f"trajectory {t}, message {k}: content must be a string, a list of parts or null")
+        out.append(list(ml))
+    if out and not any(m["role"] in ("system", "developer", "user") for ml in out for m in ml):
+        raise ValueError("no trajectory has a system, developer or user message: the judge cannot tell the task")
+    return out
+
+
+def _provider(model: str, params: dict) -> str:
+    try:
+        return litellm.get_llm_provider(model, api_base=params.get("api_base"))[1]
+    except Exception as exc:
+        raise JudgeConfigError(f"unknown judge model {model!r}: {str(exc).splitlines()[0]}") from None
+
+
+def _response_format(model: str, provider: str, ids: list[str], params: dict) -> dict | None:
+    """Ask for the answer's JSON schema where the provider supports it (exact schema for local models)."""
+    if "response_format" in params:
+        return params["response_format"]
+    if provider == "local":
+        schema = response_schema(ids)
+    elif provider in ("hosted_vllm",) or (provider == "openai" and params.get("api_base")):
+        schema = response_schema(ids)
+    else:
+        try:
+            if not litellm.supports_response_schema(model=model, custom_llm_provider=provider):
+                return None
+        except Exception:
+            return None
+        schema = response_schema(None)
+    return {"type": "json_schema", "json_schema": {"name": "ruler_scores", "schema": schema, "strict": True}}
+
+
+def _check_context(model: str, provider: str, messages: list[dict], params: dict, limit: int | None) -> int:
+    """Estimated prompt tokens; a clear error when the judge cannot take that many."""
+    try:
+        tokens = litellm.token_counter(model=model, messages=messages)
+    except Exception:
+        tokens = sum(len(m["content"]) for m in messages) // 3
+    if limit is None:
+        if provider == "local":
+            from judges.embedded import load_embedded_model
+            limit = load_embedded_model().max_context - 256
+        else:
+            try:
+                info = litellm.get_model_info(model=model, custom_llm_provider=provider)
+                limit = info.get("max_input_tokens") or info.get("max_tokens")
+            except Exception:
+                limit = None
+    if limit and tokens > limit:
+        raise JudgeConfigError(
+            f"the judge prompt is about {tokens} tokens but {model!r} accepts {limit}: "
+            "shorten the trajectories, split the group or use a judge with a longer context"
+        )
+    return tokens
+
+
+async def _judge_once(
+    prompt: JudgePrompt,
+    model: str,
+    provider: str,
+    params: dict,
+    cache: CacheLike | None,
+    retry: RetryPolicy,
+    max_format_retries: int,
+    debug: bool,
+) -> RulerResult:
+    """One judgment of one ordering: cache, call, validate by id, structural retries."""
+    fmt = _response_format(model, provider, prompt.ids, params)
+    call_params = {k: v for k, v in params.items() if k != "response_format"}
+    key = cache_key(model, prompt.messages, fmt, call_params) if cache is not None else None
+    if key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return RulerResult(
+                scores=[TrajectoryScore.model_validate(s) for s in hit["scores"]],
+                notes=list(hit.get("notes", [])) + ["judge answer served from cache"], cached=True,
+            )
+    messages = list(prompt.messages)
+    result = RulerResult(scores=[])
+    problems: list[str] = []
+    raw = ""
+    for attempt in range(max_format_retries + 1):
+        reply = await complete(model, messages, response_format=fmt, params=call_params, retry=retry)
+        result.calls += 1
+        result.prompt_tokens += reply.prompt_tokens
+        result.completion_tokens += reply.completion_tokens
+        result.cost += reply.cost
+        raw = reply.content
+        if debug:
+            from rich import print as rprint
+            rprint(f"[bold]RULER judge answer[/bold] (attempt {attempt + 1}):\n{raw}")
+        try:
+            parsed = parse_scores(raw, prompt.ids)
+        except ScoreProblems as exc:
+            problems = exc.problems
+            log.warning("judge %s answer rejected (attempt %d): %s", model, attempt + 1, exc)
+            messages = [prompt.messages[0], {"role": "user", "content": prompt.messages[1]["content"]
+                        + "\n\nA previous answer to this prompt could not be used: " + "; ".join(problems)
+                        + ". Answer again with the JSON object only, one entry for each trajectory id ("
+                        + ", ".join(prompt.ids) + "), every score a number between 0 and 1."}]
+            continue
+        result.scores = parsed.scores
+        result.notes += parsed.notes + ([f"accepted after {attempt} structural retr{'y' if attempt == 1 else 'ies'}"]
+                                         if attempt else [])
+        if key is not None:
+            cache.set(key, {"scores": [s.model_dump() for s in parsed.scores], "notes": parsed.notes})
+        return result
+    raise JudgeOutputError(
+        f"judge {model!r} gave no valid scores after {max_format_retries + 1} answer(s): " + "; ".join(problems),
+        problems=problems, raw=raw,
+    )
+
+
+def permutation_orders(n: int, k: int, seed: int) -> list[list[int]]:
+    """k orderings of n items: the identity first, then seeded shuffles (distinct while possible)."""
+    if k < 1:
+        raise ValueError(f"num_permutations must be >= 1, got {k}")
+    orders = [list(range(n))]
+    rng = random.Random(seed)
+    tries = 0
+    while len(orders) < k:
+        o = list(range(n))
+        rng.shuffle(o)
+        tries += 1
+        if o not in orders or tries > 50:
+            orders.append(o)
+    return orders
+
+
+async def score_group_messages(
+    message_lists: list[list[dict]],
+    judge_model: str | None = None,
+    extra_litellm_params: dict | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    *,
+    tools: list[dict] | None = None,
+    debug: bool = False,
+    cache: Any = None,
+    retry: RetryPolicy | None = None,
+    max_format_retries: int = 2,
+    render: Render = "compact",
+    num_permutations: int = 1,
+    seed: int = 0,
+    max_prompt_tokens: int | None = None,
+) -> RulerResult:
+    """`ruler()` with everything it measured: usage, cost, cache use, spread, notes."""
+    message_lists = validate_message_lists(message_lists)
+    if not message_lists:
+        return RulerResult(scores=[], cached=True)
+    model = judge_model or default_judge_model()
+    params = dict(extra_litellm_params or {})
+    provider = _provider(model, params)
+    rubric = get_rubric(rubric)
+    if max_format_retries < 0:
+        raise ValueError("max_format_retries must be >= 0")
+    if render not in ("compact", "art"):
+        raise ValueError(f"render must be 'compact' or 'art', got {render!r}")
+    n = len(message_lists)
+    notes = []
+    if n == 1:
+        notes.append("single trajectory: scored on its own, without relative grounding")
+        warnings.warn("RULER got a group of one trajectory; its score is absolute, not relative", stacklevel=3)
+    if not any(m["role"] in ("system", "developer") for ml in message_lists for m in ml):
+        notes.append("no system prompt: the judge infers the task from the user messages")
+    store = open_cache(cache)
+    policy = retry or RetryPolicy()
+    prompts = [build_prompt(message_lists, rubric, tools=tools, render=render, order=o)
+               for o in permutation_orders(n, num_permutations if n > 1 else 1, seed)]
+    if prompts[0].identical:
+        prompts = prompts[:1]
+        notes.append(f"all {n} trajectories identical: judged once, same score for all")
+    _check_context(model, provider, prompts[0].messages, params, max_prompt_tokens)
+    results = await asyncio.gather(*(
+        _judge_once(p, model, provider, params, store, policy, max_format_retries, debug) for p in prompts
+    ))
+    per_id: dict[str, list[TrajectoryScore]] = {}
+    for r in results:
+        for s in r.scores:
+            per_id.setdefault(s.trajectory_id, []).append(s)
+    ids = [str(i) for i in range(1, n + 1)]
+    if prompts[0].identical:
+        only = per_id["1"][0]
+        final = [only.model_copy(update={"trajectory_id": i}) for i in ids]
+        spread = [0.0] * n
+    else:
+        final = [TrajectoryScore(trajectory_id=i, explanation=per_id[i][0].explanation,
+                                 score=statistics.fmean(s.score for s in per_id[i])) for i in ids]
+        spread = [statistics.pstdev([s.score for s in per_id[i]]) if len(per_id[i]) > 1 else 0.0 for i in ids]
+    for r in results:
+        notes += [x for x in r.notes if x not in notes]
+    return RulerResult(
+        scores=final,
+        prompt_tokens=sum(r.prompt_tokens for r in results),
+        completion_tokens=sum(r.completion_tokens for r in results),
+        cost=sum(r.cost for r in results),
+        calls=sum(r.calls for r in results),
+        cached=all(r.cached for r in results),
+        spread=spread,
+        notes=notes,
+    )
+
+
+async def ruler(
+    message_lists: list[list[dict]],
+    judge_model: str | None = None,
+    extra_litellm_params: dict | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    *,
+    tools: list[dict] | None = None,
+    debug: bool = False,
+    **options: Any,
+) -> list[TrajectoryScore]:
+    """Score conversations relative to each other with one judge call (ART's `ruler`).
+
+    Returns one `TrajectoryScore` per conversation, ids "1".."N" in input order. Any litellm model
+    string works as `judge_model` (default: `$RULER_JUDGE_MODEL`, else the embedded judge);
+    `extra_litellm_params` pass through (`api_base`, `api_key`, `temperature`, ...). Options: `cache`,
+    `retry` (a `RetryPolicy`), `max_format_retries`, `render`, `num_permutations`, `seed`,
+    `max_prompt_tokens`. Raises `JudgeError` subclasses; never returns a made-up score.
+    """
+    result = await score_group_messages(
+        message_lists, judge_model, extra_litellm_params, rubric, tools=tools, debug=debug, **options
+    )
+    return result.scores
+
+
+def _group_tools(trajectories: list[Trajectory]) -> list[dict] | None:
+    seen: dict[str, dict] = {}
+    import json
+
+    for t in trajectories:
+        for tool in t.tools or []:
+            seen.setdefault(json.dumps(tool, sort_keys=True), tool)
+    return list(seen.values()) or None
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    judge_model: str | None = None,
+    extra_litellm_params: dict | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    *,
+    swallow_exceptions: bool = False,
+    debug: bool = False,
+    **options: Any,
+) -> TrajectoryGroup | None:
+    """Score a group with RULER and return a **new** group whose rewards are the judge's scores.
+
+    Each trajectory gets `metrics["ruler_score"]`, `metrics["independent_reward"]` (its old reward),
+    its share of the judge bill (`judge_prompt_tokens`, `judge_completion_tokens`, `judge_cost`; shares
+    add up to the group's total), `judge_cached`, and the explanation in `logs`. The input group is
+    not modified. With `swallow_exceptions=True` a failure returns None instead of raising (ART's
+    behaviour). Options as for `ruler`.
+    """
+    if not isinstance(group, TrajectoryGroup):
+        raise TypeError(f"ruler_score_group takes a TrajectoryGroup, got {type(group).__name__}")
+    for i, t in enumerate(group.trajectories, 1):
+        if t.additional_histories:
+            raise ValueError(f"trajectory {i} has additional_histories, which RULER does not score yet")
+    new = [t.model_copy(deep=True) for t in group.trajectories]
+    try:
+        result = await score_group_messages(
+            [t.messages() for t in new], judge_model, extra_litellm_params, rubric,
+            tools=_group_tools(new), debug=debug, **options,
+        )
+    except Exception as exc:
+        if swallow_exceptions:
+            log.warning("RULER swallowed %s: %s", type(exc).__name__, exc)
+            return None
+        raise
+    n = max(1, len(new))
+    for t, s, spread in zip(new, result.scores, result.spread or [0.0] * len(new)):
+        t.metrics["independent_reward"] = t.reward
+        t.metrics["ruler_score"] = s.score
+        t.metrics["judge_prompt_tokens"] = result.prompt_tokens / n
+        t.metrics["judge_completion_tokens"] = result.completion_tokens / n
+        t.metrics["judge_cost"] = result.cost / n
+        t.metrics["judge_cached"] = result.cached
+        if options.get("num_permutations", 1) > 1:
+            t.metrics["ruler_score_spread"] = spread
+        t.reward = s.score
+        t.log(f"RULER explanation: {s.explanation}")
+        for note in result.notes:
+            t.log(f"RULER note: {note}")
+    meta = dict(group.metadata)
+    meta.update(judge_model=judge_model or default_judge_model(), judge_calls=result.calls,
+                judge_prompt_tokens=result.prompt_tokens, judge_completion_tokens=result.completion_tokens,
+                judge_cost=result.cost, judge_cached=result.cached)
+    return TrajectoryGroup(new, metadata=meta, exceptions=[e.model_copy() for e in group.exceptions])
