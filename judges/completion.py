@@ -16,6 +16,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.wait import wait_exponential_jitter
 
 from judges.errors import JudgeConfigError, JudgeUnavailableError
+from judges.local_provider import check_local_model
 
 TRANSIENT = (
     litellm.RateLimitError,
@@ -136,6 +137,7 @@ async def complete(
         raise JudgeConfigError(f"judge model must be a non-empty litellm model string, got {model!r}")
     if not messages:
         raise JudgeConfigError("no messages to send to the judge")
+    check_local_model(model)
     policy = retry or RetryPolicy()
     kwargs = {"timeout": policy.timeout, "num_retries": 0, "max_retries": 0, **(params or {})}
     if response_format is not None:

@@ -23,6 +23,13 @@ EMBEDDED_JUDGE = f"{LOCAL_PROVIDER}/{EMBEDDED_MODEL_NAME}"
 LOCAL_MODELS = {EMBEDDED_MODEL_NAME}
 
 
+def check_local_model(model: str) -> None:
+    """Raise JudgeConfigError for `local/<name>` strings naming no embedded model (others pass)."""
+    provider, _, name = model.partition("/")
+    if provider == LOCAL_PROVIDER and name not in LOCAL_MODELS:
+        raise JudgeConfigError(f"unknown local model {name!r}; available: {sorted(LOCAL_MODELS)}")
+
+
 def _schema_from_response_format(response_format) -> dict | None:
     if not response_format:
         return None
@@ -43,8 +50,7 @@ class EmbeddedLLM(CustomLLM):
 
     def _complete(self, model: str, messages: list, optional_params: dict) -> ModelResponse:
         name = model.split("/", 1)[-1]
-        if name not in LOCAL_MODELS:
-            raise JudgeConfigError(f"unknown local model {model!r}; available: {sorted(LOCAL_MODELS)}")
+        check_local_model(f"{LOCAL_PROVIDER}/{name}")
         params = dict(optional_params or {})
         schema = _schema_from_response_format(params.get("response_format"))
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 1024

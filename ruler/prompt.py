@@ -302,7 +302,7 @@ def build_prompt(
     if sorted(order) != list(range(n)):
         raise ValueError(f"order must be a permutation of 0..{n - 1}")
     prefix = common_prefix_len(message_lists)
-    identical = n > 1 and all(len(ml) == prefix for ml in message_lists)
+    identical = all(len(ml) == prefix for ml in message_lists)  # also true for a group of one
     shown = [0] if identical else order
     ids = [str(i + 1) for i in range(n)]
     shown_ids = ["1"] if identical else [ids[i] for i in shown]

@@ -78,6 +78,9 @@ def validate_message_lists(message_lists: Any) -> list[list[dict]]:
 
 
 def _provider(model: str, params: dict) -> str:
+    from judges.local_provider import check_local_model
+
+    check_local_model(model)
     try:
         return litellm.get_llm_provider(model, api_base=params.get("api_base"))[1]
     except Exception as exc:
@@ -240,7 +243,8 @@ async def score_group_messages(
                for o in permutation_orders(n, num_permutations if n > 1 else 1, seed)]
     if prompts[0].identical:
         prompts = prompts[:1]
-        notes.append(f"all {n} trajectories identical: judged once, same score for all")
+        if n > 1:
+            notes.append(f"all {n} trajectories identical: judged once, same score for all")
     _check_context(model, provider, prompts[0].messages, params, max_prompt_tokens)
     results = await asyncio.gather(*(
         _judge_once(p, model, provider, params, store, policy, max_format_retries, debug) for p in prompts

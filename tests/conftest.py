@@ -1,0 +1,45 @@
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest  # noqa: E402
+
+from fake_judge import FakeJudge  # noqa: E402
+
+SYSTEM = {"role": "system", "content": "You are an email agent. Answer the user's question from their inbox."}
+USER = {"role": "user", "content": "When is the budget meeting?"}
+
+
+def convo(answer: str, *extra: dict) -> list[dict]:
+    return [SYSTEM, USER, *extra, {"role": "assistant", "content": answer}]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own judge cache directory."""
+    monkeypatch.setenv("RULER_CACHE_DIR", str(tmp_path / "judge-cache"))
+
+
+@pytest.fixture(scope="session")
+def _judge_server():
+    judge = FakeJudge()
+    yield judge
+    judge.close()
+
+
+@pytest.fixture
+def judge(_judge_server):
+    _judge_server.reset()
+    yield _judge_server
+    _judge_server.reset()
+
+
+@pytest.fixture(scope="session")
+def embedded_model():
+    """The real embedded model, loaded once per test session."""
+    from judges.embedded import load_embedded_model
+
+    return load_embedded_model()
