@@ -17,7 +17,7 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RULER: reward-free scores for agent trajectories.")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 DEMO_GROUP = "demo_group.json"
 
