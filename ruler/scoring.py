@@ -105,28 +105,33 @@ def _response_format(model: str, provider: str, ids: list[str], params: dict) ->
     return {"type": "json_schema", "json_schema": {"name": "ruler_scores", "schema": schema, "strict": True}}
 
 
-def _check_context(model: str, provider: str, messages: list[dict], params: dict, limit: int | None) -> int:
-    """Estimated prompt tokens; a clear error when the judge cannot take that many."""
+def _context_limit(model: str, provider: str) -> int | None:
+    if provider == "local":
+        from judges.embedded import load_embedded_model
+
+        return load_embedded_model().max_context - 256  # room for the answer
+    try:
+        info = litellm.get_model_info(model=model, custom_llm_provider=provider)
+        return info.get("max_input_tokens") or info.get("max_tokens")
+    except Exception:  # a model litellm does not know: the caller may pass max_prompt_tokens
+        return None
+
+
+def _check_context(model: str, provider: str, messages: list[dict], limit: int | None) -> None:
+    """A clear error, before any call, when the judge cannot take a prompt this long."""
+    limit = limit or _context_limit(model, provider)
+    chars = sum(len(m["content"]) for m in messages)
+    if not limit or chars <= limit:  # a token is at least one character: it fits, no need to count
+        return
     try:
         tokens = litellm.token_counter(model=model, messages=messages)
     except Exception:
-        tokens = sum(len(m["content"]) for m in messages) // 3
-    if limit is None:
-        if provider == "local":
-            from judges.embedded import load_embedded_model
-            limit = load_embedded_model().max_context - 256
-        else:
-            try:
-                info = litellm.get_model_info(model=model, custom_llm_provider=provider)
-                limit = info.get("max_input_tokens") or info.get("max_tokens")
-            except Exception:
-                limit = None
-    if limit and tokens > limit:
+        tokens = chars // 3
+    if tokens > limit:
         raise JudgeConfigError(
             f"the judge prompt is about {tokens} tokens but {model!r} accepts {limit}: "
             "shorten the trajectories, split the group or use a judge with a longer context"
         )
-    return tokens
 
 
 async def _judge_once(
@@ -245,7 +250,7 @@ async def score_group_messages(
         prompts = prompts[:1]
         if n > 1:
             notes.append(f"all {n} trajectories identical: judged once, same score for all")
-    _check_context(model, provider, prompts[0].messages, params, max_prompt_tokens)
+    _check_context(model, provider, prompts[0].messages, max_prompt_tokens)
     results = await asyncio.gather(*(
         _judge_once(p, model, provider, params, store, policy, max_format_retries, debug) for p in prompts
     ))
