@@ -13,6 +13,7 @@ A score is never invented. With `num_permutations=k > 1` the group is judged und
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -78,11 +79,16 @@ def validate_message_lists(message_lists: Any) -> list[list[dict]]:
 
 
 def _provider(model: str, params: dict) -> str:
+    return _provider_of(model, params.get("api_base"))
+
+
+@functools.lru_cache(maxsize=256)
+def _provider_of(model: str, api_base: str | None) -> str:
     from judges.local_provider import check_local_model
 
     check_local_model(model)
     try:
-        return litellm.get_llm_provider(model, api_base=params.get("api_base"))[1]
+        return litellm.get_llm_provider(model, api_base=api_base)[1]
     except Exception as exc:
         raise JudgeConfigError(f"unknown judge model {model!r}: {str(exc).splitlines()[0]}") from None
 
@@ -105,6 +111,7 @@ def _response_format(model: str, provider: str, ids: list[str], params: dict) ->
     return {"type": "json_schema", "json_schema": {"name": "ruler_scores", "schema": schema, "strict": True}}
 
 
+@functools.lru_cache(maxsize=256)
 def _context_limit(model: str, provider: str) -> int | None:
     if provider == "local":
         from judges.embedded import load_embedded_model
@@ -338,7 +345,10 @@ async def ruler_score_group(
     for i, t in enumerate(group.trajectories, 1):
         if t.additional_histories:
             raise ValueError(f"trajectory {i} has additional_histories, which RULER does not score yet")
-    new = [t.model_copy(deep=True) for t in group.trajectories]
+    # fresh containers for everything we change (reward, metrics, logs); messages are only read
+    new = [t.model_copy(update={"messages_and_choices": list(t.messages_and_choices), "metrics": dict(t.metrics),
+                                "metadata": dict(t.metadata), "logs": list(t.logs), "tools": t.tools and list(t.tools)})
+           for t in group.trajectories]
     try:
         result = await score_group_messages(
             [t.messages() for t in new], judge_model, extra_litellm_params, rubric,
