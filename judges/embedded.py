@@ -11,6 +11,7 @@ xgrammar (the structured-decoding library vLLM uses), so every answer parses.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -116,7 +117,10 @@ class EmbeddedModel:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         self.path = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        # fp32 for the prompt (CPU bf16 matmuls are slow on long inputs), a bf16 copy for token-by-token
+        # decoding (memory-bound: half the bytes, ~3x faster); the prompt's KV cache is cast between them
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.decoder = copy.deepcopy(self.model).to(torch.bfloat16).eval()
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 8192))
         self._grammar_compiler = None
         self._grammars: dict[str, Any] = {}
@@ -124,7 +128,7 @@ class EmbeddedModel:
     def _compiled_grammar(self, schema: dict):
         import xgrammar as xgr
 
-        key = json.dumps(schema, sort_keys=True)
+        key = json.dumps(schema)  # property order matters: it is the order the model writes them in
         if key not in self._grammars:
             if self._grammar_compiler is None:
                 info = xgr.TokenizerInfo.from_huggingface(
@@ -146,6 +150,7 @@ class EmbeddedModel:
         """Chat-complete `messages`; with `json_schema`, the output is guaranteed to match it."""
         import torch
         import xgrammar as xgr
+        from transformers import DynamicCache
 
         if max_new_tokens < 1:
             raise JudgeConfigError(f"max_tokens must be >= 1, got {max_new_tokens}")
@@ -167,7 +172,12 @@ class EmbeddedModel:
             torch.manual_seed(seed)
             if json_schema is not None:
                 kwargs["logits_processor"] = [xgr.contrib.hf.LogitsProcessor(self._compiled_grammar(json_schema))]
-            out = self.model.generate(**inputs, **kwargs)
+            cache = DynamicCache()
+            if n_prompt > 1:
+                self.model(input_ids=inputs["input_ids"][:, :-1], cache=cache, use_cache=True)
+                for layer in cache.layers:
+                    layer.keys, layer.values = layer.keys.to(torch.bfloat16), layer.values.to(torch.bfloat16)
+            out = self.decoder.generate(**inputs, cache=cache, **kwargs)
         new = out[0][n_prompt:]
         n_new = int(new.shape[0])
         eos = self.tokenizer.eos_token_id

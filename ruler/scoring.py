@@ -34,6 +34,9 @@ from ruler.trajectory import KNOWN_ROLES, Trajectory, TrajectoryGroup
 log = logging.getLogger("ruler")
 
 
+LOCAL_EXPLANATION_CHARS = 80  # the embedded judge decodes ~10 tokens/s on CPU: keep its explanations short
+
+
 def default_judge_model() -> str:
     """`$RULER_JUDGE_MODEL` when set, else the embedded offline judge."""
     return os.environ.get("RULER_JUDGE_MODEL") or EMBEDDED_JUDGE
@@ -98,7 +101,7 @@ def _response_format(model: str, provider: str, ids: list[str], params: dict) ->
     if "response_format" in params:
         return params["response_format"]
     if provider == "local":
-        schema = response_schema(ids)
+        schema = response_schema(ids, max_explanation_chars=LOCAL_EXPLANATION_CHARS)
     elif provider in ("hosted_vllm",) or (provider == "openai" and params.get("api_base")):
         schema = response_schema(ids)
     else:
