@@ -26,6 +26,7 @@ import litellm
 
 from judges import EMBEDDED_JUDGE, DEFAULT_RUBRIC, JudgeConfigError, JudgeOutputError, RetryPolicy, complete
 from judges.rubrics import get_rubric
+from ruler import budget
 from ruler.cache import CacheLike, cache_key, open_cache
 from ruler.parse import ScoreProblems, TrajectoryScore, parse_scores
 from ruler.prompt import JudgePrompt, Render, build_prompt, response_schema
@@ -127,23 +128,6 @@ def _context_limit(model: str, provider: str) -> int | None:
         return None
 
 
-def _check_context(model: str, provider: str, messages: list[dict], limit: int | None) -> None:
-    """A clear error, before any call, when the judge cannot take a prompt this long."""
-    limit = limit or _context_limit(model, provider)
-    chars = sum(len(m["content"]) for m in messages)
-    if not limit or chars <= limit:  # a token is at least one character: it fits, no need to count
-        return
-    try:
-        tokens = litellm.token_counter(model=model, messages=messages)
-    except Exception:
-        tokens = chars // 3
-    if tokens > limit:
-        raise JudgeConfigError(
-            f"the judge prompt is about {tokens} tokens but {model!r} accepts {limit}: "
-            "shorten the trajectories, split the group or use a judge with a longer context"
-        )
-
-
 async def _judge_once(
     prompt: JudgePrompt,
     model: str,
@@ -217,6 +201,114 @@ def permutation_orders(n: int, k: int, seed: int) -> list[list[int]]:
     return orders
 
 
+@dataclass
+class _Setup:
+    """What stays fixed while one group (and its sub-groups or orderings) is judged."""
+
+    model: str
+    provider: str
+    params: dict
+    rubric: str
+    tools: list[dict] | None
+    render: Render
+    store: CacheLike | None
+    policy: RetryPolicy
+    max_format_retries: int
+    debug: bool
+    num_permutations: int
+    seed: int
+
+
+async def _score_fitting(message_lists: list[list[dict]], s: _Setup) -> RulerResult:
+    """Judge a group that fits the context: k orderings, averaged by id."""
+    n = len(message_lists)
+    notes: list[str] = []
+    prompts = [build_prompt(message_lists, s.rubric, tools=s.tools, render=s.render, order=o)
+               for o in permutation_orders(n, s.num_permutations if n > 1 else 1, s.seed)]
+    if prompts[0].identical:
+        prompts = prompts[:1]
+        if n > 1:
+            notes.append(f"all {n} trajectories identical: judged once, same score for all")
+    results = await asyncio.gather(*(
+        _judge_once(p, s.model, s.provider, s.params, s.store, s.policy, s.max_format_retries, s.debug)
+        for p in prompts
+    ))
+    per_id: dict[str, list[TrajectoryScore]] = {}
+    for r in results:
+        for sc in r.scores:
+            per_id.setdefault(sc.trajectory_id, []).append(sc)
+    ids = [str(i) for i in range(1, n + 1)]
+    if prompts[0].identical:
+        only = per_id["1"][0]
+        final = [only.model_copy(update={"trajectory_id": i}) for i in ids]
+        spread = [0.0] * n
+    else:
+        final = [TrajectoryScore(trajectory_id=i, explanation=per_id[i][0].explanation,
+                                 score=statistics.fmean(x.score for x in per_id[i])) for i in ids]
+        spread = [statistics.pstdev([x.score for x in per_id[i]]) if len(per_id[i]) > 1 else 0.0 for i in ids]
+    return _combine(results, final, spread, notes)
+
+
+def _combine(results: list[RulerResult], scores, spread, notes) -> RulerResult:
+    for r in results:
+        notes += [x for x in r.notes if x not in notes]
+    return RulerResult(
+        scores=scores,
+        prompt_tokens=sum(r.prompt_tokens for r in results),
+        completion_tokens=sum(r.completion_tokens for r in results),
+        cost=sum(r.cost for r in results),
+        calls=sum(r.calls for r in results),
+        cached=all(r.cached for r in results),
+        spread=spread,
+        notes=notes,
+    )
+
+
+def _token_counter(model: str, provider: str):
+    """Prompt tokens as the judge counts them: the embedded tokenizer, else litellm's counter for `model`."""
+    if provider == "local":
+        from judges.embedded import load_embedded_model
+
+        tok = load_embedded_model().tokenizer
+        return lambda msgs: sum(len(tok(m["content"])["input_ids"]) + 4 for m in msgs) + 3
+    return lambda msgs: litellm.token_counter(model=model, messages=msgs)
+
+
+async def _score_within_budget(message_lists: list[list[dict]], s: _Setup, limit: int | None) -> RulerResult:
+    """Judge the group as is when it fits; else truncate bodies; else split with anchors and calibrate."""
+    n = len(message_lists)
+    if limit is not None and limit < 1:
+        raise ValueError(f"max_prompt_tokens must be >= 1, got {limit}")
+    if limit:
+        first = build_prompt(message_lists, s.rubric, tools=s.tools, render=s.render)
+        chars = sum(len(m["content"]) for m in first.messages)
+        if chars > limit - budget.answer_reserve(n):  # a token is at least one character: else it fits
+            count = _token_counter(s.model, s.provider)
+            fit = budget.fit_by_truncation(message_lists, s.rubric, s.tools, s.render, count, limit)
+            if fit is not None:
+                result = await _score_fitting(fit.message_lists, s)
+                if fit.cap:
+                    result.notes.insert(0, f"long bodies cut to {fit.cap} characters to fit {limit} tokens")
+                return result
+            plan = budget.plan_split(message_lists, s.rubric, s.tools, s.render, count, limit)
+            subs = []
+            for idx in plan.subgroups:
+                sub = [message_lists[i] for i in idx]
+                sub_fit = budget.fit_by_truncation(sub, s.rubric, s.tools, s.render, count, limit)
+                if sub_fit is None:
+                    raise JudgeConfigError(f"a sub-group of {len(sub)} trajectories still exceeds {limit} tokens")
+                subs.append(sub_fit.message_lists)
+            results = await asyncio.gather(*(_score_fitting(sub, s) for sub in subs))
+            merged = budget.calibrate(
+                [{i: r.scores[k].score for k, i in enumerate(idx)} for idx, r in zip(plan.subgroups, results)],
+                plan.anchors,
+            )
+            expl = {i: r.scores[k].explanation for idx, r in zip(plan.subgroups, results) for k, i in enumerate(idx)}
+            scores = [TrajectoryScore(trajectory_id=str(i + 1), explanation=expl[i], score=merged[i]) for i in range(n)]
+            return _combine(list(results), scores, [0.0] * n, list(plan.notes))
+    return await _score_fitting(message_lists, s)
+
+
 async def score_group_messages(
     message_lists: list[list[dict]],
     judge_model: str | None = None,
@@ -240,55 +332,23 @@ async def score_group_messages(
     model = judge_model or default_judge_model()
     params = dict(extra_litellm_params or {})
     provider = _provider(model, params)
-    rubric = get_rubric(rubric)
     if max_format_retries < 0:
         raise ValueError("max_format_retries must be >= 0")
     if render not in ("compact", "art"):
         raise ValueError(f"render must be 'compact' or 'art', got {render!r}")
-    n = len(message_lists)
+    if not isinstance(num_permutations, int) or num_permutations < 1:
+        raise ValueError(f"num_permutations must be an integer >= 1, got {num_permutations!r}")
+    setup = _Setup(model, provider, params, get_rubric(rubric), tools, render, open_cache(cache),
+                   retry or RetryPolicy(), max_format_retries, debug, num_permutations, seed)
     notes = []
-    if n == 1:
+    if len(message_lists) == 1:
         notes.append("single trajectory: scored on its own, without relative grounding")
         warnings.warn("RULER got a group of one trajectory; its score is absolute, not relative", stacklevel=3)
     if not any(m["role"] in ("system", "developer") for ml in message_lists for m in ml):
         notes.append("no system prompt: the judge infers the task from the user messages")
-    store = open_cache(cache)
-    policy = retry or RetryPolicy()
-    prompts = [build_prompt(message_lists, rubric, tools=tools, render=render, order=o)
-               for o in permutation_orders(n, num_permutations if n > 1 else 1, seed)]
-    if prompts[0].identical:
-        prompts = prompts[:1]
-        if n > 1:
-            notes.append(f"all {n} trajectories identical: judged once, same score for all")
-    _check_context(model, provider, prompts[0].messages, max_prompt_tokens)
-    results = await asyncio.gather(*(
-        _judge_once(p, model, provider, params, store, policy, max_format_retries, debug) for p in prompts
-    ))
-    per_id: dict[str, list[TrajectoryScore]] = {}
-    for r in results:
-        for s in r.scores:
-            per_id.setdefault(s.trajectory_id, []).append(s)
-    ids = [str(i) for i in range(1, n + 1)]
-    if prompts[0].identical:
-        only = per_id["1"][0]
-        final = [only.model_copy(update={"trajectory_id": i}) for i in ids]
-        spread = [0.0] * n
-    else:
-        final = [TrajectoryScore(trajectory_id=i, explanation=per_id[i][0].explanation,
-                                 score=statistics.fmean(s.score for s in per_id[i])) for i in ids]
-        spread = [statistics.pstdev([s.score for s in per_id[i]]) if len(per_id[i]) > 1 else 0.0 for i in ids]
-    for r in results:
-        notes += [x for x in r.notes if x not in notes]
-    return RulerResult(
-        scores=final,
-        prompt_tokens=sum(r.prompt_tokens for r in results),
-        completion_tokens=sum(r.completion_tokens for r in results),
-        cost=sum(r.cost for r in results),
-        calls=sum(r.calls for r in results),
-        cached=all(r.cached for r in results),
-        spread=spread,
-        notes=notes,
-    )
+    result = await _score_within_budget(message_lists, setup, max_prompt_tokens or _context_limit(model, provider))
+    result.notes = notes + result.notes
+    return result
 
 
 async def ruler(

@@ -28,6 +28,7 @@ class FakeJudge:
         self.times: list[float] = []
         self.script: list[str] = []
         self.slow_seconds = slow_seconds
+        self.drift = 0.0  # the k-th request adds k * drift to every score (a judge whose scale wanders)
         self.retry_after = retry_after
         self._lock = threading.Lock()
         judge = self
@@ -39,6 +40,7 @@ class FakeJudge:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 with judge._lock:
+                    body["_index"] = len(judge.requests)
                     judge.requests.append(body)
                     judge.times.append(time.monotonic())
                     mode = judge.script.pop(0) if judge.script else "ok"
@@ -85,6 +87,7 @@ class FakeJudge:
             self.requests.clear()
             self.times.clear()
             self.script = []
+            self.drift = 0.0
 
     @staticmethod
     def user_text(body: dict) -> str:
@@ -93,8 +96,9 @@ class FakeJudge:
 
     def answer(self, body: dict, mode: str) -> str:
         blocks = BLOCK.findall(self.user_text(body))
-        scores = [{"trajectory_id": tid, "explanation": f"{len(text)} chars", "score": marker_score(text)}
-                  for tid, text in blocks]
+        bump = self.drift * body.get("_index", 0)
+        scores = [{"trajectory_id": tid, "explanation": f"{len(text)} chars",
+                   "score": round(min(1.0, marker_score(text) + bump), 6)} for tid, text in blocks]
         if mode == "malformed":
             return '{"scores": [{"trajectory_id": "1", "expl'
         if mode == "prose":

@@ -1,0 +1,84 @@
+"""Context budgets: truncation first, then sub-groups with anchors put on one scale."""
+
+import json
+import random
+import re
+
+import litellm
+import pytest
+from conftest import SYSTEM, USER
+
+from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler_score_group
+from ruler.budget import MARK, calibrate, truncate_group, truncate_middle
+
+FAST = RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.05)
+MARKS = {"GOOD": 0.9, "OK": 0.5, "BAD": 0.1}
+
+
+def multi_turn(i: int, quality: str, rng: random.Random) -> list[dict]:
+    """A rollout with three tool calls whose results are ~1,500 characters each."""
+    msgs = [SYSTEM, USER]
+    for k in range(3):
+        words = " ".join(rng.choice(["budget", "meeting", "room", "Sally", "Q3", "report", "cost"]) for _ in range(250))
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}_{k}", "type": "function",
+                  "function": {"name": "search_inbox", "arguments": json.dumps({"keywords": [str(i), str(k)]})}}]},
+                 {"role": "tool", "tool_call_id": f"c{i}_{k}", "content": json.dumps({"body": words})}]
+    return msgs + [{"role": "assistant", "content": f"{quality}: answer number {i}"}]
+
+
+def big_group(n: int, seed: int = 0):
+    rng = random.Random(seed)
+    qualities = [rng.choice(list(MARKS)) for _ in range(n)]
+    return TrajectoryGroup([Trajectory(messages_and_choices=multi_turn(i, q, rng)) for i, q in enumerate(qualities)]), qualities
+
+
+def test_truncate_middle_keeps_both_ends_and_says_how_much():
+    text = "HEAD" + "x" * 5000 + "TAIL"
+    cut = truncate_middle(text, 500)
+    assert cut.startswith("HEAD") and cut.endswith("TAIL") and len(cut) < 600
+    removed = int(re.search(r"\[\.\.\. (\d+) characters cut", cut).group(1))
+    marker = MARK.format(n=removed)
+    assert marker in cut and len(cut) - len(marker) + removed == len(text)
+    assert truncate_middle("short", 500) == "short"
+
+
+def test_truncate_group_never_touches_the_shared_prefix():
+    g, _ = big_group(3)
+    lists = [t.messages() for t in g]
+    cut = truncate_group(lists, 500)
+    assert [ml[:2] for ml in cut] == [ml[:2] for ml in lists]
+    assert all(len(m.get("content") or "") < 1200 for ml in cut for m in ml[2:])
+    assert json.loads(cut[0][3]["content"])["body"]  # JSON tool results stay JSON
+
+
+def test_calibrate_maps_subgroups_through_anchors():
+    # sub-group 2 sees everything 0.2 higher and stretched; anchors 0 and 1 reveal it
+    truth = {0: 0.2, 1: 0.8, 2: 0.5, 3: 0.3}
+    s1 = {0: 0.2, 1: 0.8, 2: 0.5}
+    s2 = {0: 0.4, 1: 1.0, 3: 0.5}
+    out = calibrate([s1, s2], [0, 1])
+    assert out[2] == pytest.approx(0.5, abs=0.11) and out[3] == pytest.approx(0.3, abs=0.11)
+    assert out[2] > out[3] and out[1] > out[2] > out[0] and truth
+
+
+async def test_64_multi_turn_trajectories_score_under_an_8k_judge(judge):
+    g, qualities = big_group(64)
+    scored = await ruler_score_group(g, "openai/fake-judge", judge.params, retry=FAST, max_prompt_tokens=8000)
+    assert len(judge.requests) >= 2
+    for req in judge.requests:
+        assert litellm.token_counter(model="openai/fake-judge", messages=req["messages"]) <= 8000
+    assert [round(t.reward, 6) for t in scored] == [MARKS[q] for q in qualities]
+    assert any("split into" in line for line in scored.trajectories[0].logs)
+
+
+async def test_anchors_remove_a_judge_that_drifts_between_subgroups(judge):
+    g, qualities = big_group(24, seed=3)
+    judge.drift = 0.02  # each later sub-group is judged more generously
+    scored = await ruler_score_group(g, "openai/fake-judge", judge.params, retry=FAST, max_prompt_tokens=6000)
+    assert len(judge.requests) >= 3
+    got = [t.reward for t in scored]
+    for a, qa in zip(got, qualities):
+        for b, qb in zip(got, qualities):
+            if MARKS[qa] > MARKS[qb]:
+                assert a > b
+    assert max(abs(x - MARKS[q]) for x, q in zip(got, qualities)) < 0.1
