@@ -4,6 +4,7 @@
 """
 
 from judges import DEFAULT_RUBRIC, EMBEDDED_JUDGE, RetryPolicy  # also registers local/... with litellm
+from judges.panel import JudgePanel
 from judges.errors import JudgeConfigError, JudgeError, JudgeOutputError, JudgeUnavailableError
 from ruler.advantages import group_advantages, group_has_signal
 from ruler.parse import TrajectoryScore
@@ -11,7 +12,7 @@ from ruler.scoring import RulerResult, default_judge_model, ruler, ruler_score_g
 from ruler.trajectory import History, PydanticException, Trajectory, TrajectoryGroup
 
 __all__ = [
-    "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "History", "JudgeConfigError", "JudgeError", "JudgeOutputError",
+    "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "History", "JudgeConfigError", "JudgeError", "JudgeOutputError", "JudgePanel",
     "JudgeUnavailableError", "PydanticException", "RetryPolicy", "RulerResult", "Trajectory", "TrajectoryGroup",
     "TrajectoryScore", "default_judge_model", "group_advantages", "group_has_signal", "ruler",
     "ruler_score_group", "score_group_messages",

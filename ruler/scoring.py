@@ -25,6 +25,8 @@ from typing import Any
 import litellm
 
 from judges import EMBEDDED_JUDGE, DEFAULT_RUBRIC, JudgeConfigError, JudgeOutputError, RetryPolicy, complete
+from judges.errors import JudgeUnavailableError
+from judges.panel import JudgePanel, aggregate_scores
 from judges.rubrics import get_rubric
 from ruler import budget
 from ruler.cache import CacheLike, cache_key, open_cache
@@ -53,8 +55,10 @@ class RulerResult:
     cost: float = 0.0
     calls: int = 0          # judge calls actually made (0 when everything came from the cache)
     cached: bool = False    # every judgment came from the cache
-    spread: list[float] = field(default_factory=list)  # per-trajectory std across orderings
+    spread: list[float] = field(default_factory=list)  # per-trajectory std across orderings (or judges)
     notes: list[str] = field(default_factory=list)
+    disagreement: float | None = None  # panels: mean per-trajectory std of the judges' scores
+    per_judge: dict[str, list[float]] = field(default_factory=dict)  # panels: each judge's scores
 
 
 def validate_message_lists(message_lists: Any) -> list[list[dict]]:
@@ -309,9 +313,39 @@ async def _score_within_budget(message_lists: list[list[dict]], s: _Setup, limit
     return await _score_fitting(message_lists, s)
 
 
+async def _score_panel(message_lists, panel: JudgePanel, extra_litellm_params, rubric, **options) -> RulerResult:
+    """Every panel member judges the group (concurrently); scores are aggregated if a quorum answered."""
+    async def member(model: str):
+        params = {**(extra_litellm_params or {}), **panel.params.get(model, {})}
+        return await score_group_messages(message_lists, model, params, rubric, **options)
+
+    outcomes = await asyncio.gather(*(member(m) for m in panel.models), return_exceptions=True)
+    answered = [(m, r) for m, r in zip(panel.models, outcomes) if isinstance(r, RulerResult)]
+    failed = [(m, r) for m, r in zip(panel.models, outcomes) if not isinstance(r, RulerResult)]
+    for m, exc in failed:
+        if not isinstance(exc, Exception):
+            raise exc  # cancellation and the like are not judge failures
+    if len(answered) < panel.quorum:
+        detail = "; ".join(f"{m}: {type(e).__name__}: {e}" for m, e in failed)
+        raise JudgeUnavailableError(f"only {len(answered)} of {len(panel.models)} judges answered "
+                                    f"(quorum {panel.quorum}): {detail}")
+    per_judge = [[s.score for s in r.scores] for _, r in answered]
+    agg, disagreement = aggregate_scores(per_judge, panel.aggregate)
+    n = len(message_lists)
+    scores = [TrajectoryScore(trajectory_id=str(i + 1), score=agg[i], explanation=" | ".join(
+        f"{m}: {r.scores[i].explanation}" for m, r in answered)) for i in range(n)]
+    notes = [f"panel of {len(panel.models)} ({panel.aggregate}): {len(answered)} answered, "
+             f"disagreement {disagreement:.3f}"] + [f"judge {m} failed: {type(e).__name__}: {e}" for m, e in failed]
+    result = _combine([r for _, r in answered], scores,
+                      [statistics.pstdev([p[i] for p in per_judge]) for i in range(n)], notes)
+    result.disagreement = disagreement
+    result.per_judge = {m: [s.score for s in r.scores] for m, r in answered}
+    return result
+
+
 async def score_group_messages(
     message_lists: list[list[dict]],
-    judge_model: str | None = None,
+    judge_model: "str | list[str] | JudgePanel | None" = None,
     extra_litellm_params: dict | None = None,
     rubric: str = DEFAULT_RUBRIC,
     *,
@@ -327,6 +361,15 @@ async def score_group_messages(
 ) -> RulerResult:
     """`ruler()` with everything it measured: usage, cost, cache use, spread, notes."""
     message_lists = validate_message_lists(message_lists)
+    if isinstance(judge_model, (list, tuple)):
+        judge_model = JudgePanel(list(judge_model))
+    if isinstance(judge_model, JudgePanel):
+        if not message_lists:
+            return RulerResult(scores=[], cached=True)
+        return await _score_panel(
+            message_lists, judge_model, extra_litellm_params, rubric, tools=tools, debug=debug, cache=cache,
+            retry=retry, max_format_retries=max_format_retries, render=render, num_permutations=num_permutations,
+            seed=seed, max_prompt_tokens=max_prompt_tokens)
     if not message_lists:
         return RulerResult(scores=[], cached=True)
     model = judge_model or default_judge_model()
@@ -353,7 +396,7 @@ async def score_group_messages(
 
 async def ruler(
     message_lists: list[list[dict]],
-    judge_model: str | None = None,
+    judge_model: "str | list[str] | JudgePanel | None" = None,
     extra_litellm_params: dict | None = None,
     rubric: str = DEFAULT_RUBRIC,
     *,
@@ -387,7 +430,7 @@ def _group_tools(trajectories: list[Trajectory]) -> list[dict] | None:
 
 async def ruler_score_group(
     group: TrajectoryGroup,
-    judge_model: str | None = None,
+    judge_model: "str | list[str] | JudgePanel | None" = None,
     extra_litellm_params: dict | None = None,
     rubric: str = DEFAULT_RUBRIC,
     *,
@@ -430,14 +473,21 @@ async def ruler_score_group(
         t.metrics["judge_completion_tokens"] = result.completion_tokens / n
         t.metrics["judge_cost"] = result.cost / n
         t.metrics["judge_cached"] = result.cached
-        if options.get("num_permutations", 1) > 1:
+        if options.get("num_permutations", 1) > 1 or result.per_judge:
             t.metrics["ruler_score_spread"] = spread
         t.reward = s.score
         t.log(f"RULER explanation: {s.explanation}")
         for note in result.notes:
             t.log(f"RULER note: {note}")
+    for k, t in enumerate(new):
+        for m, judge_scores in result.per_judge.items():
+            t.metrics[f"ruler_score[{m}]"] = judge_scores[k]
     meta = dict(group.metadata)
-    meta.update(judge_model=judge_model or default_judge_model(), judge_calls=result.calls,
+    if result.disagreement is not None:
+        meta["judge_disagreement"] = result.disagreement
+    shown = ",".join(judge_model.models) if isinstance(judge_model, JudgePanel) else (
+        ",".join(judge_model) if isinstance(judge_model, (list, tuple)) else judge_model or default_judge_model())
+    meta.update(judge_model=shown, judge_calls=result.calls,
                 judge_prompt_tokens=result.prompt_tokens, judge_completion_tokens=result.completion_tokens,
                 judge_cost=result.cost, judge_cached=result.cached)
     return TrajectoryGroup(new, metadata=meta, exceptions=[e.model_copy() for e in group.exceptions])

@@ -97,8 +97,10 @@ class FakeJudge:
     def answer(self, body: dict, mode: str) -> str:
         blocks = BLOCK.findall(self.user_text(body))
         bump = self.drift * body.get("_index", 0)
+        flip = "contrarian" in str(body.get("model", ""))  # a model that ranks everything backwards
         scores = [{"trajectory_id": tid, "explanation": f"{len(text)} chars",
-                   "score": round(min(1.0, marker_score(text) + bump), 6)} for tid, text in blocks]
+                   "score": round(min(1.0, (1 - marker_score(text) if flip else marker_score(text)) + bump), 6)}
+                  for tid, text in blocks]
         if mode == "malformed":
             return '{"scores": [{"trajectory_id": "1", "expl'
         if mode == "prose":
