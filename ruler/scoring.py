@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import random
 import statistics
@@ -193,14 +194,13 @@ def permutation_orders(n: int, k: int, seed: int) -> list[list[int]]:
     """k orderings of n items: the identity first, then seeded shuffles (distinct while possible)."""
     if k < 1:
         raise ValueError(f"num_permutations must be >= 1, got {k}")
+    k = min(k, math.factorial(min(n, 10)))  # never more orderings than there are distinct ones
     orders = [list(range(n))]
     rng = random.Random(seed)
-    tries = 0
     while len(orders) < k:
         o = list(range(n))
         rng.shuffle(o)
-        tries += 1
-        if o not in orders or tries > 50:
+        if o not in orders:
             orders.append(o)
     return orders
 

@@ -1,0 +1,267 @@
+"""Judge meta-evaluation: how often does a judge agree with people?
+
+Datasets (under `../shared/data/judge-meta`, or `--data-root`):
+    llmbar-natural, llmbar-faireval, llmbar-llmeval2, llmbar-mtbench   pairwise, label 1 or 2
+    pandalm      pairwise with three annotators (0 = tie): accuracy on unanimous non-tie pairs, unanimous
+                 ties reported separately; plus, for the instructions that have all 10 pairings of their
+                 5 responses, a group of 5 judged at once and Kendall's tau against the human ranking.
+Every pair and group goes through the same `ruler()` code path that scores training groups. Each pair is
+judged in both orders (A,B) and (B,A): swap consistency is how often the two verdicts agree. With
+`num_permutations=k > 1` every judgment is itself averaged over k orderings. Resumable: every judgment
+is cached, so a rerun only pays for what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+from ruler import ruler
+
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "judge-meta"
+LLMBAR = {
+    "llmbar-natural": "LLMBar/Natural/dataset.json",
+    "llmbar-faireval": "LLMBar/Processed/FairEval/dataset.json",
+    "llmbar-llmeval2": "LLMBar/Processed/LLMEval2/dataset.json",
+    "llmbar-mtbench": "LLMBar/Processed/MT-Bench/dataset.json",
+}
+PANDALM = "PandaLM/testset-v1.json"
+DATASETS = [*LLMBAR, "pandalm"]
+
+
+class DatasetError(ValueError):
+    """A dataset file or record that cannot be used, named by path and record index."""
+
+
+@dataclass
+class Pair:
+    id: str
+    prompt: str
+    a: str
+    b: str
+    label: int  # 1: a is better, 2: b is better, 0: a tie (PandaLM only)
+
+
+@dataclass
+class Group:
+    id: str
+    prompt: str
+    responses: list[str]
+    human: list[float]  # wins per response from the human pairwise votes (higher is better)
+
+
+def _load_json(path: Path):
+    if not path.is_file():
+        raise DatasetError(f"dataset file not found: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"{path}: not readable JSON ({exc})") from None
+
+
+def _text(rec: dict, key: str, where: str) -> str:
+    """A text field; plain numbers and booleans (PandaLM has a few, e.g. `true`) are taken as their text."""
+    value = rec.get(key)
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if not isinstance(value, str):
+        raise DatasetError(f"{where}: field {key!r} is missing or not text")
+    return value
+
+
+def load_llmbar(path: Path) -> tuple[list[Pair], int]:
+    """The pairs, and how many records were skipped for an empty response (a few exist in LLMEval2)."""
+    rows = _load_json(path)
+    if not isinstance(rows, list):
+        raise DatasetError(f"{path}: expected a list of records")
+    pairs, skipped = [], 0
+    for i, r in enumerate(rows):
+        where = f"{path}[{i}]"
+        if not isinstance(r, dict):
+            raise DatasetError(f"{where}: not an object")
+        a, b = _text(r, "output_1", where), _text(r, "output_2", where)
+        if r.get("label") not in (1, 2):
+            raise DatasetError(f"{where}: label must be 1 or 2, got {r.get('label')!r}")
+        if not a.strip() or not b.strip():
+            skipped += 1  # an empty response cannot be framed as an answer; counted in the report
+            continue
+        pairs.append(Pair(f"{path.parent.name}-{i}", _text(r, "input", where), a, b, r["label"]))
+    return pairs, skipped
+
+
+def _pandalm_prompt(r: dict, where: str) -> str:
+    instruction, inp = _text(r, "instruction", where), r.get("input") or ""
+    return instruction + (f"\n\n{inp}" if inp else "")
+
+
+def load_pandalm(path: Path) -> tuple[list[Pair], list[Pair], list[Group], int]:
+    """(unanimous non-tie pairs, unanimous ties, full 5-response groups, unanimous pairs skipped as empty)."""
+    rows = _load_json(path)
+    if not isinstance(rows, list):
+        raise DatasetError(f"{path}: expected a list of records")
+    decided, ties, skipped = [], [], 0
+    by_prompt: dict[str, list[tuple[str, str, str, str, list[int]]]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        where = f"{path}[{i}]"
+        votes = [r.get(f"annotator{k}") for k in (1, 2, 3)]
+        if any(v not in (0, 1, 2) for v in votes):
+            raise DatasetError(f"{where}: annotator labels must be 0, 1 or 2, got {votes}")
+        a, b = _text(r, "response1", where), _text(r, "response2", where)
+        prompt = _pandalm_prompt(r, where)
+        models = str(r.get("cmp_key", "")).split("_")
+        if len(models) == 2:
+            by_prompt[prompt].append((models[0], models[1], a, b, votes))
+        if len(set(votes)) == 1:
+            if not a.strip() or not b.strip():
+                skipped += 1
+                continue
+            (ties if votes[0] == 0 else decided).append(Pair(f"pandalm-{r.get('idx', i)}", prompt, a, b, votes[0]))
+    groups = []
+    for prompt, entries in by_prompt.items():
+        models = sorted({m for e in entries for m in e[:2]})
+        if len(models) != 5 or len(entries) != 10:
+            continue
+        response = {e[0]: e[2] for e in entries} | {e[1]: e[3] for e in entries}
+        wins = dict.fromkeys(models, 0.0)
+        for m1, m2, _, _, votes in entries:
+            for v in votes:
+                wins[m1] += 1.0 if v == 1 else 0.5 if v == 0 else 0.0
+                wins[m2] += 1.0 if v == 2 else 0.5 if v == 0 else 0.0
+        groups.append(Group(f"pandalm-group-{len(groups)}", prompt, [response[m] for m in models],
+                            [wins[m] for m in models]))
+    return decided, ties, groups, skipped
+
+
+def _convo(prompt: str, response: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+
+
+def _verdict(s1: float, s2: float) -> int:
+    return 0 if abs(s1 - s2) < 1e-9 else (1 if s1 > s2 else 2)
+
+
+async def judge_pair(pair: Pair, judge: str | None, params: dict | None, k: int, **opts) -> dict:
+    """Verdicts for (a, b) and for (b, a) mapped back: 1 = a better, 2 = b better, 0 = tie."""
+    ab = await ruler([_convo(pair.prompt, pair.a), _convo(pair.prompt, pair.b)], judge, params,
+                     num_permutations=k, **opts)
+    ba = await ruler([_convo(pair.prompt, pair.b), _convo(pair.prompt, pair.a)], judge, params,
+                     num_permutations=k, **opts)
+    v_ab, v_ba = _verdict(ab[0].score, ab[1].score), _verdict(ba[1].score, ba[0].score)
+    return {"id": pair.id, "label": pair.label, "verdict": v_ab, "verdict_swapped": v_ba}
+
+
+async def judge_group(group: Group, judge: str | None, params: dict | None, k: int, **opts) -> dict:
+    from scipy.stats import kendalltau
+
+    scores = await ruler([_convo(group.prompt, r) for r in group.responses], judge, params,
+                         num_permutations=k, **opts)
+    tau = kendalltau([s.score for s in scores], group.human).statistic
+    return {"id": group.id, "tau": float(tau) if tau == tau else 0.0}  # NaN (judge gave all equal) -> 0
+
+
+def summarize(dataset: str, k: int, rows: list[dict], seconds: float, ties: list[dict] | None = None,
+              groups: list[dict] | None = None, skipped: int = 0) -> dict:
+    n = len(rows)
+    out = {
+        "dataset": dataset, "k": k, "pairs": n, "skipped_empty": skipped,
+        "accuracy": sum(r["verdict"] == r["label"] for r in rows) / n if n else float("nan"),
+        "swap_consistency": sum(r["verdict"] == r["verdict_swapped"] for r in rows) / n if n else float("nan"),
+        "judge_ties": sum(r["verdict"] == 0 for r in rows) / n if n else float("nan"),
+        "pairs_per_s": n / seconds if seconds > 0 else float("nan"),
+    }
+    if ties is not None:
+        out["human_tie_pairs"] = len(ties)
+        out["judge_tie_on_human_ties"] = (sum(r["verdict"] == 0 for r in ties) / len(ties)) if ties else float("nan")
+    if groups is not None:
+        out["groups"] = len(groups)
+        out["kendall_tau"] = sum(g["tau"] for g in groups) / len(groups) if groups else float("nan")
+    return out
+
+
+async def evaluate(datasets: list[str], judge: str | None, *, params: dict | None = None, ks: tuple[int, ...] = (1,),
+                   limit: int | None = None, root: Path = DEFAULT_ROOT, concurrency: int = 4,
+                   progress: bool = True, **opts):
+    """One summary row per (dataset, k) plus every per-item row, as pandas DataFrames."""
+    import pandas as pd
+    from tqdm import tqdm
+
+    if any(not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"permutation counts must be integers >= 1, got {ks}")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be >= 1")
+    unknown = [d for d in datasets if d not in DATASETS]
+    if unknown:
+        raise DatasetError(f"unknown dataset(s) {unknown}; known: {DATASETS}")
+    sem = asyncio.Semaphore(max(1, concurrency))
+
+    async def bounded(coro, bar):
+        async with sem:
+            try:
+                return await coro
+            finally:
+                bar.update(1)
+
+    async def run_all(make, items, desc):
+        bar = tqdm(total=len(items), desc=desc, disable=not progress, leave=False)
+        try:
+            return list(await asyncio.gather(*(bounded(make(x), bar) for x in items)))
+        finally:
+            bar.close()
+
+    summary, detail = [], []
+    for name in datasets:
+        if name == "pandalm":
+            decided, ties, groups, skipped = load_pandalm(root / PANDALM)
+        else:
+            (decided, skipped), ties, groups = load_llmbar(root / LLMBAR[name]), None, None
+        decided = decided[:limit] if limit else decided
+        ties = ties[:limit] if (ties is not None and limit) else ties
+        groups = groups[: max(1, limit // 5)] if (groups is not None and limit) else groups
+        for k in ks:
+            started = time.perf_counter()
+            rows = await run_all(lambda p: judge_pair(p, judge, params, k, **opts), decided, f"{name} k={k}")
+            seconds = time.perf_counter() - started
+            tie_rows = (await run_all(lambda p: judge_pair(p, judge, params, k, **opts), ties, f"{name} ties k={k}")
+                        if ties is not None else None)
+            group_rows = (await run_all(lambda g: judge_group(g, judge, params, k, **opts), groups,
+                                        f"{name} groups k={k}") if groups is not None else None)
+            summary.append(summarize(name, k, rows, seconds, tie_rows, group_rows, skipped))
+            detail += [{"dataset": name, "k": k, "kind": "pair", **r} for r in rows]
+            detail += [{"dataset": name, "k": k, "kind": "tie", **r} for r in tie_rows or []]
+            detail += [{"dataset": name, "k": k, "kind": "group", **r} for r in group_rows or []]
+    return pd.DataFrame(summary), pd.DataFrame(detail)
+
+
+def save_report(summary, detail, out: Path, title: str) -> list[Path]:
+    """summary.parquet/.csv, detail.parquet and a bar chart PNG of accuracy and swap consistency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "summary.parquet", out / "summary.csv", out / "detail.parquet", out / "judge_meta.png"]
+    summary.to_parquet(paths[0], index=False)
+    summary.to_csv(paths[1], index=False)
+    detail.astype({c: "string" for c in detail.columns if detail[c].dtype == object}).to_parquet(paths[2], index=False)
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(summary)), 4))
+    labels = [f"{d}\nk={k}" for d, k in zip(summary["dataset"], summary["k"])]
+    x = range(len(summary))
+    ax.bar([i - 0.2 for i in x], summary["accuracy"], width=0.4, label="accuracy vs humans")
+    ax.bar([i + 0.2 for i in x], summary["swap_consistency"], width=0.4, label="swap consistency")
+    ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="chance (pairwise)")
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths[3], dpi=120)
+    plt.close(fig)
+    return paths
