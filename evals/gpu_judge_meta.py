@@ -1,7 +1,9 @@
 """The judge meta-evaluation at GPU speed: SmolLM2 served by vLLM, judged through the same `ruler()` path.
 
-Starts `vllm serve` on loopback, waits for it, runs `evals.judge_meta.evaluate` over every dataset with
-k=1 and k=3 against `hosted_vllm/<name>`, and writes summary.csv and detail.csv (plus pairs/s) to --out.
+With `--engine server` (default) it starts `vllm serve` on loopback and judges through `hosted_vllm/<name>`
+(real HTTP); with `--engine in-process` it uses the `vllm-engine/<path>` litellm provider (an AsyncLLM in
+this process). It runs `evals.judge_meta.evaluate` over every dataset with k=1 and k=3 and writes
+summary.csv, detail.csv and run.json (pairs/s, start-up time) to --out.
 
     python evals/gpu_judge_meta.py --model /tmp/models/SmolLM2-135M-Instruct --out $OUT [--limit N]
 """
@@ -33,6 +35,21 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 300) -> float
     raise SystemExit("vLLM did not become ready in time")
 
 
+def run_eval(args, judge: str, params: dict | None, ready_s: float) -> None:
+    from evals.judge_meta import DATASETS, evaluate
+
+    started = time.perf_counter()
+    summary, detail = asyncio.run(evaluate(
+        DATASETS, judge, params=params, ks=(1, 3), limit=args.limit, concurrency=args.concurrency,
+        progress=False, max_prompt_tokens=7000))
+    wall = time.perf_counter() - started
+    summary.to_csv(args.out / "summary.csv", index=False)
+    detail.to_csv(args.out / "detail.csv", index=False)
+    (args.out / "run.json").write_text(json.dumps({"judge": judge, "vllm_ready_s": ready_s, "eval_wall_s": wall}))
+    print(summary.to_string())
+    print(f"judge {judge}: vLLM ready in {ready_s:.0f} s; evaluation wall {wall:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -40,28 +57,21 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--engine", choices=["server", "in-process"], default="server")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RULER_CACHE_DIR", str(args.out / "judge-cache"))
+    if args.engine == "in-process":
+        os.environ.setdefault("RULER_VLLM_ENGINE_ARGS", json.dumps({"gpu_memory_utilization": 0.5,
+                                                                     "max_model_len": 8192}))
+        return run_eval(args, f"vllm-engine/{args.model}", None, 0.0)
     base = f"http://127.0.0.1:{args.port}/v1"
     log = open(args.out / "vllm.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
                              "--served-model-name", "smollm2", "--port", str(args.port), "--max-model-len", "8192",
                              "--gpu-memory-utilization", "0.5"], stdout=log, stderr=subprocess.STDOUT)
     try:
-        ready_s = wait_ready(base, proc)
-        from evals.judge_meta import DATASETS, evaluate
-
-        started = time.perf_counter()
-        summary, detail = asyncio.run(evaluate(
-            DATASETS, "hosted_vllm/smollm2", params={"api_base": base, "api_key": "none"}, ks=(1, 3),
-            limit=args.limit, concurrency=args.concurrency, progress=False, max_prompt_tokens=7000))
-        wall = time.perf_counter() - started
-        summary.to_csv(args.out / "summary.csv", index=False)
-        detail.to_csv(args.out / "detail.csv", index=False)
-        (args.out / "run.json").write_text(json.dumps({"vllm_ready_s": ready_s, "eval_wall_s": wall}))
-        print(summary.to_string())
-        print(f"vLLM ready in {ready_s:.0f} s; evaluation wall {wall:.0f} s")
+        run_eval(args, "hosted_vllm/smollm2", {"api_base": base, "api_key": "none"}, wait_ready(base, proc))
     finally:
         proc.terminate()
         try:

@@ -18,7 +18,6 @@ import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import combinations
 from pathlib import Path
 
 from ruler import ruler

@@ -17,6 +17,10 @@ import litellm  # noqa: E402
 litellm.suppress_debug_info = True  # no provider-list banners on our errors
 register_local_provider()
 
+from judges.vllm_engine import register_vllm_engine_provider  # noqa: E402
+
+register_vllm_engine_provider()
+
 __all__ = [
     "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "RUBRICS", "JudgeConfigError", "JudgeError", "JudgeOutputError",
     "JudgeReply", "JudgeUnavailableError", "RetryPolicy", "complete", "get_rubric", "register_local_provider",

@@ -108,7 +108,7 @@ def _response_format(model: str, provider: str, ids: list[str], params: dict) ->
         return params["response_format"]
     if provider == "local":
         schema = response_schema(ids, max_explanation_chars=LOCAL_EXPLANATION_CHARS)
-    elif provider in ("hosted_vllm",) or (provider == "openai" and params.get("api_base")):
+    elif provider in ("hosted_vllm", "vllm-engine") or (provider == "openai" and params.get("api_base")):
         schema = response_schema(ids)
     else:
         try:
