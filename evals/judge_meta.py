@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ruler import ruler
+from ruler import JudgeOutputError, ruler
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "judge-meta"
 LLMBAR = {
@@ -146,22 +146,30 @@ def _verdict(s1: float, s2: float) -> int:
     return 0 if abs(s1 - s2) < 1e-9 else (1 if s1 > s2 else 2)
 
 
+async def _scores(convs, judge, params, k, **opts) -> list[float] | None:
+    """The judge's scores, or None when it gave no valid answer (counted as an error, not a verdict)."""
+    try:
+        return [s.score for s in await ruler(convs, judge, params, num_permutations=k, **opts)]
+    except JudgeOutputError:
+        return None
+
+
 async def judge_pair(pair: Pair, judge: str | None, params: dict | None, k: int, **opts) -> dict:
-    """Verdicts for (a, b) and for (b, a) mapped back: 1 = a better, 2 = b better, 0 = tie."""
-    ab = await ruler([_convo(pair.prompt, pair.a), _convo(pair.prompt, pair.b)], judge, params,
-                     num_permutations=k, **opts)
-    ba = await ruler([_convo(pair.prompt, pair.b), _convo(pair.prompt, pair.a)], judge, params,
-                     num_permutations=k, **opts)
-    v_ab, v_ba = _verdict(ab[0].score, ab[1].score), _verdict(ba[1].score, ba[0].score)
+    """Verdicts for (a, b) and for (b, a) mapped back: 1 = a better, 2 = b better, 0 = tie, -1 = error."""
+    ab = await _scores([_convo(pair.prompt, pair.a), _convo(pair.prompt, pair.b)], judge, params, k, **opts)
+    ba = await _scores([_convo(pair.prompt, pair.b), _convo(pair.prompt, pair.a)], judge, params, k, **opts)
+    v_ab = _verdict(ab[0], ab[1]) if ab else -1
+    v_ba = _verdict(ba[1], ba[0]) if ba else -1
     return {"id": pair.id, "label": pair.label, "verdict": v_ab, "verdict_swapped": v_ba}
 
 
 async def judge_group(group: Group, judge: str | None, params: dict | None, k: int, **opts) -> dict:
     from scipy.stats import kendalltau
 
-    scores = await ruler([_convo(group.prompt, r) for r in group.responses], judge, params,
-                         num_permutations=k, **opts)
-    tau = kendalltau([s.score for s in scores], group.human).statistic
+    scores = await _scores([_convo(group.prompt, r) for r in group.responses], judge, params, k, **opts)
+    if scores is None:
+        return {"id": group.id, "tau": float("nan")}
+    tau = kendalltau(scores, group.human).statistic
     return {"id": group.id, "tau": float(tau) if tau == tau else 0.0}  # NaN (judge gave all equal) -> 0
 
 
@@ -173,6 +181,7 @@ def summarize(dataset: str, k: int, rows: list[dict], seconds: float, ties: list
         "accuracy": sum(r["verdict"] == r["label"] for r in rows) / n if n else float("nan"),
         "swap_consistency": sum(r["verdict"] == r["verdict_swapped"] for r in rows) / n if n else float("nan"),
         "judge_ties": sum(r["verdict"] == 0 for r in rows) / n if n else float("nan"),
+        "judge_errors": sum(r["verdict"] == -1 or r["verdict_swapped"] == -1 for r in rows),
         "pairs_per_s": n / seconds if seconds > 0 else float("nan"),
     }
     if ties is not None:
@@ -180,7 +189,8 @@ def summarize(dataset: str, k: int, rows: list[dict], seconds: float, ties: list
         out["judge_tie_on_human_ties"] = (sum(r["verdict"] == 0 for r in ties) / len(ties)) if ties else float("nan")
     if groups is not None:
         out["groups"] = len(groups)
-        out["kendall_tau"] = sum(g["tau"] for g in groups) / len(groups) if groups else float("nan")
+        taus = [g["tau"] for g in groups if g["tau"] == g["tau"]]
+        out["kendall_tau"] = sum(taus) / len(taus) if taus else float("nan")
     return out
 
 

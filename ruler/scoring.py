@@ -39,6 +39,7 @@ log = logging.getLogger("ruler")
 
 
 LOCAL_EXPLANATION_CHARS = 80  # the embedded judge decodes ~10 tokens/s on CPU: keep its explanations short
+SERVED_EXPLANATION_CHARS = 400  # self-served models under constrained decoding: bound run-on explanations
 
 
 def default_judge_model() -> str:
@@ -109,7 +110,7 @@ def _response_format(model: str, provider: str, ids: list[str], params: dict) ->
     if provider == "local":
         schema = response_schema(ids, max_explanation_chars=LOCAL_EXPLANATION_CHARS)
     elif provider in ("hosted_vllm", "vllm-engine") or (provider == "openai" and params.get("api_base")):
-        schema = response_schema(ids)
+        schema = response_schema(ids, max_explanation_chars=SERVED_EXPLANATION_CHARS)
     else:
         try:
             if not litellm.supports_response_schema(model=model, custom_llm_provider=provider):
