@@ -122,5 +122,75 @@ def main() -> None:  # pragma: no cover
     app()
 
 
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys of the judging service.")
+app.add_typer(keys_app, name="keys")
+DEFAULT_DB = "ruler-service.db"
+
+
+@keys_app.command("create")
+def keys_create(name: str = typer.Argument(..., help="Who the key is for."),
+                db: Path = typer.Option(Path(DEFAULT_DB), "--db")) -> None:
+    """Create a key; it is printed once and only its hash is stored."""
+    from ruler.service.store import Store
+
+    key, key_id = Store(db).create_key(name)
+    console.print(f"key id {key_id}: [bold]{key}[/bold]  (shown once; store it now)", soft_wrap=True)
+
+
+@keys_app.command("list")
+def keys_list(db: Path = typer.Option(Path(DEFAULT_DB), "--db")) -> None:
+    """List keys (ids, names, when created and revoked), never the keys themselves."""
+    from ruler.service.store import Store
+
+    table = Table("id", "name", "created", "revoked")
+    for k in Store(db).list_keys():
+        table.add_row(k["id"], k["name"], time.strftime("%Y-%m-%d %H:%M", time.gmtime(k["created"])),
+                      time.strftime("%Y-%m-%d %H:%M", time.gmtime(k["revoked"])) if k["revoked"] else "")
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str = typer.Argument(...), db: Path = typer.Option(Path(DEFAULT_DB), "--db")) -> None:
+    """Revoke a key by id: requests with it get 401 from then on."""
+    from ruler.service.store import Store
+
+    if not Store(db).revoke_key(key_id):
+        err.print(f"[red]error:[/red] no active key with id {key_id!r}")
+        raise typer.Exit(2)
+    console.print(f"revoked {key_id}")
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8700, "--port"),
+    judge: Optional[str] = typer.Option(None, "--judge", help="Default judge (litellm model string)."),
+    judge_api_base: Optional[str] = typer.Option(None, "--judge-api-base", help="api_base for the judge."),
+    allow_judge: list[str] = typer.Option([], "--allow-judge", help="Other judges clients may ask for."),
+    db: Path = typer.Option(Path(DEFAULT_DB), "--db", help="SQLite database (keys, jobs, results)."),
+    max_body_mb: float = typer.Option(8.0, "--max-body-mb"),
+    max_trajectories: int = typer.Option(256, "--max-trajectories"),
+    rate_per_minute: int = typer.Option(600, "--rate-per-minute"),
+    judge_timeout: float = typer.Option(600.0, "--judge-timeout", help="Seconds one group may take."),
+    workers: int = typer.Option(8, "--worker-concurrency", help="Job groups judged at once."),
+    metrics_key: bool = typer.Option(False, "--metrics-require-key", help="Protect /metrics with an API key."),
+) -> None:
+    """Run the judging service (FastAPI + uvicorn): /v1/score, /v1/jobs, /healthz, /metrics, /docs."""
+    import logging
+
+    import uvicorn
+
+    from ruler.service.app import ServiceConfig, create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    cfg = ServiceConfig(db_path=str(db), judge_model=judge, judge_params={"api_base": judge_api_base} if judge_api_base else {},
+                        allowed_judges=allow_judge or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                        max_trajectories=max_trajectories, rate_per_minute=rate_per_minute,
+                        judge_timeout_s=judge_timeout, worker_concurrency=workers, metrics_require_key=metrics_key)
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning", timeout_keep_alive=5,
+                timeout_graceful_shutdown=30, limit_concurrency=1024)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
