@@ -171,7 +171,8 @@ def serve(
     db: Path = typer.Option(Path(DEFAULT_DB), "--db", help="SQLite database (keys, jobs, results)."),
     max_body_mb: float = typer.Option(8.0, "--max-body-mb"),
     max_trajectories: int = typer.Option(256, "--max-trajectories"),
-    rate_per_minute: int = typer.Option(600, "--rate-per-minute"),
+    rate_per_minute: int = typer.Option(600, "--rate-per-minute", help="Requests per key per minute."),
+    max_inflight: int = typer.Option(32, "--max-inflight-per-key", help="Concurrent /v1/score requests per key."),
     judge_timeout: float = typer.Option(600.0, "--judge-timeout", help="Seconds one group may take."),
     workers: int = typer.Option(8, "--worker-concurrency", help="Job groups judged at once."),
     metrics_key: bool = typer.Option(False, "--metrics-require-key", help="Protect /metrics with an API key."),
@@ -187,6 +188,7 @@ def serve(
     cfg = ServiceConfig(db_path=str(db), judge_model=judge, judge_params={"api_base": judge_api_base} if judge_api_base else {},
                         allowed_judges=allow_judge or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
                         max_trajectories=max_trajectories, rate_per_minute=rate_per_minute,
+                        max_inflight_per_key=max_inflight,
                         judge_timeout_s=judge_timeout, worker_concurrency=workers, metrics_require_key=metrics_key)
     uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning", timeout_keep_alive=5,
                 timeout_graceful_shutdown=30, limit_concurrency=1024)

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 
-from fake_judge import FakeJudge  # noqa: E402
+from ruler.testing import FakeJudge  # noqa: E402
 
 SYSTEM = {"role": "system", "content": "You are an email agent. Answer the user's question from their inbox."}
 USER = {"role": "user", "content": "When is the budget meeting?"}

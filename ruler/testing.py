@@ -1,8 +1,12 @@
-"""A scripted OpenAI-compatible judge on loopback, for fault injection in tests.
+"""A scripted OpenAI-compatible judge on loopback, for testing pipelines offline and injecting faults.
+
+    judge = FakeJudge(latency_s=0.05)
+    await ruler_score_group(group, "openai/fake-judge", judge.params)
 
 It answers RULER prompts by reading the `<trajectory id="N">` blocks of the user message and scoring
 each by a marker in its text (GOOD -> 0.9, OK -> 0.5, BAD -> 0.1, else 0.3). `script` is a list of
-fault modes consumed one per request ("ok" when empty). Every request body is recorded.
+fault modes consumed one per request ("ok" when empty); `latency_s` delays every answer. Every
+request body is recorded. Loopback only.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ def marker_score(text: str) -> float:
 
 
 class FakeJudge:
-    def __init__(self, slow_seconds: float = 2.0, retry_after: str = "0"):
+    def __init__(self, slow_seconds: float = 2.0, retry_after: str = "0", latency_s: float = 0.0):
         self.requests: list[dict] = []
         self.times: list[float] = []
         self.script: list[str] = []
         self.slow_seconds = slow_seconds
+        self.latency_s = latency_s
         self.drift = 0.0  # the k-th request adds k * drift to every score (a judge whose scale wanders)
         self.retry_after = retry_after
         self._lock = threading.Lock()
@@ -51,6 +56,8 @@ class FakeJudge:
                                       {"Retry-After": judge.retry_after})
                 if mode == "slow":
                     time.sleep(judge.slow_seconds)
+                elif judge.latency_s:
+                    time.sleep(judge.latency_s)
                 content = judge.answer(body, mode)
                 self._send(200, {
                     "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
