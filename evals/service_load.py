@@ -14,10 +14,7 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,9 +24,10 @@ import httpx
 from ruler import Trajectory, TrajectoryGroup, ruler_score_group
 from ruler.client import RulerClient
 from ruler.service.store import Store
-from ruler.testing import FakeJudge
+from ruler.testing import FakeJudge, start_service
 
 ROOT = Path(__file__).resolve().parents[1]
+SERVE_ARGS = ("--rate-per-minute", "100000", "--max-inflight-per-key", "256", "--worker-concurrency", "16")
 
 
 def make_group(i: int, size: int) -> TrajectoryGroup:
@@ -43,29 +41,6 @@ def make_group(i: int, size: int) -> TrajectoryGroup:
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_service(db: Path, judge: FakeJudge, env: dict) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ruler.cli", "serve", "--port", str(port), "--db", str(db),
-                             "--judge", "openai/fake-judge", "--judge-api-base", judge.base, "--rate-per-minute",
-                             "100000", "--max-inflight-per-key", "256", "--worker-concurrency", "16"], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            httpx.get(f"{base}/healthz", timeout=1)
-            return proc, base
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("service did not start")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -97,7 +72,7 @@ async def main() -> None:
 
     db = tmp / "service.db"
     key, _ = Store(db).create_key("load")
-    proc, base = start_service(db, judge, env)
+    proc, base = start_service(db, judge, env, *SERVE_ARGS, cwd=ROOT)
     headers = {"Authorization": f"Bearer {key}"}
     try:
         async with httpx.AsyncClient(base_url=base, headers=headers, timeout=120) as http:
@@ -132,7 +107,7 @@ async def main() -> None:
         done_before = client.job(job)["done"]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        proc, base = start_service(db, judge, env)
+        proc, base = start_service(db, judge, env, *SERVE_ARGS, cwd=ROOT)
         state = RulerClient(base, key).wait_job(job, poll_s=0.2, timeout_s=600)
     finally:
         proc.terminate()

@@ -144,3 +144,38 @@ class FakeJudge:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_service(db, judge: FakeJudge, env: dict, *extra: str, cwd=None, wait_s: float = 60.0):
+    """`ruler serve` in a subprocess against `judge`, on a free loopback port; (process, base URL) once healthy."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ruler.cli", "serve", "--port", str(port), "--db", str(db),
+                             "--judge", "openai/fake-judge", "--judge-api-base", judge.base, *extra],
+                            env={"OPENAI_API_KEY": "sk-test", **env}, cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{base}/healthz", timeout=1)
+            return proc, base
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the service did not start")

@@ -3,9 +3,6 @@
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,14 +16,9 @@ from ruler import Trajectory, TrajectoryGroup
 from ruler.client import AsyncRulerClient, RulerClient, RulerServiceError
 from ruler.service.app import ServiceConfig, create_app
 from ruler.service.store import Store
+from ruler.testing import free_port, start_service
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Running:
@@ -191,19 +183,7 @@ def test_kill_9_during_a_job_then_restart_loses_nothing(tmp_path, judge):
            "RULER_CACHE_DIR": str(tmp_path / "cache")}
 
     def start():
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "ruler.cli", "serve", "--port", str(port), "--db", str(db),
-                                 "--judge", "openai/fake-judge", "--judge-api-base", judge.base,
-                                 "--worker-concurrency", "2"], env=env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                httpx.get(f"{base}/healthz", timeout=1)
-                return proc, base
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise AssertionError("service did not start")
+        return start_service(db, judge, env, "--worker-concurrency", "2", cwd=ROOT)
 
     judge.slow_seconds = 0.3
     judge.script = ["slow"] * 1000
