@@ -206,3 +206,16 @@ def test_kill_9_during_a_job_then_restart_loses_nothing(tmp_path, judge):
     with Store(db).connect() as conn:
         attempts = [row[0] for row in conn.execute("SELECT attempts FROM job_groups WHERE job_id = ?", (job_id,))]
     assert len(attempts) == 40 and max(attempts) <= 2  # only groups in flight at the kill were judged twice
+
+
+def test_slow_loris_body_gets_408_and_the_service_keeps_serving(service):
+    import socket
+
+    s = service(body_timeout_s=1.0)
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + s.key.encode() + b"\r\nContent-Length: 500\r\n\r\n{\"traj")
+        started = time.time()
+        answer = sock.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 408") and time.time() - started < 8
+    assert httpx.get(f"{s.base}/healthz").status_code == 200

@@ -46,9 +46,48 @@ class ServiceConfig:
     rate_per_minute: int = 600                # requests per key per minute
     max_inflight_per_key: int = 32            # concurrent /v1/score requests per key
     judge_timeout_s: float = 600.0            # one group's judging; past it the group is an error result
+    body_timeout_s: float = 30.0              # longest wait for the next piece of a request body (slow-loris)
     worker_concurrency: int = 8
     metrics_require_key: bool = False
     cache: object = None                      # passed to ruler_score_group (None: default judge cache)
+
+
+class BodyTimeout:
+    """ASGI middleware against slow-loris bodies: each piece of a request body must arrive within
+    `seconds` of the previous one, else the client gets 408 and the request is abandoned."""
+
+    def __init__(self, app, seconds: float):
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        body_done = False
+        timed_out = False
+
+        async def timed_receive():
+            nonlocal body_done, timed_out
+            if body_done or timed_out:
+                return await receive() if not timed_out else {"type": "http.disconnect"}
+            try:
+                message = await asyncio.wait_for(receive(), self.seconds)
+            except asyncio.TimeoutError:
+                timed_out = True
+                payload = json.dumps({"detail": f"request body too slow: nothing for {self.seconds:g} s"}).encode()
+                await send({"type": "http.response.start", "status": 408,
+                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                        (b"content-length", str(len(payload)).encode())]})
+                await send({"type": "http.response.body", "body": payload})
+                return {"type": "http.disconnect"}  # the app below gives up on this request
+            if message["type"] != "http.request" or not message.get("more_body"):
+                body_done = True
+            return message
+
+        async def guarded_send(message):
+            if not timed_out:  # after a 408 nothing else may be sent
+                await send(message)
+
+        await self.app(scope, timed_receive, guarded_send)
 
 
 class GroupIn(BaseModel):
@@ -178,6 +217,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         log.info(json.dumps({"event": "request", "method": request.method, "path": request.url.path,
                              "status": response.status_code, "ms": round(elapsed * 1000, 2)}))
         return response
+
+    app.add_middleware(BodyTimeout, seconds=cfg.body_timeout_s)  # outermost: wraps every body read
 
     def require_key(authorization: str | None = Header(None)) -> str:
         if not authorization or not authorization.startswith("Bearer "):
