@@ -43,3 +43,17 @@ def embedded_model():
     from judges.embedded import load_embedded_model
 
     return load_embedded_model()
+
+
+ENRON = Path(__file__).resolve().parents[2] / "shared" / "data" / "enron"
+
+
+@pytest.fixture(scope="session")
+def inbox_db(tmp_path_factory):
+    db = tmp_path_factory.mktemp("inbox") / "inbox.db"
+    from evals.art_e.inbox import build_inbox_db
+
+    report = build_inbox_db([ENRON / "beck-s.tar.gz"], db)
+    return db, report
+
+

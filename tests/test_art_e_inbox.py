@@ -1,9 +1,7 @@
 """ART·E inbox database and tools on a real shared Enron mailbox."""
 
-import io
 import json
 import sqlite3
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -11,14 +9,7 @@ import pytest
 from evals.art_e.inbox import InboxError, build_inbox_db, parse_email
 from evals.art_e.tools import TOOL_SCHEMAS, InboxTools, ToolError, fts_query
 
-ENRON = Path(__file__).resolve().parents[2] / "shared" / "data" / "enron"
-
-
-@pytest.fixture(scope="session")
-def inbox_db(tmp_path_factory):
-    db = tmp_path_factory.mktemp("inbox") / "inbox.db"
-    report = build_inbox_db([ENRON / "beck-s.tar.gz"], db)
-    return db, report
+from conftest import ENRON
 
 
 def test_real_mailbox_is_ingested_with_owner_and_fts(inbox_db):
