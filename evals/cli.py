@@ -52,7 +52,7 @@ def eval_judge(
         table.add_column(str(col), justify="right")
     for row in summary.itertuples(index=False):
         table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row])
-    console.print(table)
+    Console(width=max(console.width, 240)).print(table)
     paths = save_report(summary, detail, out, f"judge meta-evaluation: {model}")
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
 

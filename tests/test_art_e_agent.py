@@ -1,0 +1,25 @@
+"""A full ART·E rollout with the real embedded model, recorded as a Trajectory."""
+
+import pytest
+
+from evals.art_e.agent import run_agent
+from evals.art_e.questions import generate_scenarios
+from judges import EMBEDDED_JUDGE
+from ruler import TrajectoryGroup
+
+pytestmark = pytest.mark.slow
+
+
+async def test_embedded_model_rollout_is_recorded_as_a_trajectory(inbox_db, embedded_model):
+    db, _ = inbox_db
+    scenario = generate_scenarios(db, per_inbox=1, seed=3)[0]
+    traj = await run_agent(scenario, db, EMBEDDED_JUDGE, max_turns=2)
+    m = traj.metrics
+    assert traj.metadata["tool_mode"] == "text" and 1 <= m["turns"] <= 2
+    assert m["prompt_tokens"] > 100 and m["completion_tokens"] > 0 and m["latency_s"] > 0
+    assert traj.messages()[0]["role"] == "system" and traj.messages()[1]["content"] == scenario.question
+    assert any(msg["role"] == "assistant" for msg in traj.messages())
+    assert m["ran_out_of_turns"] == (traj.metadata["answer"] is None)
+    # the trajectory is ready for RULER and the trainer: it round-trips as JSON in a group
+    group = TrajectoryGroup([traj])
+    assert TrajectoryGroup.model_validate_json(group.model_dump_json()).trajectories[0].metrics == m
