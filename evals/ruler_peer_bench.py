@@ -50,6 +50,17 @@ def run(py: Path | str, impl: str, groups: Path) -> dict:
     return result
 
 
+def cpu_per_group(py, impl: str, groups: Path) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), str(ROOT)]), "RULER_PEER_GROUPS": str(groups),
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "RULER_CACHE_DIR": tempfile.mkdtemp(prefix="ruler-peer-cpu-")}
+    out = subprocess.run([str(py), str(ROOT / "evals" / "ruler_peer_cpu.py"), impl], env=env, capture_output=True,
+                         text=True, cwd=BENCH)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        raise SystemExit(f"{impl} CPU run failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1])["rows"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=Path, default=BENCH / "groups.json")
@@ -62,8 +73,10 @@ def main() -> None:
     if args.mailbox:
         groups = Path(tempfile.mkdtemp()) / "groups.json"
         subprocess.run([sys.executable, str(BENCH / "make_corpus.py"), str(args.mailbox), str(groups)], check=True)
-    art = run(ensure_art(args.art_venv), "art", groups)
+    art_py = ensure_art(args.art_venv)
+    art = run(art_py, "art", groups)
     ours = run(sys.executable, "ours", groups)
+    cpu = {impl: cpu_per_group(py, impl, groups) for impl, py in (("art", art_py), ("ours", sys.executable))}
     print(f"corpus: {groups}")
     print(f"{'group':>5} {'n':>3} {'ART tok':>8} {'ours tok':>8} {'ratio':>6}  faults ART | ours")
     for a, o in zip(art["rows"], ours["rows"]):
@@ -81,6 +94,10 @@ def main() -> None:
     print(f"mean cold wall time per group (scripted judge, loopback): ART {cold(art['rows']):.4f} s, "
           f"ours {cold(ours['rows']):.4f} s")
     print(f"process CPU time (imports + all groups, faults included): ART {art['cpu_s']:.1f} s, ours {ours['cpu_s']:.1f} s")
+    per = {k: sorted(r["cpu_s"] for r in v) for k, v in cpu.items()}
+    med = {k: v[len(v) // 2] for k, v in per.items()}
+    print(f"CPU per group, judge excluded (median of {len(per['ours'])} warm calls): ART {med['art'] * 1000:.1f} ms, "
+          f"ours {med['ours'] * 1000:.1f} ms, ratio {med['ours'] / med['art']:.2f}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ is ours alone.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -109,10 +110,25 @@ def _wait(policy: RetryPolicy):
     return wait
 
 
-def _usage_and_cost(response) -> tuple[int, int, float]:
+@functools.lru_cache(maxsize=512)
+def has_price(model: str) -> bool:
+    """Whether litellm's price table knows `model` (a local or self-hosted model costs 0)."""
+    name = model.split("/", 1)[1] if "/" in model else model
+    if model in litellm.model_cost or name in litellm.model_cost:
+        return True
+    try:  # aliases and provider-specific names (looked up once per model string)
+        info = litellm.get_model_info(model=model)
+        return bool(info.get("input_cost_per_token") or info.get("output_cost_per_token"))
+    except Exception:
+        return False
+
+
+def _usage_and_cost(response, model: str) -> tuple[int, int, float]:
     usage = getattr(response, "usage", None)
     prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
     completion = int(getattr(usage, "completion_tokens", 0) or 0)
+    if not has_price(model):  # skips litellm's cost lookup, which costs milliseconds per call
+        return prompt, completion, 0.0
     try:
         cost = float(litellm.completion_cost(completion_response=response) or 0.0)
     except Exception:  # models without a price (local, self-hosted) cost 0
@@ -168,7 +184,7 @@ async def complete(
         raise JudgeUnavailableError(f"judge {model!r} failed: {type(exc).__name__}: {exc}") from exc
     choices = getattr(response, "choices", None) or []
     content = (choices[0].message.content or "") if choices else ""
-    prompt, completion, cost = _usage_and_cost(response)
+    prompt, completion, cost = _usage_and_cost(response, model)
     return JudgeReply(
         content=content, model=model, prompt_tokens=prompt, completion_tokens=completion, cost=cost,
         latency_s=time.perf_counter() - started, attempts=attempts,
