@@ -219,3 +219,41 @@ def test_slow_loris_body_gets_408_and_the_service_keeps_serving(service):
         answer = sock.recv(4096).decode()
     assert answer.startswith("HTTP/1.1 408") and time.time() - started < 8
     assert httpx.get(f"{s.base}/healthz").status_code == 200
+
+
+def test_client_retries_429_and_503_honouring_retry_after():
+    """A scripted server on loopback answers 429, then 503, then a real scored group."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answered = group("GOOD", "BAD")
+    answered.trajectories[0].reward = 0.9
+    replies = [(429, {"detail": "slow down"}), (503, {"detail": "judge busy"}),
+               (200, {"group": answered.model_dump(mode="json")})]
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            seen.append(time.monotonic())
+            code, body = replies[len(seen) - 1]
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            if code != 200:
+                self.send_header("Retry-After", "1")
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with RulerClient(f"http://127.0.0.1:{server.server_address[1]}", "rk_x") as client:
+            scored = client.score_group(group("GOOD", "BAD"))
+    finally:
+        server.shutdown()
+    assert len(seen) == 3 and seen[1] - seen[0] >= 0.9 and seen[2] - seen[1] >= 0.9
+    assert scored.trajectories[0].reward == 0.9
