@@ -263,8 +263,9 @@ def save_report(summary, detail, out: Path, title: str) -> list[Path]:
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(summary)), 4))
     labels = [f"{d}\nk={k}" for d, k in zip(summary["dataset"], summary["k"])]
     x = range(len(summary))
-    ax.bar([i - 0.2 for i in x], summary["accuracy"], width=0.4, label="accuracy vs humans")
-    ax.bar([i + 0.2 for i in x], summary["swap_consistency"], width=0.4, label="swap consistency")
+    ax.bar([i - 0.27 for i in x], summary["accuracy"], width=0.27, label="accuracy vs humans")
+    ax.bar(list(x), summary["swap_consistency"], width=0.27, label="swap consistency")
+    ax.bar([i + 0.27 for i in x], summary["judge_ties"], width=0.27, label="judge ties (count as wrong)")
     ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="chance (pairwise)")
     ax.set_xticks(list(x), labels, fontsize=8)
     ax.set_ylim(0, 1)
