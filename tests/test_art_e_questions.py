@@ -40,3 +40,19 @@ def test_bad_scenario_files_name_line_and_field(tmp_path):
     path.write_text(good.model_dump_json() + "\n{oops\n")
     with pytest.raises(ValueError, match="s.jsonl:2: not valid JSON"):
         load_scenarios(path)
+
+
+def test_human_written_annotated_set_is_usable(tmp_path):
+    from conftest import ENRON
+
+    from evals.art_e.annotated import INBOX, load_annotated
+    from evals.art_e.tools import InboxTools
+
+    db = tmp_path / "annotated.db"
+    scenarios, report, skipped = load_annotated(ENRON / "enron_annotated.json", db)
+    assert report.inboxes[INBOX] >= 40 and len(scenarios) > 400 and skipped > 50
+    tools = InboxTools(db, INBOX)
+    emails = [tools.read_email(s.message_ids[0]) for s in scenarios]
+    assert all("error" not in e for e in emails)
+    visible = sum(s.answer in "\n".join(str(v) for v in e.values()) for s, e in zip(scenarios, emails))
+    assert visible / len(scenarios) > 0.7  # the rest quote X-From/X-To display names, not stored as fields

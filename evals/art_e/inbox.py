@@ -111,45 +111,52 @@ def build_inbox_db(sources: list[str | Path], db_path: str | Path) -> BuildRepor
     for p in paths:
         if not p.exists():
             raise InboxError(f"no such mailbox: {p}")
+    for source in paths:
+        ingest(db_path, _walk(source), report)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def ingest(db_path: str | Path, items, report: BuildReport | None = None) -> BuildReport:
+    """Store (inbox, folder, raw RFC-822 bytes) items; every inbox among them replaces its previous rows."""
+    report = report or BuildReport()
+    rows: dict[str, list[tuple]] = {}
+    seen: set[tuple[str, str]] = set()
+    for inbox, folder, raw in items:
+        fields = parse_email(raw)
+        if fields is None:
+            report.skipped["not an email"] += 1
+            continue
+        if not fields["message_id"]:
+            report.skipped["no Message-ID"] += 1
+            continue
+        if (inbox, fields["message_id"]) in seen:
+            report.duplicates += 1
+            continue
+        seen.add((inbox, fields["message_id"]))
+        if fields["date"] is None:
+            report.skipped["unparseable date (kept, date empty)"] += 1
+        rows.setdefault(inbox, []).append((
+            fields["message_id"], inbox, fields["from_addr"], fields["to_addrs"], fields["cc_addrs"],
+            fields["bcc_addrs"], fields["date"], fields["subject"], fields["body"], folder))
     db = connect(db_path)
     try:
-        for source in paths:
-            rows: dict[str, list[tuple]] = {}
-            seen: set[tuple[str, str]] = set()
-            for inbox, folder, raw in _walk(source):
-                fields = parse_email(raw)
-                if fields is None:
-                    report.skipped["not an email"] += 1
-                    continue
-                if not fields["message_id"]:
-                    report.skipped["no Message-ID"] += 1
-                    continue
-                if (inbox, fields["message_id"]) in seen:
-                    report.duplicates += 1
-                    continue
-                seen.add((inbox, fields["message_id"]))
-                if fields["date"] is None:
-                    report.skipped["unparseable date (kept, date empty)"] += 1
-                rows.setdefault(inbox, []).append((
-                    fields["message_id"], inbox, fields["from_addr"], fields["to_addrs"], fields["cc_addrs"],
-                    fields["bcc_addrs"], fields["date"], fields["subject"], fields["body"], folder))
-            with db:
-                for inbox, items in rows.items():
-                    old = [r[0] for r in db.execute("SELECT id FROM emails WHERE inbox = ?", (inbox,))]
-                    if old:  # idempotent rebuild: this inbox's previous rows go, from the index too
-                        db.executemany("INSERT INTO emails_fts(emails_fts, rowid, subject, body) "
-                                       "SELECT 'delete', id, subject, body FROM emails WHERE id = ?", [(i,) for i in old])
-                        db.execute("DELETE FROM emails WHERE inbox = ?", (inbox,))
-                    db.executemany("INSERT INTO emails (message_id, inbox, from_addr, to_addrs, cc_addrs, bcc_addrs,"
-                                   " date, subject, body, folder) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", items)
-                    db.execute("INSERT INTO emails_fts(rowid, subject, body) SELECT id, subject, body FROM emails "
-                               "WHERE inbox = ?", (inbox,))
-                    address = _owner_address(db, inbox)
-                    db.execute("INSERT OR REPLACE INTO inboxes VALUES (?, ?, ?, ?)", (inbox, address, len(items), time.time()))
-                    report.inboxes[inbox] = len(items)
+        with db:
+            for inbox, batch in rows.items():
+                old = [r[0] for r in db.execute("SELECT id FROM emails WHERE inbox = ?", (inbox,))]
+                if old:  # idempotent rebuild: this inbox's previous rows go, from the index too
+                    db.executemany("INSERT INTO emails_fts(emails_fts, rowid, subject, body) "
+                                   "SELECT 'delete', id, subject, body FROM emails WHERE id = ?", [(i,) for i in old])
+                    db.execute("DELETE FROM emails WHERE inbox = ?", (inbox,))
+                db.executemany("INSERT INTO emails (message_id, inbox, from_addr, to_addrs, cc_addrs, bcc_addrs,"
+                               " date, subject, body, folder) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
+                db.execute("INSERT INTO emails_fts(rowid, subject, body) SELECT id, subject, body FROM emails "
+                           "WHERE inbox = ?", (inbox,))
+                db.execute("INSERT OR REPLACE INTO inboxes VALUES (?, ?, ?, ?)",
+                           (inbox, _owner_address(db, inbox), len(batch), time.time()))
+                report.inboxes[inbox] = len(batch)
     finally:
         db.close()
-    report.seconds = time.perf_counter() - started
     report.db_bytes = os.path.getsize(db_path)
     return report
 
