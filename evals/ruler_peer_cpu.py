@@ -1,8 +1,9 @@
 """CPU time per group, ours vs ART, on the ruler-peer corpus: everything but the judge's answer.
 
-Runs inside one implementation's Python (like run_peer.py) and prints JSON: for each group, the CPU
-seconds (`time.process_time` of this process only: the scripted judge answers from a child process)
-after one warm-up call on another group.
+Runs inside one implementation's Python (like run_peer.py) and prints JSON: for each group and each of
+three repeats (a fresh question each time, so no cache hit), the CPU seconds (`time.process_time` of
+this process only; the scripted judge answers from a child process) of one `ruler_score_group` call,
+after one warm-up call that pays litellm's first-call set-up.
 
     PY evals/ruler_peer_cpu.py art|ours     (PY: a python with that implementation; run by ruler_peer_bench)
 """

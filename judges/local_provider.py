@@ -30,7 +30,7 @@ def check_local_model(model: str) -> None:
         raise JudgeConfigError(f"unknown local model {name!r}; available: {sorted(LOCAL_MODELS)}")
 
 
-def _schema_from_response_format(response_format) -> dict | None:
+def schema_from_response_format(response_format) -> dict | None:
     if not response_format:
         return None
     if isinstance(response_format, dict):
@@ -52,7 +52,7 @@ class EmbeddedLLM(CustomLLM):
         name = model.split("/", 1)[-1]
         check_local_model(f"{LOCAL_PROVIDER}/{name}")
         params = dict(optional_params or {})
-        schema = _schema_from_response_format(params.get("response_format"))
+        schema = schema_from_response_format(params.get("response_format"))
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 1024
         gen = load_embedded_model().generate(
             [{"role": m["role"], "content": m.get("content") or ""} for m in messages],

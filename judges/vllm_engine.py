@@ -20,7 +20,7 @@ from litellm import CustomLLM
 from litellm.types.utils import ModelResponse
 
 from judges.errors import JudgeConfigError
-from judges.local_provider import _schema_from_response_format
+from judges.local_provider import schema_from_response_format
 
 PROVIDER = "vllm-engine"
 
@@ -58,7 +58,7 @@ class VLLMEngineLLM(CustomLLM):
             add_generation_prompt=True, tokenize=False)
         sp_kwargs = {"max_tokens": int(params.get("max_tokens") or 1024),
                      "temperature": float(params.get("temperature") or 0.0)}
-        schema = _schema_from_response_format(params.get("response_format"))
+        schema = schema_from_response_format(params.get("response_format"))
         if schema is not None:
             try:
                 from vllm.sampling_params import StructuredOutputsParams

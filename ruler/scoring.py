@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import math
 import os
@@ -420,9 +421,8 @@ async def ruler(
 
 
 def _group_tools(trajectories: list[Trajectory]) -> list[dict] | None:
+    """The tool schemas offered in the group, each once."""
     seen: dict[str, dict] = {}
-    import json
-
     for t in trajectories:
         for tool in t.tools or []:
             seen.setdefault(json.dumps(tool, sort_keys=True), tool)
