@@ -63,7 +63,8 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
             f"- {t['function']['name']}: {t['function']['description']} arguments: "
             f"{json.dumps(t['function']['parameters']['properties'])}" for t in TOOL_SCHEMAS))
     messages: list = [{"role": "system", "content": system}, {"role": "user", "content": scenario.question}]
-    metrics = {"turns": 0, "tool_errors": 0, "read_right_email": False, "attempted_answer": False,
+    metrics = {"turns": 0, "tool_errors": 0, "found_right_email": False, "read_right_email": False,
+               "attempted_answer": False,
                "ran_out_of_turns": False, "prompt_tokens": 0, "completion_tokens": 0, "format_errors": 0}
     started = time.perf_counter()
     for turn in range(max_turns):
@@ -119,6 +120,8 @@ def _run_tool(tools: InboxTools, name: str, args, scenario: Scenario, metrics: d
     result = tools.call(name, args)
     if '"error"' in result[:12]:
         metrics["tool_errors"] += 1
+    if name == "search_inbox":
+        metrics["found_right_email"] = metrics["found_right_email"] or any(m in result for m in scenario.message_ids)
     if name == "read_email":
         try:
             read = (json.loads(args) if isinstance(args, str) else args).get("message_id")
