@@ -103,6 +103,11 @@ class ScoreOptions(BaseModel):
     num_permutations: int = Field(1, ge=1, le=8)
     max_prompt_tokens: int | None = Field(None, ge=256)
 
+    def judge_options(self, judge_model: str | None) -> dict:
+        """What the judging needs, with the judge the service resolved (stored with jobs as JSON)."""
+        return {"judge_model": judge_model, "rubric": self.rubric, "num_permutations": self.num_permutations,
+                "max_prompt_tokens": self.max_prompt_tokens}
+
 
 class ScoreRequest(ScoreOptions):
     trajectories: list[Trajectory]
@@ -282,9 +287,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     async def score_group(group: TrajectoryGroup, opts: ScoreOptions, judge: str | None) -> dict:
         try:
-            scored = await asyncio.wait_for(ruler_score_group(
-                group, judge, dict(cfg.judge_params) or None, opts.rubric or "default", cache=cfg.cache,
-                num_permutations=opts.num_permutations, max_prompt_tokens=opts.max_prompt_tokens), cfg.judge_timeout_s)
+            scored = await judge_with_config(cfg, group, opts.judge_options(judge))
         except asyncio.TimeoutError:
             metrics.errors.labels("timeout").inc()
             raise HTTPException(504, f"the judge did not answer within {cfg.judge_timeout_s:g} s")
@@ -307,8 +310,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         if len(body.groups) > cfg.max_groups_per_job:
             raise HTTPException(422, [{"loc": ["body", "groups"], "msg": f"at most {cfg.max_groups_per_job} groups"}])
         _limits(cfg, [g.trajectories for g in body.groups], "groups")
-        options = {"judge_model": judge_for(body.judge_model), "rubric": body.rubric,
-                   "num_permutations": body.num_permutations, "max_prompt_tokens": body.max_prompt_tokens}
+        options = body.judge_options(judge_for(body.judge_model))
         job_id = store.create_job(key_id, [g.model_dump(mode="json") for g in body.groups], options)
         worker.wake()
         answer = {"job_id": job_id, "status": "pending", "groups": len(body.groups)}
@@ -334,6 +336,15 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return {"job_id": job_id, "cancelled": store.cancel_job(job_id, key_id)}
 
     return app
+
+
+async def judge_with_config(cfg: ServiceConfig, group: TrajectoryGroup, options: dict) -> TrajectoryGroup:
+    """`ruler_score_group` as the service runs it: its judge credentials, cache and time limit, and the
+    client's options (judge_model, rubric, num_permutations, max_prompt_tokens). Raises asyncio.TimeoutError."""
+    return await asyncio.wait_for(ruler_score_group(
+        group, options.get("judge_model"), dict(cfg.judge_params) or None, options.get("rubric") or "default",
+        cache=cfg.cache, num_permutations=options.get("num_permutations") or 1,
+        max_prompt_tokens=options.get("max_prompt_tokens")), cfg.judge_timeout_s)
 
 
 def group_result(scored: TrajectoryGroup, metrics: Metrics | None = None) -> dict:

@@ -13,7 +13,6 @@ import json
 import logging
 
 from judges.errors import JudgeError
-from ruler.scoring import ruler_score_group
 from ruler.trajectory import TrajectoryGroup
 
 log = logging.getLogger("ruler.service")
@@ -64,17 +63,13 @@ class JobWorker:
                 pass
 
     async def _judge(self, row: dict) -> None:
-        from ruler.service.app import group_result
+        from ruler.service.app import group_result, judge_with_config
 
         options = json.loads(row["options"])
         result, error = None, None
         try:
             group = TrajectoryGroup.model_validate(json.loads(row["request"]))
-            scored = await asyncio.wait_for(ruler_score_group(
-                group, options.get("judge_model"), dict(self.cfg.judge_params) or None,
-                options.get("rubric") or "default", cache=self.cfg.cache,
-                num_permutations=options.get("num_permutations") or 1,
-                max_prompt_tokens=options.get("max_prompt_tokens")), self.cfg.judge_timeout_s)
+            scored = await judge_with_config(self.cfg, group, options)
             result = group_result(scored, self.metrics)
         except asyncio.TimeoutError:
             error = f"timeout: the judge did not answer within {self.cfg.judge_timeout_s:g} s"
