@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion import Choice
 from evals.art_e.questions import Scenario
 from evals.art_e.tools import TOOL_SCHEMAS, InboxTools
 from judges.completion import RetryPolicy, complete
-from ruler.trajectory import Trajectory
+from ruler.trajectory import Trajectory, choice_to_message
 
 ToolMode = Literal["auto", "native", "text"]
 
@@ -69,7 +69,7 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
     started = time.perf_counter()
     for turn in range(max_turns):
         metrics["turns"] = turn + 1
-        history = [m if isinstance(m, dict) else _choice_message(m) for m in messages]
+        history = [m if isinstance(m, dict) else choice_to_message(m) for m in messages]
         if mode == "native":
             reply = await litellm.acompletion(model=model, messages=history, tools=TOOL_SCHEMAS, tool_choice="auto",
                                               **(params or {}))
@@ -108,12 +108,6 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
     return Trajectory(messages_and_choices=messages, tools=TOOL_SCHEMAS, reward=0.0, metrics=metrics,
                       metadata={"scenario_id": scenario.id, "model": model, "tool_mode": mode,
                                 "answer": final.get("answer"), "sources": json.dumps(final.get("sources", []))})
-
-
-def _choice_message(choice: Choice) -> dict:
-    from ruler.trajectory import choice_to_message
-
-    return choice_to_message(choice)
 
 
 def _run_tool(tools: InboxTools, name: str, args, scenario: Scenario, metrics: dict) -> str:
