@@ -39,7 +39,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 Render = Literal["compact", "art"]
@@ -71,17 +71,6 @@ def escape(text: str) -> str:
     text = _TAG.sub(lambda m: f"&lt;{m.group(1)}{m.group(2)}", text)
     text = _REF.sub(lambda m: f"[ [{m.group(1)}] ]", text)
     text = _HEADER.sub(lambda m: "\\" + m.group(1) + m.group(2), text)
-    return text
-
-
-def _compact_json(text: str) -> str:
-    """JSON text re-emitted without padding or ASCII escaping; anything else unchanged."""
-    stripped = text.strip()
-    if stripped[:1] in "[{" and stripped[-1:] in "]}":
-        try:
-            return json.dumps(json.loads(stripped), ensure_ascii=False, separators=(",", ":"))
-        except ValueError:
-            pass
     return text
 
 
@@ -259,7 +248,6 @@ class JudgePrompt:
     prefix_len: int
     identical: bool
     shared_blocks: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def common_prefix_len(message_lists: list[list[dict]]) -> int:
