@@ -225,12 +225,14 @@ class _Setup:
     seed: int
 
 
-async def _score_fitting(message_lists: list[list[dict]], s: _Setup) -> RulerResult:
+async def _score_fitting(message_lists: list[list[dict]], s: _Setup, first: JudgePrompt | None = None) -> RulerResult:
     """Judge a group that fits the context: k orderings, averaged by id."""
     n = len(message_lists)
     notes: list[str] = []
-    prompts = [build_prompt(message_lists, s.rubric, tools=s.tools, render=s.render, order=o)
-               for o in permutation_orders(n, s.num_permutations if n > 1 else 1, s.seed)]
+    orders = permutation_orders(n, s.num_permutations if n > 1 else 1, s.seed)  # the identity first
+    prompts = [first if (k == 0 and first is not None) else
+               build_prompt(message_lists, s.rubric, tools=s.tools, render=s.render, order=o)
+               for k, o in enumerate(orders)]
     if prompts[0].identical:
         prompts = prompts[:1]
         if n > 1:
@@ -283,6 +285,7 @@ def _token_counter(model: str, provider: str):
 async def _score_within_budget(message_lists: list[list[dict]], s: _Setup, limit: int | None) -> RulerResult:
     """Judge the group as is when it fits; else truncate bodies; else split with anchors and calibrate."""
     n = len(message_lists)
+    first = None  # the prompt in the given order, built once: for the size check and for judging
     if limit is not None and limit < 1:
         raise ValueError(f"max_prompt_tokens must be >= 1, got {limit}")
     if limit:
@@ -312,7 +315,7 @@ async def _score_within_budget(message_lists: list[list[dict]], s: _Setup, limit
             expl = {i: r.scores[k].explanation for idx, r in zip(plan.subgroups, results) for k, i in enumerate(idx)}
             scores = [TrajectoryScore(trajectory_id=str(i + 1), explanation=expl[i], score=merged[i]) for i in range(n)]
             return _combine(list(results), scores, [0.0] * n, list(plan.notes))
-    return await _score_fitting(message_lists, s)
+    return await _score_fitting(message_lists, s, first)
 
 
 async def _score_panel(message_lists, panel: JudgePanel, extra_litellm_params, rubric, **options) -> RulerResult:
