@@ -57,6 +57,83 @@ def eval_judge(
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
 
 
+ENRON_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "enron"
+
+
+@eval_app.command("art-e")
+def eval_art_e(
+    model: list[str] = typer.Option(None, "--model", "-m", help="litellm model string, or MODEL@http://host/v1 for an "
+                                    "OpenAI-compatible server. Repeatable. Default: the embedded model."),
+    questions: int = typer.Option(50, "--questions", "-n", help="How many questions (the same for every model)."),
+    split: str = typer.Option("test", "--split", help="train or test (splits are by inbox)."),
+    question_set: str = typer.Option("generated", "--set", help="generated (offline, from the inbox database), "
+                                     "annotated (enron_annotated.json) or hub (ART·E's questions; needs the "
+                                     "internet and the full corpus)."),
+    scenarios_file: Optional[Path] = typer.Option(None, "--scenarios", help="A JSONL/parquet scenarios file instead."),
+    db: Path = typer.Option(Path("out/art-e/inbox.db"), "--db", help="Inbox database (built if missing)."),
+    mailbox: list[Path] = typer.Option(None, "--mailbox", help="Maildir tarballs/folders to build the database from "
+                                       "(default: the four shared Enron mailboxes)."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="Answer-correctness judge (default: RULER's default)."),
+    concurrency: int = typer.Option(4, "--concurrency", help="Runs in flight at once."),
+    max_turns: int = typer.Option(10, "--max-turns"),
+    tool_mode: str = typer.Option("auto", "--tool-mode", help="auto, native (tool calls) or text (JSON protocol)."),
+    gpu_hour_price: float = typer.Option(3.5, "--gpu-hour-price", help="USD per GPU hour, to price local models."),
+    seed: int = typer.Option(0, "--seed", help="Which questions are drawn."),
+    out: Path = typer.Option(Path("out/art-e"), "--out", help="Where results.parquet, summary.csv/png go."),
+) -> None:
+    """ART·E: models answer questions about real Enron inboxes; accuracy, turns, latency, cost."""
+    import random
+
+    from evals.art_e import harness
+    from evals.art_e.annotated import load_annotated
+    from evals.art_e.inbox import InboxError, build_inbox_db
+    from evals.art_e.questions import download_scenarios, generate_scenarios, load_scenarios
+    from judges import EMBEDDED_JUDGE, JudgeError
+    from ruler import default_judge_model
+
+    try:
+        if split not in ("train", "test") or question_set not in ("generated", "annotated", "hub"):
+            raise ValueError("--split is train or test; --set is generated, annotated or hub")
+        if tool_mode not in ("auto", "native", "text"):
+            raise ValueError("--tool-mode is auto, native or text")
+        if questions < 1:
+            raise ValueError("--questions must be >= 1")
+        specs = [harness.ModelSpec.parse(m) for m in (model or [EMBEDDED_JUDGE])]
+        if not db.is_file():
+            sources = mailbox or sorted(ENRON_DIR.glob("*.tar.gz"))
+            if not sources:
+                raise ValueError(f"no mailboxes to build {db} from: pass --mailbox")
+            db.parent.mkdir(parents=True, exist_ok=True)
+            report = build_inbox_db(sources, db)
+            console.print(f"built {db}: {report.emails} emails in {report.seconds:.0f} s", soft_wrap=True)
+        if scenarios_file is not None:
+            pool = load_scenarios(scenarios_file, split)
+        elif question_set == "annotated":
+            pool, _, _ = load_annotated(ENRON_DIR / "enron_annotated.json", db)
+        elif question_set == "hub":
+            pool = download_scenarios(split)
+        else:
+            pool = [s for s in generate_scenarios(db, per_inbox=50) if s.split == split]
+        if not pool:
+            raise ValueError(f"no {split} questions in the chosen set")
+        picked = random.Random(seed).sample(pool, min(questions, len(pool)))
+        df = asyncio.run(harness.run_benchmark(
+            specs, picked, db, judge_model=judge or default_judge_model(), concurrency=concurrency,
+            max_turns=max_turns, gpu_hour_price=gpu_hour_price, tool_mode=tool_mode))
+    except (ValueError, FileNotFoundError, InboxError, JudgeError, ConnectionError) as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2)
+    summary = harness.summarize(df)
+    table = Table(title=f"ART·E, {len(picked)} {split} questions")
+    for col in summary.columns:
+        table.add_column(str(col), justify="right")
+    for row in summary.itertuples(index=False):
+        table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row])
+    Console(width=max(console.width, 240)).print(table)
+    paths = harness.save_benchmark(df, summary, out)
+    console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
+
+
 def main() -> None:  # pragma: no cover
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     app()

@@ -9,6 +9,7 @@ supports it, and the tool's result comes back as a user message.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from typing import Literal
@@ -17,11 +18,13 @@ import litellm
 from openai.types.chat.chat_completion import Choice
 
 from evals.art_e.questions import Scenario
-from evals.art_e.tools import TOOL_SCHEMAS, InboxTools
+from evals.art_e.tools import TOOL_SCHEMAS, InboxTools, inbox_for_address
 from judges.completion import RetryPolicy, complete
 from ruler.trajectory import Trajectory, choice_to_message
 
 ToolMode = Literal["auto", "native", "text"]
+TEXT_MAX_CHARS = 200
+TEXT_TURN_MAX_TOKENS = 256  # text protocol: one tool call per turn never needs more
 
 SYSTEM = """You are an email search agent. You answer the user's question by searching their inbox and reading emails.
 The user's email address is {address}. Today's date is {date}. You may take up to {max_turns} turns.
@@ -34,9 +37,23 @@ Reply with exactly one JSON object per turn: {{"tool": "<name>", "arguments": {{
 {tools}"""
 
 
+def _bounded(schema: dict) -> dict:
+    """A copy of a tool's parameters with every string and list bounded, so a small model that rambles
+    inside the JSON grammar is stopped by the grammar instead of by max_tokens."""
+    out = copy.deepcopy(schema)
+    for prop in out.get("properties", {}).values():
+        if prop.get("type") == "string":
+            prop.setdefault("maxLength", TEXT_MAX_CHARS)
+        elif prop.get("type") == "array":
+            prop.setdefault("maxItems", 5)
+            if prop.get("items", {}).get("type") == "string":
+                prop["items"].setdefault("maxLength", TEXT_MAX_CHARS)
+    return out
+
+
 def _text_schema() -> dict:
     variants = [{"type": "object", "properties": {"tool": {"const": t["function"]["name"]},
-                                                  "arguments": t["function"]["parameters"]},
+                                                  "arguments": _bounded(t["function"]["parameters"])},
                  "required": ["tool", "arguments"], "additionalProperties": False} for t in TOOL_SCHEMAS]
     return {"anyOf": variants}
 
@@ -56,7 +73,7 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
     if max_turns < 1:
         raise ValueError("max_turns must be >= 1")
     mode = _mode(model, tool_mode)
-    tools = InboxTools(db_path, scenario.inbox or "", scenario.query_date)
+    tools = InboxTools(db_path, scenario.inbox or inbox_for_address(db_path, scenario.inbox_address), scenario.query_date)
     system = SYSTEM.format(address=scenario.inbox_address, date=scenario.query_date, max_turns=max_turns)
     if mode == "text":
         system += TEXT_PROTOCOL.format(tools="\n".join(
@@ -86,7 +103,8 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
                 result = _run_tool(tools, name, args, scenario, metrics)
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
         else:
-            reply = await complete(model, history, params=params, retry=retry, response_format={
+            reply = await complete(model, history, params={"max_tokens": TEXT_TURN_MAX_TOKENS, **(params or {})},
+                                   retry=retry, response_format={
                 "type": "json_schema", "json_schema": {"name": "tool_call", "schema": _text_schema()}})
             metrics["prompt_tokens"] += reply.prompt_tokens
             metrics["completion_tokens"] += reply.completion_tokens

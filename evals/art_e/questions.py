@@ -140,3 +140,34 @@ def verify_scenario(db_path: str | Path, s: Scenario) -> bool:
             "date": lambda: row["date"][:10] == s.answer,
             "subject": lambda: row["subject"].strip() == s.answer,
             "figure": lambda: s.answer in (row["body"] or "")}.get(s.kind, lambda: False)()
+
+
+HUB_DATASET = "corbt/enron_emails_sample_questions"
+
+
+def download_scenarios(split: str = "test", *, repo: str = HUB_DATASET, limit: int | None = None) -> list[Scenario]:
+    """ART·E's published questions from the Hugging Face hub (needs the internet; cached by huggingface_hub).
+
+    Their message_ids point into the full CMU Enron corpus: build the inbox database from it
+    (`build_inbox_db` on the full maildir) before running them. `inbox` is left empty; the harness finds
+    the inbox by `inbox_address`.
+    """
+    if split not in ("train", "test"):
+        raise ValueError("split must be 'train' or 'test'")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(repo, f"default/{split}/0000.parquet", repo_type="dataset",
+                               revision="refs/convert/parquet")
+    except Exception as exc:
+        raise ConnectionError(f"could not download {repo} ({split}) from the hub: {type(exc).__name__}: {exc}. "
+                              "Offline? Use generate_scenarios or a local JSONL/parquet file.") from None
+    import pandas as pd
+
+    out = []
+    for r in pd.read_parquet(path).to_dict("records")[:limit]:
+        out.append(Scenario(id=f"hub-{split}-{r['id']}", question=r["question"], answer=r["answer"],
+                            message_ids=list(r["message_ids"]), inbox_address=r["inbox_address"],
+                            query_date=str(r["query_date"])[:10], how_realistic=float(r["how_realistic"]),
+                            inbox=None, split=split, kind="hub"))
+    return out

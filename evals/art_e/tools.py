@@ -75,6 +75,18 @@ def fts_query(keywords) -> str:
     return " ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 
+def inbox_for_address(db_path: str | Path, address: str) -> str:
+    """The inbox whose owner is `address` (hub questions name the address, not the maildir owner)."""
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT inbox FROM inboxes WHERE lower(address) = lower(?)", (address.strip(),)).fetchone()
+    finally:
+        db.close()
+    if row is None:
+        raise ValueError(f"no inbox owned by {address!r} in {db_path}")
+    return row[0]
+
+
 class InboxTools:
     def __init__(self, db_path: str | Path, inbox: str, query_date: str | None = None):
         if not Path(db_path).is_file():
