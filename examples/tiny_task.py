@@ -1,0 +1,90 @@
+"""A tiny verifiable task that trains on a CPU in minutes: answer short questions in one word.
+
+Reward (programmatic, verifiable): 1 if the right answer is among the reply's words, plus up to 0.5 for
+brevity (0.5 for one word, 0 from nine words on), so the best replies are exactly the answer.
+
+    python examples/tiny_task.py --steps 12            # embedded SmolLM2-135M + LoRA, transformers on CPU
+    python examples/tiny_task.py --base-model Qwen/Qwen2.5-0.5B-Instruct --engine vllm   # on a GPU
+
+The run lands in {out}/tiny/{name}: checkpoints/, history.jsonl (one row per step) and, at the end,
+train-report.png. Run it again with the same --out to resume from the last complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import time
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from ruler import Trajectory, TrajectoryGroup  # noqa: E402
+from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig  # noqa: E402
+from trainer import gather_trajectory_groups  # noqa: E402
+from trainer.runlog import plot_train_report  # noqa: E402
+
+QUESTIONS = [
+    ("What is the capital of France?", "paris"), ("What is 2 + 3?", "5"),
+    ("What color is the sky on a clear day?", "blue"), ("How many legs does a spider have?", "8"),
+    ("What is the capital of Japan?", "tokyo"), ("What is 10 - 4?", "6"),
+    ("What animal says moo?", "cow"), ("What is the opposite of hot?", "cold"),
+]
+SYSTEM = "Answer with one word."
+
+
+def reward(text: str, answer: str) -> float:
+    words = re.findall(r"[a-z0-9]+", (text or "").lower())
+    if not words:
+        return 0.0
+    return float(answer in words) + 0.5 * max(0.0, 1 - (len(words) - 1) / 8)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--questions-per-step", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--loss", default="grpo", choices=["grpo", "dr_grpo", "dapo"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--base-model", default="local/smollm2-135m-instruct")
+    ap.add_argument("--engine", default="auto", choices=["auto", "transformers", "vllm"])
+    ap.add_argument("--name", default="one-word")
+    ap.add_argument("--out", default="./runs")
+    args = ap.parse_args()
+
+    model = TrainableModel(args.name, "tiny", args.base_model, ModelConfig(
+        seed=args.seed, engine=EngineConfig(engine=args.engine, max_seq_length=256)))
+    backend = LocalBackend(args.out)
+    await model.register(backend)
+    client = model.openai_client()
+
+    async def group(step: int, i: int, question: str, answer: str) -> TrajectoryGroup:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        reply = await client.chat.completions.create(model=model.name, messages=messages, n=args.group_size,
+                                                     max_tokens=args.max_tokens, temperature=1.0,
+                                                     seed=args.seed * 100_000 + step * 100 + i)
+        return TrajectoryGroup([Trajectory(messages_and_choices=[*messages, c],
+                                           reward=reward(c.message.content, answer)) for c in reply.choices])
+
+    try:
+        for step in range(await model.get_step(), args.steps):
+            picked = [QUESTIONS[(step * args.questions_per_step + k) % len(QUESTIONS)]
+                      for k in range(args.questions_per_step)]
+            started = time.perf_counter()
+            groups = await gather_trajectory_groups([group(step, i, q, a) for i, (q, a) in enumerate(picked)],
+                                                    pbar_desc=None)
+            rollout = time.perf_counter() - started
+            row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))
+            print(f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  loss {row.get('loss', 0):+.4f}  "
+                  f"rollout {rollout:.1f}s  train {row.get('train_s', 0):.1f}s", flush=True)
+    finally:
+        await backend.close()
+    print("report:", plot_train_report(model.run_dir))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

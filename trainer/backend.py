@@ -1,0 +1,233 @@
+"""`LocalBackend`: loads the base model with a peft LoRA, picks the engine, serves it over an
+OpenAI-compatible HTTP server, and runs training steps with checkpoints and the run log.
+
+    backend = LocalBackend(path="./runs")
+    await model.register(backend)          # resumes from the latest complete checkpoint, if any
+
+Engine `auto`: vLLM when it is installed and a GPU is present, else transformers (CPU or GPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer import checkpoints as ckpt
+from trainer.config import TrainConfig
+from trainer.runlog import append_row, load_run_log
+from trainer.server import BackgroundServer, Served, create_server_app
+from trainer.training import prepare, train_step
+
+log = logging.getLogger("ruler.trainer")
+
+
+def resolve_base_model(name: str) -> str:
+    """A local folder, the embedded model's name (`local/smollm2-135m-instruct`), or a hub id."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("base_model must be a non-empty string")
+    from judges import EMBEDDED_JUDGE
+
+    if name in (EMBEDDED_JUDGE, EMBEDDED_JUDGE.split("/", 1)[1]):
+        from judges.embedded import embedded_model_path
+
+        return str(embedded_model_path())
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name)
+    except Exception as exc:
+        raise ValueError(f"base model {name!r} is neither a local folder nor a model this machine can fetch "
+                         f"from the hub ({type(exc).__name__})") from None
+    return name
+
+
+@dataclass
+class _Run:
+    model: Any
+    run_dir: Path
+    peft_model: Any
+    tokenizer: Any
+    optimizer: Any
+    engine: Any
+    served: Served
+    lock: threading.Lock
+    last_train_end: float = field(default_factory=time.perf_counter)
+
+
+class LocalBackend:
+    def __init__(self, path: str | Path = "./.ruler-runs", *, host: str = "127.0.0.1", port: int | None = None,
+                 wandb_project: str | None = None):
+        self.path = Path(path)
+        self.host, self.port = host, port
+        self.wandb_project = wandb_project
+        self._runs: dict[str, _Run] = {}
+        self._served: dict[str, Served] = {}
+        self._server: BackgroundServer | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("no model registered yet")
+        return self._server.url
+
+    async def register(self, model) -> None:
+        if model.name in self._runs:
+            raise ValueError(f"a model named {model.name!r} is already registered with this backend")
+        run_dir = self.path / model.project / model.name
+        removed = ckpt.remove_partial(run_dir)
+        if removed:
+            log.warning("removed half-written checkpoints left by a crash: %s", removed)
+        run = await asyncio.to_thread(self._load, model, run_dir)
+        if run.engine.name == "vllm":
+            await run.engine.start()
+            if run.served.step:
+                await run.engine.load_adapter(run.served.step, ckpt.checkpoint_dir(run_dir, run.served.step))
+        self._runs[model.name] = run
+        self._served[model.name] = run.served
+        if self._server is None:
+            from ruler.testing import free_port
+
+            self._server = BackgroundServer(create_server_app(self._served), self.host, self.port or free_port())
+            await self._server.start()
+
+    def _load(self, model, run_dir: Path) -> _Run:
+        import torch
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = model.config
+        base = resolve_base_model(model.base_model)
+        cuda = torch.cuda.is_available()
+        torch.manual_seed(cfg.seed)
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16 if cuda else torch.float32)
+        hf.to("cuda" if cuda else "cpu")
+        if cfg.gradient_checkpointing:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf.enable_input_require_grads()
+        lora = LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                          target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
+        try:
+            peft_model = get_peft_model(hf, lora)
+        except ValueError as exc:
+            raise ValueError(f"LoRA target_modules {cfg.lora.target_modules} do not fit {base}: {exc}") from None
+        optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-5)
+        step = ckpt.latest_checkpoint(run_dir) or 0
+        if step:
+            from safetensors.torch import load_file
+
+            where = ckpt.checkpoint_dir(run_dir, step)
+            set_peft_model_state_dict(peft_model, load_file(str(where / "adapter_model.safetensors")))
+            if (where / "optimizer.pt").is_file():
+                optimizer.load_state_dict(torch.load(where / "optimizer.pt", map_location=hf.device))
+            log.info("resumed %s from step %d", model.name, step)
+        lock = threading.Lock()
+        kind = cfg.engine.engine
+        if kind == "auto":
+            from trainer.engine_vllm import vllm_available
+
+            kind = "vllm" if vllm_available() else "transformers"
+        if kind == "vllm":
+            from trainer.engine_vllm import VLLMEngine
+
+            engine = VLLMEngine(base, cfg.engine, lora_rank=cfg.lora.rank, served_name=model.name)
+        else:
+            from trainer.engine_transformers import TransformersEngine
+
+            engine = TransformersEngine(peft_model, tokenizer, lock)
+            engine.step = step
+        served = Served(model.name, engine, tokenizer, cfg.engine.max_seq_length, step)
+        return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock)
+
+    def _run(self, model) -> _Run:
+        run = self._runs.get(getattr(model, "name", None))
+        if run is None:
+            raise RuntimeError("register the model with this backend first: await model.register(backend)")
+        return run
+
+    async def get_step(self, model) -> int:
+        return self._run(model).served.step
+
+    async def train(self, model, groups: list, config: TrainConfig) -> dict:
+        """One step on `groups`; returns (and logs) the step's row. Nothing to learn from: no step taken."""
+        run = self._run(model)
+        if not isinstance(config, TrainConfig):
+            raise TypeError("config must be a trainer.TrainConfig")
+        started = time.perf_counter()
+        rollout_s = started - run.last_train_end
+        seqs, prep = await asyncio.to_thread(prepare, list(groups), run.tokenizer, config,
+                                             run.served.max_seq_length)
+        row: dict[str, Any] = {"step": run.served.step, "time": time.time(), "loss_kind": config.loss,
+                               "rollout_s": rollout_s, **prep}
+        if not seqs:
+            log.warning("step %d: no group with a learning signal (%s); no update", run.served.step, prep["skipped"])
+            row.update(trained=False)
+            append_row(run.run_dir, row)
+            run.last_train_end = time.perf_counter()
+            return row
+        for g in run.optimizer.param_groups:
+            g["lr"], g["weight_decay"] = config.learning_rate, config.weight_decay
+        sleep_started = time.perf_counter()
+        await run.engine.sleep()
+        slept = time.perf_counter() - sleep_started
+        try:
+            stats = await asyncio.to_thread(self._train_locked, run, seqs, config)
+            step = run.served.step + 1
+            where = await asyncio.to_thread(ckpt.save_checkpoint, run.run_dir, step, run.peft_model, run.optimizer,
+                                            {"reward_mean": prep["reward_mean"], "loss": stats["loss"]})
+        finally:
+            wake_started = time.perf_counter()
+            await run.engine.wake()
+            slept += time.perf_counter() - wake_started
+        swap_started = time.perf_counter()
+        await run.engine.load_adapter(step, where)
+        run.served.step = step
+        row.update(trained=True, step=step, **stats, sleep_wake_s=slept,
+                   adapter_swap_s=time.perf_counter() - swap_started, step_s=time.perf_counter() - started)
+        append_row(run.run_dir, row)
+        run.last_train_end = time.perf_counter()
+        return row
+
+    def _train_locked(self, run: _Run, seqs, config: TrainConfig) -> dict:
+        import torch
+
+        with run.lock:
+            try:
+                return train_step(run.peft_model, run.optimizer, seqs, config,
+                                  max_seq_length=run.served.max_seq_length)
+            except torch.OutOfMemoryError:
+                run.optimizer.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                raise MemoryError("out of memory in the training step (nothing applied; the last checkpoint is "
+                                  "intact): lower micro_batch_size or max_seq_length, or enable "
+                                  "gradient_checkpointing") from None
+
+    async def delete_checkpoints(self, model, metric: str = "reward_mean") -> list[int]:
+        """Keep the latest checkpoint and the best one (whose own rollouts scored the highest `metric`)."""
+        run = self._run(model)
+        steps = ckpt.list_checkpoints(run.run_dir)
+        keep = {run.served.step}
+        try:
+            df = load_run_log(run.run_dir)
+            # the row of step s scores the rollouts of the policy at step s-1
+            scored = df[df.get("trained", True) == True].dropna(subset=[metric])  # noqa: E712
+            best = {int(r.step) - 1: getattr(r, metric) for r in scored.itertuples() if int(r.step) - 1 in steps}
+            if best:
+                keep.add(max(best, key=best.get))
+        except (FileNotFoundError, KeyError):
+            pass
+        return await asyncio.to_thread(ckpt.delete_checkpoints, run.run_dir, keep)
+
+    async def close(self) -> None:
+        for run in self._runs.values():
+            await run.engine.close()
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None

@@ -1,0 +1,69 @@
+"""The policy-gradient losses, on per-token log-probabilities.
+
+Every loss is a weighted sum of per-token PPO-clip terms; the variants differ in the clip range and in the
+token weights, which `token_weights` computes over the *whole* batch so that gradient accumulation over
+micro-batches adds up to exactly the full-batch loss:
+
+    grpo     w = mask / (len_i * n_seqs)     each sequence counts once, its tokens averaged
+    dr_grpo  w = mask / (norm_len * n_seqs)  no length normalisation (constant norm_len)
+    dapo     w = mask / total_tokens         token-level mean; clip range 1-eps .. 1+eps_high
+
+Per token:  -min(r * A, clip(r, 1-eps, 1+eps') * A) + kl_coef * KL,   r = exp(new - old),
+KL is the k3 estimator exp(ref - new) - (ref - new) - 1 (zero when no reference is given).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.config import LossKind
+
+KINDS = ("grpo", "dr_grpo", "dapo")
+
+
+def token_weights(mask: torch.Tensor, kind: LossKind, *, n_seqs: int, total_tokens: int,
+                  norm_len: int | None = None) -> torch.Tensor:
+    """Per-token weights for `mask` [B, T] (1 = a generated token trained on)."""
+    if kind not in KINDS:
+        raise ValueError(f"loss must be one of {KINDS}, got {kind!r}")
+    if n_seqs < 1 or total_tokens < 1:
+        raise ValueError("a batch needs at least one sequence and one trained token")
+    mask = mask.float()
+    if kind == "grpo":
+        return mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / n_seqs
+    if kind == "dr_grpo":
+        return mask / float(norm_len or mask.shape[1]) / n_seqs
+    return mask / total_tokens
+
+
+def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                weights: torch.Tensor, *, kind: LossKind, epsilon: float = 0.2, epsilon_high: float = 0.28,
+                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """(loss, stats) for logprobs [B, T], advantages [B] and token weights [B, T] from `token_weights`."""
+    if kind not in KINDS:
+        raise ValueError(f"loss must be one of {KINDS}, got {kind!r}")
+    if new_logprobs.shape != old_logprobs.shape or new_logprobs.shape != weights.shape:
+        raise ValueError(f"shapes differ: new {tuple(new_logprobs.shape)}, old {tuple(old_logprobs.shape)}, "
+                         f"weights {tuple(weights.shape)}")
+    if advantages.shape != new_logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [batch]={tuple(new_logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+    high = epsilon_high if kind == "dapo" else epsilon
+    adv = advantages.to(new_logprobs.dtype)[:, None]
+    ratio = torch.exp(new_logprobs - old_logprobs)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl = torch.zeros_like(per_token)
+    if ref_logprobs is not None:
+        delta = ref_logprobs - new_logprobs
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + kl_coef * kl
+    loss = (per_token * weights).sum()
+    trained = weights > 0
+    n = trained.sum().clamp(min=1)
+    with torch.no_grad():
+        stats = {"clip_fraction": ((clipped < unclipped) & trained).sum().item() / n.item(),
+                 "kl": (kl * trained).sum().item() / n.item(),
+                 "ratio_mean": (ratio * trained).sum().item() / n.item(),
+                 "tokens": int(trained.sum().item())}
+    return loss, stats

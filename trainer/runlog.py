@@ -1,0 +1,74 @@
+"""The run log: one JSON line per training step in `{run_dir}/history.jsonl`, a DataFrame to analyse it,
+a PNG of the reward and loss curves (`ruler train-report RUN`), and W&B when asked for."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+HISTORY = "history.jsonl"
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def append_row(run_dir: str | Path, row: dict, *, wandb_run=None) -> None:
+    path = Path(run_dir) / HISTORY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+    if wandb_run is not None:
+        wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=row.get("step"))
+
+
+def load_run_log(run_dir: str | Path):
+    """The run's history as a pandas DataFrame (one row per step; a torn last line is ignored)."""
+    import pandas as pd
+
+    path = Path(run_dir) / HISTORY
+    if not path.is_file():
+        raise FileNotFoundError(f"no run log at {path}")
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a crash mid-write
+    return pd.DataFrame(rows)
+
+
+def plot_train_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Reward (mean ± std) and loss per step, to a PNG (default `{run_dir}/train-report.png`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = load_run_log(run_dir)
+    if df.empty or "step" not in df:
+        raise ValueError(f"the run log in {run_dir} has no steps yet")
+    df = df.drop_duplicates("step", keep="last").sort_values("step")
+    out = Path(out) if out else Path(run_dir) / "train-report.png"
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.plot(df["step"], df["reward_mean"], marker="o", color="#4C72B0")
+    if "reward_std" in df:
+        std = df["reward_std"].fillna(0)
+        a.fill_between(df["step"], df["reward_mean"] - std, df["reward_mean"] + std, alpha=0.2, color="#4C72B0")
+    a.set_title("reward (mean ± std of the step's rollouts)")
+    a.set_xlabel("step")
+    b.plot(df["step"], df["loss"], marker="o", color="#C44E52", label="loss")
+    if "kl" in df and df["kl"].fillna(0).abs().sum() > 0:
+        b.plot(df["step"], df["kl"], marker=".", color="#55A868", label="KL")
+    b.set_title("loss")
+    b.set_xlabel("step")
+    b.legend()
+    fig.suptitle(str(Path(run_dir).name))
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
