@@ -134,6 +134,31 @@ def eval_art_e(
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
 
 
+@app.command("train-report")
+def train_report(
+    run: Path = typer.Argument(..., help="A run folder ({path}/{project}/{name}) holding history.jsonl."),
+    out: Optional[Path] = typer.Option(None, "--out", help="PNG path (default: RUN/train-report.png)."),
+) -> None:
+    """Plot a training run's reward and loss curves to a PNG and print the last steps."""
+    from trainer.runlog import load_run_log, plot_train_report
+
+    try:
+        path = plot_train_report(run, out)
+        df = load_run_log(run)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2)
+    cols = [c for c in ("step", "reward_mean", "reward_std", "loss", "kl", "grad_norm", "clip_fraction",
+                        "trained_tokens", "rollout_s", "train_s") if c in df]
+    table = Table(title=f"{run}: {len(df)} steps")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for row in df[cols].tail(10).itertuples(index=False):
+        table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+    console.print(table)
+    console.print(f"saved: {path}", soft_wrap=True)
+
+
 def main() -> None:  # pragma: no cover
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     app()

@@ -1,7 +1,7 @@
 """A tiny verifiable task that trains on a CPU in minutes: answer short questions in one word.
 
-Reward (programmatic, verifiable): 1 if the right answer is among the reply's words, plus up to 0.5 for
-brevity (0.5 for one word, 0 from nine words on), so the best replies are exactly the answer.
+The task and its reward live in `evals/tiny_task.py` (1 for the right answer among the reply's words, plus
+up to 0.5 for brevity).
 
     python examples/tiny_task.py --steps 12            # embedded SmolLM2-135M + LoRA, transformers on CPU
     python examples/tiny_task.py --base-model Qwen/Qwen2.5-0.5B-Instruct --engine vllm   # on a GPU
@@ -15,31 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from evals.tiny_task import messages, questions_for_step, reward  # noqa: E402
 from ruler import Trajectory, TrajectoryGroup  # noqa: E402
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig  # noqa: E402
 from trainer import gather_trajectory_groups  # noqa: E402
 from trainer.runlog import plot_train_report  # noqa: E402
-
-QUESTIONS = [
-    ("What is the capital of France?", "paris"), ("What is 2 + 3?", "5"),
-    ("What color is the sky on a clear day?", "blue"), ("How many legs does a spider have?", "8"),
-    ("What is the capital of Japan?", "tokyo"), ("What is 10 - 4?", "6"),
-    ("What animal says moo?", "cow"), ("What is the opposite of hot?", "cold"),
-]
-SYSTEM = "Answer with one word."
-
-
-def reward(text: str, answer: str) -> float:
-    words = re.findall(r"[a-z0-9]+", (text or "").lower())
-    if not words:
-        return 0.0
-    return float(answer in words) + 0.5 * max(0.0, 1 - (len(words) - 1) / 8)
-
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -63,17 +47,16 @@ async def main() -> None:
     client = model.openai_client()
 
     async def group(step: int, i: int, question: str, answer: str) -> TrajectoryGroup:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-        reply = await client.chat.completions.create(model=model.name, messages=messages, n=args.group_size,
+        prompt = messages(question)
+        reply = await client.chat.completions.create(model=model.name, messages=prompt, n=args.group_size,
                                                      max_tokens=args.max_tokens, temperature=1.0,
                                                      seed=args.seed * 100_000 + step * 100 + i)
-        return TrajectoryGroup([Trajectory(messages_and_choices=[*messages, c],
+        return TrajectoryGroup([Trajectory(messages_and_choices=[*prompt, c],
                                            reward=reward(c.message.content, answer)) for c in reply.choices])
 
     try:
         for step in range(await model.get_step(), args.steps):
-            picked = [QUESTIONS[(step * args.questions_per_step + k) % len(QUESTIONS)]
-                      for k in range(args.questions_per_step)]
+            picked = questions_for_step(step, args.questions_per_step)
             started = time.perf_counter()
             groups = await gather_trajectory_groups([group(step, i, q, a) for i, (q, a) in enumerate(picked)],
                                                     pbar_desc=None)
