@@ -32,12 +32,19 @@ from evals.tiny_task import QUESTIONS, messages, questions_for_step, reward  # n
 LORA = {"rank": 8, "alpha": 16.0}
 
 
+def _nvml():
+    try:
+        import pynvml
+    except ImportError:
+        from vllm.third_party import pynvml
+    return pynvml
+
+
 class PeakMemory:
     """Peak used memory of GPU 0 over the block, in GiB (all processes: vLLM's engine core included)."""
 
     def __enter__(self):
-        import pynvml
-
+        pynvml = _nvml()
         pynvml.nvmlInit()
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         self.base = pynvml.nvmlDeviceGetMemoryInfo(self.handle).used
@@ -47,8 +54,7 @@ class PeakMemory:
         return self
 
     def _poll(self):
-        import pynvml
-
+        pynvml = _nvml()
         while not self.stop:
             self.peak = max(self.peak, pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
             time.sleep(0.05)
@@ -85,7 +91,12 @@ def raw_vllm(model: str, prompts, n: int, max_tokens: int, util: float) -> dict:
         outs = llm.generate(ids, params, use_tqdm=False)
         seconds = time.perf_counter() - started
         runs.append(sum(len(o.token_ids) for r in outs for o in r.outputs) / seconds)
+    try:  # free its GPU memory now, not whenever the garbage collector gets to it
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
     del llm
+    time.sleep(3)
     return {"raw_tokens_per_s": statistics.median(runs), "raw_runs": runs}
 
 
