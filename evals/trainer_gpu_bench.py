@@ -149,7 +149,8 @@ async def ours(args) -> dict:
                 groups = await gather_trajectory_groups(
                     [group(step, i, q, a) for i, (q, a) in enumerate(questions_for_step(step, args.questions_per_step))],
                     pbar_desc=None)
-                row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss="grpo"))
+                row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss="grpo",
+                                                              micro_batch_size=args.group_size * args.questions_per_step))
                 row["wall_s"] = time.perf_counter() - started
                 rows.append(row)
                 print(f"ours step {step + 1}: reward {row['reward_mean']:.3f} in {row['wall_s']:.2f}s", flush=True)

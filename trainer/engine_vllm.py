@@ -50,9 +50,12 @@ class VLLMEngine:
                        adapter_step: int | None = None) -> list[Sample]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
+        # FINAL_ONLY: one output per request, not a cumulative copy (logprobs included) at every engine step
         params = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                logprobs=0, stop_token_ids=stop_token_ids or None)
+                                logprobs=0, stop_token_ids=stop_token_ids or None,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
                                               request_id=uuid.uuid4().hex, lora_request=self.lora):
