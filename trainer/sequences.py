@@ -2,8 +2,8 @@
 
 The conversation is rendered once with the chat template (`trainer.chat`, as the server rendered it), each
 generated turn (a `Choice`) standing in as a placeholder; the placeholders are then replaced by the tokens
-that were actually sampled, read from the choice's logprobs (`token_id:<id>` entries, as our server and
-vLLM's `return_tokens_as_token_ids` write them). Only those tokens are trained on (mask 1). A choice
+that were actually sampled, read from the choice's `token_ids`/`token_logprobs` (our server) or its
+logprobs (`token_id:<id>` entries, as vLLM's `return_tokens_as_token_ids` writes them). Only those tokens are trained on (mask 1). A choice
 without token ids (e.g. from an API model) is re-tokenized from its text and gets no sampled logprobs
 (NaN: the trainer uses the current policy's, i.e. ratio 1).
 """
@@ -42,6 +42,10 @@ class TokenizeReport:
 
 
 def _sampled(choice: Choice) -> tuple[list[int], list[float]] | None:
+    extra = choice.model_extra or {}
+    ids, lps = extra.get("token_ids"), extra.get("token_logprobs")
+    if isinstance(ids, list) and isinstance(lps, list) and len(ids) == len(lps) and ids:
+        return [int(t) for t in ids], [float(x) for x in lps]
     content = getattr(choice.logprobs, "content", None) if choice.logprobs else None
     if not content:
         return None

@@ -1,14 +1,17 @@
 """The OpenAI-compatible server in front of the engines: `/v1/chat/completions` (tools, `n`, logprobs) and
 `/v1/models`. The served name `<model>` (or `<model>@<step>`) means the model's latest adapter.
 
-Every choice carries its sampled tokens as logprobs entries `token_id:<id>` (vLLM's
-`return_tokens_as_token_ids` convention), so the trainer can train on exactly what was sampled.
+Every choice carries its sampled tokens and their logprobs as two compact lists, `token_ids` and
+`token_logprobs` (extra fields: the OpenAI client keeps them on the `Choice`), so the trainer trains on
+exactly what was sampled. With `logprobs: true` they also come as standard logprobs entries
+`token_id:<id>` (vLLM's `return_tokens_as_token_ids` convention).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -17,7 +20,7 @@ from typing import Any
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from trainer.chat import parse_tool_calls, prompt_ids
 
@@ -58,6 +61,11 @@ class APIError(Exception):
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def _json(body: dict) -> Response:
+    """Serialize directly: FastAPI's generic encoder walks every token entry and is the bottleneck."""
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
 def create_server_app(models: dict[str, Served]) -> FastAPI:
@@ -114,14 +122,17 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
             choices.append({
                 "index": i, "finish_reason": "tool_calls" if calls else s.finish_reason,
                 "message": {"role": "assistant", "content": content, "tool_calls": calls or None},
+                # compact: what the trainer needs, parsed by clients as two plain lists
+                "token_ids": s.token_ids, "token_logprobs": s.logprobs,
                 "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None,
-                                          "top_logprobs": []} for t, lp in zip(s.token_ids, s.logprobs)]}})
+                                          "top_logprobs": []} for t, lp in zip(s.token_ids, s.logprobs)]}
+                if req.logprobs else None})
         completion = sum(len(s.token_ids) for s in samples)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        return _json({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": f"{served.name}@{served.step}", "choices": choices,
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
                           "total_tokens": len(ids) + completion},
-                "system_fingerprint": f"{served.engine.name}-{time.perf_counter() - started:.3f}s"}
+                "system_fingerprint": f"{served.engine.name}-{time.perf_counter() - started:.3f}s"})
 
     return app
 
