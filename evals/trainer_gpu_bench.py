@@ -218,7 +218,8 @@ def report(out: Path) -> str:
     tail = 5
 
     def steady(xs):
-        return statistics.median(xs[1:]) if len(xs) > 1 else xs[0]
+        xs = [x for x in xs[1:] if x is not None] or xs  # step 1 includes warm-up; untrained steps have None
+        return statistics.median(xs)
 
     lines = ["| measure | ours | TRL GRPOTrainer | ratio |", "|---|---|---|---|"]
     ours_step, ours_reward = steady(a["step_s"]), statistics.mean(a["rewards"][-tail:])
@@ -230,11 +231,13 @@ def report(out: Path) -> str:
                   f"| reward, mean of last {tail} steps | {ours_reward:.3f} | {trl_reward:.3f} | |",
                   f"| peak GPU memory (GiB, NVML) | {a['peak_gpu_gib']:.1f} | {b['peak_gpu_gib']:.1f} | "
                   f"{a['peak_gpu_gib'] / b['peak_gpu_gib']:.2f}x |"]
-    lines += [f"| rollout tokens/s, ours vs raw vllm.LLM.generate | {a['ours_tokens_per_s']:.0f} | "
+    lines += [f"| first registration incl. vLLM start (s) | {a['register_s']:.0f} | {b['setup_s']:.0f} (trainer init) | |"
+              if b else "",
+              f"| rollout tokens/s, ours vs raw vllm.LLM.generate | {a['ours_tokens_per_s']:.0f} | "
               f"raw {a['raw_tokens_per_s']:.0f} | {a['rollout_ratio']:.2f}x |",
-              f"| sleep + wake per step (s, median) | {statistics.median(a['sleep_wake_s'][1:]):.3f} | | |",
-              f"| adapter hot swap per step (s, median) | {statistics.median(a['adapter_swap_s'][1:]):.3f} | | |",
-              f"| train part of a step (s, median) | {statistics.median(a['train_s'][1:]):.3f} | | |"]
+              f"| sleep + wake per step (s, median) | {steady(a['sleep_wake_s']):.3f} | | |",
+              f"| adapter hot swap per step (s, median) | {steady(a['adapter_swap_s']):.3f} | | |",
+              f"| train part of a step (s, median) | {steady(a['train_s']):.3f} | | |"]
     return "\n".join(lines)
 
 

@@ -41,16 +41,18 @@ async def test_server_serves_the_freshly_trained_adapter_and_resumes_from_checkp
             assert listed[0]["id"] == "m" and listed[0]["step"] == 0
             group = await rollouts(model)
             choice = group.trajectories[0].messages_and_choices[-1]
-            assert len(group) == 4 and all(e.token.startswith("token_id:") for e in choice.logprobs.content)
+            assert len(group) == 4 and choice.logprobs is None  # standard logprobs only when asked for
+            assert len(choice.model_extra["token_ids"]) == len(choice.model_extra["token_logprobs"]) > 0
             row = await model.train([group], TrainConfig(learning_rate=1e-3))
             assert row["trained"] and row["step"] == 1 and await model.get_step() == 1
             assert row["sequences"] == 4 and row["trained_tokens"] > 0 and row["grad_norm"] > 0
             # the ratio of fresh sampled logprobs to training logprobs is 1: training saw what was sampled
             assert row["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
             r = await http.post("/chat/completions", json={"model": "m@1", "messages": MSGS, "max_tokens": 6,
-                                                           "temperature": 0})
+                                                           "temperature": 0, "logprobs": True})
             assert r.status_code == 200 and r.json()["model"] == "m@1"
             served = r.json()["choices"][0]["logprobs"]["content"]
+            assert [int(e["token"].split(":")[1]) for e in served] == r.json()["choices"][0]["token_ids"]
             for bad, status in (({"model": "m@0"}, 404), ({"model": "other"}, 404), ({"n": 0}, 400),
                                 ({"stop": ["\n"]}, 400), ({"messages": []}, 400)):
                 body = {"model": "m", "messages": MSGS, **bad}
