@@ -18,6 +18,16 @@ eval_app = typer.Typer(no_args_is_help=True, help="Evaluations: judge meta-evalu
 app.add_typer(eval_app, name="eval")
 
 
+def print_frame(df, title: str, fmt: str = "{:.3f}") -> None:
+    """A DataFrame as a rich table, wide enough not to wrap the numbers."""
+    table = Table(title=title)
+    for col in df.columns:
+        table.add_column(str(col), justify="right")
+    for row in df.itertuples(index=False):
+        table.add_row(*[fmt.format(v) if isinstance(v, float) else str(v) for v in row])
+    Console(width=max(console.width, 240)).print(table)
+
+
 @eval_app.command("judge")
 def eval_judge(
     judge: Optional[str] = typer.Option(None, "--judge", help="litellm model string (default: embedded judge)."),
@@ -47,12 +57,7 @@ def eval_judge(
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
     model = judge or default_judge_model()
-    table = Table(title=f"judge meta-evaluation: {model}")
-    for col in summary.columns:
-        table.add_column(str(col), justify="right")
-    for row in summary.itertuples(index=False):
-        table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row])
-    Console(width=max(console.width, 240)).print(table)
+    print_frame(summary, f"judge meta-evaluation: {model}")
     paths = save_report(summary, detail, out, f"judge meta-evaluation: {model}")
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
 
@@ -124,12 +129,7 @@ def eval_art_e(
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
     summary = harness.summarize(df)
-    table = Table(title=f"ART·E, {len(picked)} {split} questions")
-    for col in summary.columns:
-        table.add_column(str(col), justify="right")
-    for row in summary.itertuples(index=False):
-        table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row])
-    Console(width=max(console.width, 240)).print(table)
+    print_frame(summary, f"ART·E, {len(picked)} {split} questions")
     paths = harness.save_benchmark(df, summary, out)
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
 
@@ -150,12 +150,7 @@ def train_report(
         raise typer.Exit(2)
     cols = [c for c in ("step", "reward_mean", "reward_std", "loss", "kl", "grad_norm", "clip_fraction",
                         "trained_tokens", "rollout_s", "train_s") if c in df]
-    table = Table(title=f"{run}: {len(df)} steps")
-    for col in cols:
-        table.add_column(col, justify="right")
-    for row in df[cols].tail(10).itertuples(index=False):
-        table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
-    console.print(table)
+    print_frame(df[cols].tail(10), f"{run}: {len(df)} steps", "{:.4g}")
     console.print(f"saved: {path}", soft_wrap=True)
 
 
