@@ -54,6 +54,8 @@ async def main() -> None:
         return TrajectoryGroup([Trajectory(messages_and_choices=[*prompt, c],
                                            reward=reward(c.message.content, answer)) for c in reply.choices])
 
+    if await model.get_step():
+        print(f"resuming from step {await model.get_step()}", flush=True)
     try:
         for step in range(await model.get_step(), args.steps):
             picked = questions_for_step(step, args.questions_per_step)
