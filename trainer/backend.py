@@ -59,6 +59,7 @@ class _Run:
     served: Served
     lock: threading.Lock
     last_train_end: float = field(default_factory=time.perf_counter)
+    wandb_run: Any = None
 
 
 class LocalBackend:
@@ -89,6 +90,14 @@ class LocalBackend:
             await run.engine.start()
             if run.served.step:
                 await run.engine.load_adapter(run.served.step, ckpt.checkpoint_dir(run_dir, run.served.step))
+        if self.wandb_project:
+            try:
+                import wandb
+            except ImportError as exc:
+                raise RuntimeError("wandb_project is set but wandb is not installed: pip install wandb") from exc
+            run.wandb_run = wandb.init(project=self.wandb_project, name=f"{model.project}/{model.name}",
+                                       id=f"{model.project}-{model.name}", resume="allow",
+                                       config=model.config.model_dump())
         self._runs[model.name] = run
         self._served[model.name] = run.served
         if self._server is None:
@@ -169,7 +178,7 @@ class LocalBackend:
         if not seqs:
             log.warning("step %d: no group with a learning signal (%s); no update", run.served.step, prep["skipped"])
             row.update(trained=False)
-            append_row(run.run_dir, row)
+            append_row(run.run_dir, row, wandb_run=run.wandb_run)
             run.last_train_end = time.perf_counter()
             return row
         for g in run.optimizer.param_groups:
@@ -191,7 +200,7 @@ class LocalBackend:
         run.served.step = step
         row.update(trained=True, step=step, **stats, sleep_wake_s=slept,
                    adapter_swap_s=time.perf_counter() - swap_started, step_s=time.perf_counter() - started)
-        append_row(run.run_dir, row)
+        append_row(run.run_dir, row, wandb_run=run.wandb_run)
         run.last_train_end = time.perf_counter()
         return row
 
@@ -228,6 +237,8 @@ class LocalBackend:
     async def close(self) -> None:
         for run in self._runs.values():
             await run.engine.close()
+            if run.wandb_run is not None:
+                run.wandb_run.finish()
         if self._server is not None:
             await self._server.stop()
             self._server = None
