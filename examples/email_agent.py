@@ -35,6 +35,7 @@ async def main() -> None:
     ap.add_argument("--questions", type=int, default=2, help="groups per step")
     ap.add_argument("--group-size", type=int, default=3)
     ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=256, help="per agent turn")
     ap.add_argument("--judge", default=None, help="RULER judge (default: RULER's default judge)")
     ap.add_argument("--mailbox", type=Path, default=ENRON / "beck-s.tar.gz")
     ap.add_argument("--db", type=Path, default=Path("./runs/art-e-inbox.db"))
@@ -60,7 +61,8 @@ async def main() -> None:
         for step in range(await model.get_step(), args.steps):
             picked = rng.sample(scenarios, args.questions)
             groups = await gather_trajectory_groups(
-                [TrajectoryGroup(run_agent(s, args.db, target["model"], params=target["params"],
+                [TrajectoryGroup(run_agent(s, args.db, target["model"],
+                                           params={**target["params"], "max_tokens": args.max_tokens},
                                            max_turns=args.max_turns, tool_mode="native")
                                  for _ in range(args.group_size)) for s in picked],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)
