@@ -43,6 +43,16 @@ async def test_server_serves_the_freshly_trained_adapter_and_resumes_from_checkp
             choice = group.trajectories[0].messages_and_choices[-1]
             assert len(group) == 4 and choice.logprobs is None  # standard logprobs only when asked for
             assert len(choice.model_extra["token_ids"]) == len(choice.model_extra["token_logprobs"]) > 0
+            # through litellm (as the ART·E agent talks), the sampled tokens still reach the trainer
+            import litellm
+            from openai.types.chat.chat_completion import Choice
+
+            from trainer.sequences import _sampled
+
+            via = await litellm.acompletion(model=model.litellm_params()["model"], messages=MSGS, max_tokens=4,
+                                            **model.litellm_params()["params"])
+            ids, lps = _sampled(Choice.model_validate(via.choices[0].model_dump()))
+            assert len(ids) == len(lps) == via.usage.completion_tokens
             row = await model.train([group], TrainConfig(learning_rate=1e-3))
             assert row["trained"] and row["step"] == 1 and await model.get_step() == 1
             assert row["sequences"] == 4 and row["trained_tokens"] > 0 and row["grad_norm"] > 0

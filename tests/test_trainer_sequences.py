@@ -107,3 +107,14 @@ def test_tool_call_blocks_parse_and_bad_ones_stay_text():
     assert content == "Let me look." and calls[0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
     assert parse_tool_calls("<tool_call>{broken</tool_call>") == ("<tool_call>{broken</tool_call>", [])
     assert parse_tool_calls("plain answer") == ("plain answer", [])
+
+
+def test_sampled_tokens_are_found_where_the_openai_client_and_litellm_put_them():
+    from trainer.sequences import _sampled
+
+    base = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}, "logprobs": None}
+    direct = Choice.model_validate({**base, "token_ids": [5, 6], "token_logprobs": [-0.1, -0.2]})
+    via_litellm = Choice.model_validate({**base, "token_ids": [5, 6], "provider_specific_fields": {
+        "token_ids": [5, 6], "token_logprobs": [-0.1, -0.2]}})
+    assert _sampled(direct) == _sampled(via_litellm) == ([5, 6], [-0.1, -0.2])
+    assert _sampled(Choice.model_validate(base)) is None

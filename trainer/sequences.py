@@ -43,7 +43,9 @@ class TokenizeReport:
 
 def _sampled(choice: Choice) -> tuple[list[int], list[float]] | None:
     extra = choice.model_extra or {}
-    ids, lps = extra.get("token_ids"), extra.get("token_logprobs")
+    nested = extra.get("provider_specific_fields") or {}  # where litellm moves fields it does not know
+    ids = extra.get("token_ids") or nested.get("token_ids")
+    lps = extra.get("token_logprobs") or nested.get("token_logprobs")
     if isinstance(ids, list) and isinstance(lps, list) and len(ids) == len(lps) and ids:
         return [int(t) for t in ids], [float(x) for x in lps]
     content = getattr(choice.logprobs, "content", None) if choice.logprobs else None
