@@ -2,7 +2,6 @@
 checkpoints written atomically and resumed, gather_trajectory_groups, bad configurations."""
 
 import asyncio
-import json
 
 import httpx
 import pytest
