@@ -91,15 +91,19 @@ def tokenize_trajectory(tokenizer, items: list, tools: list | None, advantage: f
     ids: list[int] = []
     mask: list[int] = []
     old: list[float] = []
+
+    def add_prompt(part: str) -> None:
+        seg = tokenizer(part, add_special_tokens=False)["input_ids"]
+        if seg and mask and mask[-1] == 1 and seg[0] == ids[-1] == eos:
+            seg = seg[1:]  # the template's end-of-turn token is the one the model sampled
+        ids.extend(seg)
+        mask.extend([0] * len(seg))
+        old.extend([math.nan] * len(seg))
+
     rest = text
     for n, choice in enumerate(choices):
         before, rest = rest.split(f"{marker}{n}@@", 1)
-        seg = tokenizer(before, add_special_tokens=False)["input_ids"]
-        if mask and mask[-1] == 1 and seg and ids and seg[0] == ids[-1] == eos:
-            seg = seg[1:]  # the template's end-of-turn token is the one the model sampled
-        ids += seg
-        mask += [0] * len(seg)
-        old += [math.nan] * len(seg)
+        add_prompt(before)
         sampled = _sampled(choice)
         if sampled is None:
             report.choices_without_token_ids += 1
@@ -110,12 +114,7 @@ def tokenize_trajectory(tokenizer, items: list, tools: list | None, advantage: f
         ids += sampled[0]
         mask += [1] * len(sampled[0])
         old += sampled[1]
-    tail = tokenizer(rest, add_special_tokens=False)["input_ids"]
-    if tail and ids and tail[0] == ids[-1] == eos:
-        tail = tail[1:]
-    ids += tail
-    mask += [0] * len(tail)
-    old += [math.nan] * len(tail)
+    add_prompt(rest)
     if len(ids) > max_seq_length:
         ids, mask, old = ids[:max_seq_length], mask[:max_seq_length], old[:max_seq_length]
         report.truncated += 1
