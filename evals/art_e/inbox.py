@@ -103,6 +103,15 @@ def connect(db_path: str | Path) -> sqlite3.Connection:
     return db
 
 
+def open_readonly(db_path: str | Path, **kwargs) -> sqlite3.Connection:
+    """A read-only connection (rows by name) to an existing inbox database; FileNotFoundError if there is none."""
+    if not Path(db_path).is_file():
+        raise FileNotFoundError(f"no inbox database at {db_path}")
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, **kwargs)
+    db.row_factory = sqlite3.Row
+    return db
+
+
 def build_inbox_db(sources: list[str | Path], db_path: str | Path) -> BuildReport:
     """Ingest maildir tarballs/folders into `db_path`; each inbox seen replaces its previous rows."""
     started = time.perf_counter()

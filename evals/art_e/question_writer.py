@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from evals.art_e.inbox import open_readonly
 from evals.art_e.questions import Scenario
 from judges.completion import RetryPolicy, complete
 
@@ -65,10 +65,7 @@ async def write_questions(db_path: str | Path, model: str, *, inbox: str, batche
     """(scenarios, report): up to `per_batch` questions from each of `batches` random batches of emails."""
     if min(batches, batch_size, per_batch, body_chars) < 1:
         raise ValueError("batches, batch_size, per_batch and body_chars must be >= 1")
-    if not Path(db_path).is_file():
-        raise FileNotFoundError(f"no inbox database at {db_path}")
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
+    db = open_readonly(db_path)
     try:
         owner = db.execute("SELECT address FROM inboxes WHERE inbox = ?", (inbox,)).fetchone()
         if owner is None:

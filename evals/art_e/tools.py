@@ -14,11 +14,12 @@ are visible.
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import timezone
 from pathlib import Path
 
 from dateutil import parser as dateparser
+
+from evals.art_e.inbox import open_readonly
 
 MAX_RESULTS = 10
 
@@ -77,7 +78,7 @@ def fts_query(keywords) -> str:
 
 def inbox_for_address(db_path: str | Path, address: str) -> str:
     """The inbox whose owner is `address` (hub questions name the address, not the maildir owner)."""
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    db = open_readonly(db_path)
     try:
         row = db.execute("SELECT inbox FROM inboxes WHERE lower(address) = lower(?)", (address.strip(),)).fetchone()
     finally:
@@ -89,10 +90,7 @@ def inbox_for_address(db_path: str | Path, address: str) -> str:
 
 class InboxTools:
     def __init__(self, db_path: str | Path, inbox: str, query_date: str | None = None):
-        if not Path(db_path).is_file():
-            raise FileNotFoundError(f"no inbox database at {db_path}")
-        self.db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
+        self.db = open_readonly(db_path, check_same_thread=False)
         if self.db.execute("SELECT 1 FROM inboxes WHERE inbox = ?", (inbox,)).fetchone() is None:
             raise ValueError(f"inbox {inbox!r} is not in {db_path}")
         self.inbox = inbox
