@@ -101,9 +101,7 @@ class LocalBackend:
         self._runs[model.name] = run
         self._served[model.name] = run.served
         if self._server is None:
-            from ruler.testing import free_port
-
-            self._server = BackgroundServer(create_server_app(self._served), self.host, self.port or free_port())
+            self._server = BackgroundServer(create_server_app(self._served), self.host, self.port or 0)
             await self._server.start()
 
     def _load(self, model, run_dir: Path) -> _Run:

@@ -140,19 +140,23 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
 class BackgroundServer:
     """uvicorn serving `app` as a task on the caller's event loop (so the engines live on one loop)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int):
+    def __init__(self, app: FastAPI, host: str, port: int = 0):
         import uvicorn
 
+        self.host = host
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                     lifespan="off"))
         self.server.capture_signals = contextlib.nullcontext  # Ctrl-C stays with the training script
         self.task: asyncio.Task | None = None
-        self.url = f"http://{host}:{port}/v1"
+        self.url = ""
 
     async def start(self) -> None:
+        """Serve; port 0 binds a free port, read back from the socket."""
         self.task = asyncio.create_task(self.server.serve())
         for _ in range(500):
             if self.server.started:
+                port = self.server.servers[0].sockets[0].getsockname()[1]
+                self.url = f"http://{self.host}:{port}/v1"
                 return
             if self.task.done():
                 self.task.result()
