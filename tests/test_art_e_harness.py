@@ -15,7 +15,8 @@ def test_model_specs_name_local_endpoints_and_reject_bad_ones():
     spec = ModelSpec.parse("hosted_vllm/smol@http://127.0.0.1:8000/v1")
     assert (spec.model, spec.api_base) == ("hosted_vllm/smol", "http://127.0.0.1:8000/v1")
     assert spec.params() == {"api_base": "http://127.0.0.1:8000/v1", "api_key": "local"}
-    assert ModelSpec.parse("openai/o3").params() is None
+    assert ModelSpec.parse("openai/o3").params() is None and not ModelSpec.parse("openai/o3").local
+    assert ModelSpec.parse(EMBEDDED_JUDGE).embedded and ModelSpec.parse("vllm-engine//m").local and spec.local
     for bad in ("", "openai/o3@gpu-box", "@http://x/v1", None):
         with pytest.raises(ValueError):
             ModelSpec.parse(bad)

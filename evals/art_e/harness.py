@@ -28,6 +28,8 @@ from evals.art_e.questions import Scenario
 from evals.art_e.rewards import art_e_reward, is_no_answer, judge_answer
 from judges.completion import has_price
 from judges.errors import JudgeError
+from judges.local_provider import LOCAL_PROVIDER
+from judges.vllm_engine import PROVIDER as VLLM_PROVIDER
 
 DEFAULT_GPU_HOUR_PRICE = 3.50  # USD, one H100/H200-class GPU rented by the hour
 
@@ -49,6 +51,20 @@ class ModelSpec:
         if not model:
             raise ValueError(f"{spec!r}: no model name before '@'")
         return cls(model=model, label=spec.strip(), api_base=base or None)
+
+    @property
+    def provider(self) -> str:
+        return self.model.split("/", 1)[0]
+
+    @property
+    def embedded(self) -> bool:
+        """The embedded CPU model: it generates one request at a time."""
+        return self.provider == LOCAL_PROVIDER
+
+    @property
+    def local(self) -> bool:
+        """Served by the user's own hardware: priced by GPU seconds, not by litellm's price list."""
+        return self.api_base is not None or self.provider in (LOCAL_PROVIDER, VLLM_PROVIDER, "hosted_vllm")
 
     def params(self) -> dict | None:
         return {"api_base": self.api_base, "api_key": "local"} if self.api_base else None
@@ -98,9 +114,8 @@ async def run_one(spec: ModelSpec, scenario: Scenario, db_path, *, judge_model: 
             correct = await judge_answer(scenario, answer, judge_model, params=judge_params)
         except JudgeError as exc:  # counted as not correct, and said so in the row
             correct, row["error"] = False, f"correctness judge: {exc}"[:500]
-    local = spec.api_base is not None or spec.model.split("/")[0] in ("local", "vllm-engine", "hosted_vllm")
     cost, priced_by = run_cost(spec.model, m["prompt_tokens"], m["completion_tokens"], m["latency_s"],
-                               gpu_hour_price, local)
+                               gpu_hour_price, spec.local)
     return {**row, "answer": answer, "correct": bool(correct),
             "sources_correct": any(s in scenario.message_ids for s in sources),
             "turns": m["turns"], "latency_s": m["latency_s"], "prompt_tokens": m["prompt_tokens"],
@@ -130,7 +145,7 @@ async def run_benchmark(models: list[str | ModelSpec], scenarios: list[Scenario]
         raise FileNotFoundError(f"no inbox database at {db_path}")
     gate = asyncio.Semaphore(concurrency)
     # the embedded model generates one request at a time: queueing more would only count waiting as latency
-    lanes = {s.label: asyncio.Semaphore(1 if s.model.startswith("local/") else concurrency) for s in specs}
+    lanes = {s.label: asyncio.Semaphore(1 if s.embedded else concurrency) for s in specs}
     bar = tqdm(total=len(specs) * len(scenarios), desc="ART·E", unit="run", disable=not progress)
     wall = {s.label: [float("inf"), 0.0] for s in specs}
 
