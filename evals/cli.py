@@ -62,9 +62,6 @@ def eval_judge(
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
 
 
-ENRON_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "enron"
-
-
 @eval_app.command("art-e")
 def eval_art_e(
     model: list[str] = typer.Option(None, "--model", "-m", help="litellm model string, or MODEL@http://host/v1 for an "
@@ -91,7 +88,7 @@ def eval_art_e(
 
     from evals.art_e import harness
     from evals.art_e.annotated import load_annotated
-    from evals.art_e.inbox import InboxError, build_inbox_db
+    from evals.art_e.inbox import ENRON_DIR, InboxError, build_inbox_db
     from evals.art_e.questions import download_scenarios, generate_scenarios, load_scenarios
     from judges import EMBEDDED_JUDGE, JudgeError
     from ruler import default_judge_model

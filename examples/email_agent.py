@@ -20,13 +20,12 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from evals.art_e.agent import run_agent  # noqa: E402
-from evals.art_e.inbox import build_inbox_db  # noqa: E402
+from evals.art_e.inbox import ENRON_DIR, build_inbox_db  # noqa: E402
 from evals.art_e.questions import generate_scenarios  # noqa: E402
 from ruler import TrajectoryGroup, ruler_score_group  # noqa: E402
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig  # noqa: E402
 from trainer import gather_trajectory_groups  # noqa: E402
 
-ENRON = Path(__file__).resolve().parents[2] / "shared" / "data" / "enron"
 
 
 async def main() -> None:
@@ -37,7 +36,7 @@ async def main() -> None:
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256, help="per agent turn")
     ap.add_argument("--judge", default=None, help="RULER judge (default: RULER's default judge)")
-    ap.add_argument("--mailbox", type=Path, default=ENRON / "beck-s.tar.gz")
+    ap.add_argument("--mailbox", type=Path, default=ENRON_DIR / "beck-s.tar.gz")
     ap.add_argument("--db", type=Path, default=Path("./runs/art-e-inbox.db"))
     ap.add_argument("--base-model", default="local/smollm2-135m-instruct")
     ap.add_argument("--engine", default="auto", choices=["auto", "transformers", "vllm"])

@@ -45,7 +45,7 @@ def embedded_model():
     return load_embedded_model()
 
 
-ENRON = Path(__file__).resolve().parents[2] / "shared" / "data" / "enron"
+from evals.art_e.inbox import ENRON_DIR as ENRON  # noqa: E402
 
 
 @pytest.fixture(scope="session")

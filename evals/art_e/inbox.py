@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS inboxes (inbox TEXT PRIMARY KEY, address TEXT, emails
 """
 
 
+# the shared Enron mailboxes beside the repository (../shared/data/enron), as in this workplace and CI
+ENRON_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "enron"
+
+
 class InboxError(ValueError):
     """A source that cannot be ingested (missing, not a tarball or folder, corrupt)."""
 
