@@ -149,7 +149,6 @@ class LocalBackend:
             from trainer.engine_transformers import TransformersEngine
 
             engine = TransformersEngine(peft_model, tokenizer, lock)
-            engine.step = step
         served = Served(model.name, engine, tokenizer, cfg.engine.max_seq_length, step)
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock)
 

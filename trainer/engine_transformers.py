@@ -23,14 +23,13 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.lock = lock or threading.Lock()
-        self.step = 0
 
     async def start(self) -> None:
         return None
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1, max_tokens: int = 256, temperature: float = 1.0,
-                       top_p: float = 1.0, seed: int | None = None, stop_token_ids: list[int] | None = None,
-                       adapter_step: int | None = None) -> list[Sample]:
+                       top_p: float = 1.0, seed: int | None = None,
+                       stop_token_ids: list[int] | None = None) -> list[Sample]:
         return await asyncio.to_thread(self._generate, prompt_ids, n, max_tokens, temperature, top_p, seed,
                                        stop_token_ids)
 
@@ -66,7 +65,7 @@ class TransformersEngine:
         return samples
 
     async def load_adapter(self, step: int, path) -> None:
-        self.step = step  # the served weights are the trained ones already
+        return None  # the served weights are the trained ones already
 
     async def sleep(self) -> None:
         return None

@@ -28,7 +28,6 @@ class VLLMEngine:
         self.base_model, self.config, self.lora_rank, self.served_name = base_model, config, lora_rank, served_name
         self.engine = None
         self.lora = None  # the LoRARequest of the latest adapter; None serves the base model (step 0)
-        self.step = 0
         self.timings: dict[str, list[float]] = {"sleep_s": [], "wake_s": [], "adapter_swap_s": []}
 
     async def start(self) -> None:
@@ -46,8 +45,8 @@ class VLLMEngine:
         self.engine = AsyncLLM.from_engine_args(args)
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1, max_tokens: int = 256, temperature: float = 1.0,
-                       top_p: float = 1.0, seed: int | None = None, stop_token_ids: list[int] | None = None,
-                       adapter_step: int | None = None) -> list[Sample]:
+                       top_p: float = 1.0, seed: int | None = None,
+                       stop_token_ids: list[int] | None = None) -> list[Sample]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -74,7 +73,7 @@ class VLLMEngine:
         started = time.perf_counter()
         request = LoRARequest(f"{self.served_name}@{step}", step, str(path))
         await self.engine.add_lora(request)
-        old, self.lora, self.step = self.lora, request, step
+        old, self.lora = self.lora, request
         if old is not None:
             await self.engine.remove_lora(old.lora_int_id)
         self.timings["adapter_swap_s"].append(time.perf_counter() - started)
