@@ -59,11 +59,13 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
         if len(trajs) < 2:
             skipped["group with fewer than 2 trajectories"] += 1
             continue
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
+        try:
+            has_signal = group_has_signal(values)  # ruler's reward validation: finite numbers only
+        except (TypeError, ValueError):
             skipped["group with a NaN/inf/non-numeric reward"] += 1
             continue
         rewards += values
-        if not group_has_signal(values):
+        if not has_signal:
             skipped["group with all-equal rewards"] += 1
             continue
         for traj, adv in zip(trajs, group_advantages(values, scale=config.scales_advantages())):
