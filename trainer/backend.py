@@ -1,10 +1,13 @@
-"""`LocalBackend`: loads the base model with a peft LoRA, picks the engine, serves it over an
-OpenAI-compatible HTTP server, and runs training steps with checkpoints and the run log.
+"""`LocalBackend`: loads the base model with a peft LoRA, starts the inference server, and runs training
+steps with checkpoints and the run log.
 
     backend = LocalBackend(path="./runs")
     await model.register(backend)          # resumes from the latest complete checkpoint, if any
 
-Engine `auto`: vLLM when it is installed and a GPU is present, else transformers (CPU or GPU).
+Engine `auto`: vLLM's own OpenAI server (a child process per model, `trainer/vllm_server.py`) when vLLM is
+installed and a GPU is present, else the CPU engine (transformers behind `trainer/server.py`, one server
+for all models). Either way rollouts get `prompt_token_ids`, `token_ids` and sampled logprobs on every
+choice, and training uses exactly those (`trainer/sequences.py`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from trainer import checkpoints as ckpt
+from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
+from trainer.sequences import end_of_turn_ids
 from trainer.runlog import append_row, load_run_log
 from trainer.server import BackgroundServer, Served, create_server_app
-from trainer.training import prepare, train_step
+from trainer.training import prepare, train_step, verify_logprob_path
 
 log = logging.getLogger("ruler.trainer")
 
@@ -48,6 +53,22 @@ def resolve_base_model(name: str) -> str:
     return name
 
 
+def _check_lora(cfg, engine: str) -> None:
+    """Refuse LoRA settings the engine cannot serve; warn about those that make training logprobs differ
+    from the sampler's."""
+    if cfg.lora.dropout > 0:
+        log.warning("lora.dropout=%s: dropout is active in the training forward but not when sampling, so "
+                    "importance ratios start away from 1; 0 keeps training token-exact", cfg.lora.dropout)
+    if engine == "vllm":
+        from trainer.vllm_server import lora_serving_rank
+
+        lora_serving_rank(cfg.lora.rank)
+        unservable = sorted(set(cfg.lora.target_modules) & {"embed_tokens", "lm_head", "wte", "word_embeddings"})
+        if unservable:
+            raise ValueError(f"vLLM serves LoRA on linear layers, not on {unservable}: drop them from "
+                             "lora.target_modules")
+
+
 @dataclass
 class _Run:
     model: Any
@@ -58,6 +79,7 @@ class _Run:
     engine: Any
     served: Served
     lock: threading.Lock
+    full_forward: bool = False
     last_train_end: float = field(default_factory=time.perf_counter)
     wandb_run: Any = None
 
@@ -72,11 +94,17 @@ class LocalBackend:
         self._served: dict[str, Served] = {}
         self._server: BackgroundServer | None = None
 
-    @property
-    def base_url(self) -> str:
+    def inference_url(self, model) -> str:
+        """The OpenAI-compatible base URL serving `model` (vLLM's server on a GPU, the CPU server otherwise)."""
+        run = self._run(model)
+        if run.engine.name == "vllm":
+            return run.engine.base_url
         if self._server is None:
-            raise RuntimeError("no model registered yet")
+            raise RuntimeError("the CPU server is not running")
         return self._server.url
+
+    def current_step(self, model) -> int:
+        return self._run(model).served.step
 
     async def register(self, model) -> None:
         if model.name in self._runs:
@@ -86,10 +114,13 @@ class LocalBackend:
         if removed:
             log.warning("removed half-written checkpoints left by a crash: %s", removed)
         run = await asyncio.to_thread(self._load, model, run_dir)
-        if run.engine.name == "vllm":
+        try:
             await run.engine.start()
-            if run.served.step:
+            if run.served.step and run.engine.name == "vllm":
                 await run.engine.load_adapter(run.served.step, ckpt.checkpoint_dir(run_dir, run.served.step))
+        except BaseException:
+            await run.engine.close()
+            raise
         if self.wandb_project:
             try:
                 import wandb
@@ -100,7 +131,7 @@ class LocalBackend:
                                        config=model.config.model_dump())
         self._runs[model.name] = run
         self._served[model.name] = run.served
-        if self._server is None:
+        if self._server is None and run.engine.name != "vllm":
             self._server = BackgroundServer(create_server_app(self._served), self.host, self.port or 0)
             await self._server.start()
 
@@ -138,19 +169,47 @@ class LocalBackend:
         lock = threading.Lock()
         kind = cfg.engine.engine
         if kind == "auto":
-            from trainer.engine_vllm import vllm_available
+            from trainer.vllm_server import vllm_available
 
             kind = "vllm" if vllm_available() else "transformers"
-        if kind == "vllm":
-            from trainer.engine_vllm import VLLMEngine
+        _check_lora(cfg, kind)
+        template, tools_ok = pick_chat_template(tokenizer, cfg.engine.chat_template)
+        from trainer.vllm_server import default_parsers
 
-            engine = VLLMEngine(base, cfg.engine, lora_rank=cfg.lora.rank, served_name=model.name)
+        tool_parser, reasoning_parser = default_parsers(hf.config.model_type,
+                                                        template or getattr(tokenizer, "chat_template", None))
+        tool_parser = cfg.engine.tool_call_parser or tool_parser
+        reasoning_parser = cfg.engine.reasoning_parser or reasoning_parser
+        # logprobs for training: the chunked path only where it is proven equal to the model's own forward
+        deviation = verify_logprob_path(peft_model)
+        full_forward = deviation > (1e-3 if hf.dtype == torch.float32 else 5e-2)
+        if full_forward:
+            log.warning("%s: chunked logprobs differ from the model's own forward by %.2g; training uses the "
+                        "model's full forward (more memory)", base, deviation)
+        if kind == "vllm":
+            from trainer.vllm_server import VLLMServer
+
+            template_file = None
+            if template is not None:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                template_file = run_dir / "chat_template.jinja"
+                template_file.write_text(template)
+            engine = VLLMServer(base, cfg.engine, served_name=model.name, lora_rank=cfg.lora.rank,
+                                log_dir=run_dir, chat_template_file=template_file, tool_parser=tool_parser,
+                                reasoning_parser=reasoning_parser, host=self.host, tools_ok=tools_ok)
         else:
+            from trainer.chat import TOOL_PARSERS
             from trainer.engine_transformers import TransformersEngine
 
-            engine = TransformersEngine(peft_model, tokenizer, lock)
-        served = Served(model.name, engine, tokenizer, cfg.engine.max_seq_length, step)
-        return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock)
+            if tool_parser not in TOOL_PARSERS:
+                raise ValueError(f"the CPU engine parses tool calls with {sorted(TOOL_PARSERS)}; {base} defaults to "
+                                 f"{tool_parser!r}: set EngineConfig.tool_call_parser")
+            generation_config = getattr(hf, "generation_config", None)
+            engine = TransformersEngine(peft_model, tokenizer, lock,
+                                        stop_token_ids=end_of_turn_ids(tokenizer, generation_config))
+        served = Served(model.name, engine, tokenizer, cfg.engine.max_seq_length, step, chat_template=template,
+                        renders_tools=tools_ok, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
+        return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward)
 
     def _run(self, model) -> _Run:
         run = self._runs.get(getattr(model, "name", None))
@@ -207,7 +266,7 @@ class LocalBackend:
         with run.lock:
             try:
                 return train_step(run.peft_model, run.optimizer, seqs, config,
-                                  max_seq_length=run.served.max_seq_length)
+                                  max_seq_length=run.served.max_seq_length, full_forward=run.full_forward)
             except torch.OutOfMemoryError:
                 run.optimizer.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()

@@ -1,12 +1,16 @@
-"""One place that turns OpenAI-style chat messages and tools into the model's prompt, used both by the
-server (to generate) and by the trainer (to tokenize what was generated), so the two always agree.
+"""Chat messages → prompt tokens for the CPU server, rendered the way vLLM's OpenAI server renders them, and
+tool calls parsed back out of a completion the way vLLM's tool parsers do.
 
-Chat templates that know about tools get `tools=` directly. For the others (SmolLM2's, many small
-models') the tools are described in the system message and the model calls them Hermes-style:
+Only the CPU server (`trainer/server.py`) renders prompts here. Training never re-renders a sampled turn:
+it trains on the `prompt_token_ids` and `token_ids` each response carried (`trainer/sequences.py`).
 
-    <tool_call>{"name": "search_inbox", "arguments": {"keywords": ["budget"]}}</tool_call>
-
-`parse_tool_calls` reads those blocks back into OpenAI `tool_calls`.
+Rendering follows vLLM's chat path: message content parts joined to text, tool-call `arguments` given to the
+template as a JSON *object* (templates such as Qwen2.5's apply `| tojson` to them), the template rendered
+to text with the generation prompt, then tokenized without adding special tokens. Chat templates that
+cannot render tools get, for ChatML models, `HERMES_CHATML_TEMPLATE` for requests with tools (tools in the
+system turn, calls as Hermes `<tool_call>` blocks) and their own rendering for all others; the same
+template is handed to vLLM (`--chat-template`), so CPU and GPU render alike. A non-ChatML template without
+tool support refuses requests with tools.
 """
 
 from __future__ import annotations
@@ -16,83 +20,192 @@ import re
 import uuid
 from typing import Any
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+# A ChatML template with Hermes-style tools (the format of Qwen2.5/Hermes models), for ChatML models whose
+# own template ignores tools (SmolLM2's, many small models'). Written for this project.
+HERMES_CHATML_TEMPLATE = """{%- set sys = messages[0]['content'] if messages and messages[0]['role'] == 'system' else '' -%}
+{%- if tools -%}
+<|im_start|>system
+{% if sys %}{{ sys }}
 
-TOOLS_SYSTEM = """
+{% endif %}# Tools
 
-# Tools
-You may call these functions. To call one, reply with <tool_call>{{"name": <function name>, "arguments": <JSON object>}}</tool_call>
-{tools}"""
+You may call one or more functions. Function signatures, one per line, inside <tools></tools>:
+<tools>
+{% for tool in tools %}{{ (tool.function if tool.function is defined else tool) | tojson }}
+{% endfor %}</tools>
+
+To call a function, reply with a JSON object inside <tool_call></tool_call> tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif sys %}<|im_start|>system
+{{ sys }}<|im_end|>
+{% endif -%}
+{%- for m in messages -%}
+{%- if m['role'] == 'system' and loop.first -%}
+{%- elif m['role'] == 'tool' -%}
+{%- if loop.first or loop.previtem['role'] != 'tool' %}<|im_start|>user{% endif %}
+<tool_response>
+{{ m['content'] }}
+</tool_response>
+{%- if loop.last or loop.nextitem['role'] != 'tool' %}<|im_end|>
+{% endif -%}
+{%- elif m['role'] == 'assistant' -%}
+<|im_start|>assistant
+{% if m['content'] %}{{ m['content'] }}{% endif -%}
+{%- for call in (m['tool_calls'] or []) -%}
+{%- set f = call.function if call.function is defined else call -%}
+{% if m['content'] or not loop.first %}
+{% endif %}<tool_call>
+{"name": "{{ f.name }}", "arguments": {{ f.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% else -%}
+<|im_start|>{{ m['role'] }}
+{{ m['content'] }}<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}"""
+
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_name_4f1c", "description": "probe",
+                                                "parameters": {"type": "object", "properties": {}}}}
 
 
-def template_supports_tools(tokenizer) -> bool:
-    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
+def renders_tools(tokenizer, chat_template: str | None = None) -> bool:
+    """Whether the chat template shows the tools it is given (checked by rendering, not by grepping)."""
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL],
+                                             chat_template=chat_template, add_generation_prompt=True,
+                                             tokenize=False)
+    except Exception:
+        return False
+    return "probe_tool_name_4f1c" in text
 
 
-def tool_call_text(name: str, arguments: Any) -> str:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            pass
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
+def is_chatml(tokenizer, chat_template: str | None = None) -> bool:
+    template = chat_template or getattr(tokenizer, "chat_template", None) or ""
+    return "<|im_start|>" in template
 
 
-def _content(message: dict) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content parts: keep the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
+def with_hermes_tools(template: str) -> str:
+    """`template` unchanged for requests without tools, `HERMES_CHATML_TEMPLATE` for requests with tools."""
+    return "{% if tools %}" + HERMES_CHATML_TEMPLATE + "{% else %}" + template + "{% endif %}"
 
 
-def template_messages(messages: list[dict], tools: list[dict] | None, tokenizer) -> tuple[list[dict], list | None]:
-    """(messages, tools) ready for `tokenizer.apply_chat_template`."""
+def pick_chat_template(tokenizer, override: str | None = None) -> tuple[str | None, bool]:
+    """(template to render with — None means the tokenizer's own —, whether it can render tools).
+
+    A ChatML template that ignores tools renders requests with tools through `HERMES_CHATML_TEMPLATE` and
+    every other request exactly as before (`with_hermes_tools`)."""
+    if override:
+        return override, renders_tools(tokenizer, override)
+    if renders_tools(tokenizer):
+        return None, True
+    if is_chatml(tokenizer):
+        return with_hermes_tools(tokenizer.chat_template), True
+    return None, False
+
+
+def _text(content: Any) -> str | None:
+    if isinstance(content, list):  # OpenAI content parts: the text ones, joined (as vLLM does for text-only)
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as the template sees them: content parts joined, tool-call arguments as JSON objects."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
-    native = template_supports_tools(tokenizer)
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ValueError(f"message {i} must be an object with a role")
-        msg = {"role": m["role"], "content": _content(m)}
-        calls = m.get("tool_calls") or []
-        if calls and native:
-            msg["tool_calls"] = calls
-        elif calls:
-            msg["content"] += "".join(tool_call_text(c["function"]["name"], c["function"].get("arguments", {}))
-                                      for c in calls)
+            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        msg = {**m, "content": _text(m.get("content"))}
+        calls = m.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list):
+                raise ValueError(f"messages[{i}].tool_calls must be a list")
+            fixed = []
+            for j, call in enumerate(calls):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise ValueError(f"messages[{i}].tool_calls[{j}] needs function.name")
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments is not JSON") from None
+                fixed.append({**call, "function": {**fn, "arguments": args if args is not None else {}}})
+            msg["tool_calls"] = fixed
         out.append(msg)
-    if tools and not native:
-        described = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-        extra = TOOLS_SYSTEM.format(tools=described)
-        if out[0]["role"] == "system":
-            out[0] = {**out[0], "content": out[0]["content"] + extra}
-        else:
-            out.insert(0, {"role": "system", "content": extra.strip()})
-    return out, (tools if tools and native else None)
+    return out
 
 
-def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """Token ids of the prompt for the next assistant turn."""
-    msgs, native_tools = template_messages(messages, tools, tokenizer)
-    text = tokenizer.apply_chat_template(msgs, tools=native_tools, add_generation_prompt=True, tokenize=False)
+def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,
+               chat_template: str | None = None, **template_kwargs) -> list[int]:
+    """Token ids of the prompt for the next assistant turn, as vLLM's chat endpoint computes them."""
+    text = tokenizer.apply_chat_template(template_messages(messages), tools=tools or None,
+                                         chat_template=chat_template, add_generation_prompt=True,
+                                         tokenize=False, **template_kwargs)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """(content without the tool-call blocks, OpenAI tool_calls) from a completion's text."""
-    calls = []
-    for block in TOOL_CALL.findall(text):
-        try:
-            data = json.loads(block)
-            name, args = data["name"], data.get("arguments", {})
-            if not isinstance(name, str):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            continue  # not a well-formed call: it stays in the content for the agent to see
-        calls.append({"id": f"call_{uuid.uuid4().hex[:16]}", "type": "function",
-                      "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
-    if not calls:
+# ---- tool-call parsers (the subset of vLLM's --tool-call-parser choices the CPU server speaks) ----
+
+HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.S)
+
+
+def _call(name: str, arguments: Any) -> dict:
+    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[dict]]:
+    """`<tool_call>{"name": …, "arguments": …}</tool_call>` blocks; all or nothing, as vLLM's hermes parser."""
+    if "<tool_call>" not in text:
         return text, []
-    content = TOOL_CALL.sub("", text).strip()
+    try:
+        calls = []
+        for closed, open_ in HERMES_CALL.findall(text):
+            data = json.loads(closed or open_)
+            if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+                raise ValueError("not a call")
+            calls.append(_call(data["name"], data.get("arguments", {})))
+    except ValueError:
+        return text, []
+    content = text[: text.find("<tool_call>")]
     return (content or None), calls
+
+
+def parse_llama3_json(text: str) -> tuple[str | None, list[dict]]:
+    """JSON objects `{"name": …, "parameters"|"arguments": …}` anywhere in the reply, surrounding text
+    ignored; any object that does not decode or lacks a key means no calls (as vLLM's llama3_json parser)."""
+    if "{" not in text:
+        return text, []
+    decoder = json.JSONDecoder()
+    calls, end = [], -1
+    try:
+        for start in (i for i, ch in enumerate(text) if ch == "{"):
+            if start <= end:
+                continue  # inside an object already decoded
+            data, length = decoder.raw_decode(text[start:])
+            end = start + length
+            args = data["arguments"] if "arguments" in data else data["parameters"]
+            if not isinstance(data["name"], str):
+                raise ValueError("not a call")
+            calls.append(_call(data["name"], args))
+    except (ValueError, KeyError, TypeError):
+        return text, []
+    return (None, calls) if calls else (text, [])
+
+
+TOOL_PARSERS = {"hermes": parse_hermes, "llama3_json": parse_llama3_json}
+
+
+def parse_tool_calls(text: str, parser: str = "hermes") -> tuple[str | None, list[dict]]:
+    """(content, OpenAI tool_calls) from a completion's text; a malformed call stays content."""
+    if parser not in TOOL_PARSERS:
+        raise ValueError(f"the CPU server parses tool calls with one of {sorted(TOOL_PARSERS)}, not {parser!r}")
+    return TOOL_PARSERS[parser](text)

@@ -22,15 +22,31 @@ class LoRAConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    """Which engine serves rollouts and how. `auto`: vLLM when it is installed and a GPU is there, else
-    transformers. The vLLM fields are passed to `vllm.AsyncEngineArgs`; `vllm_args` adds any other."""
+    """Which engine serves rollouts and how.
+
+    engine: `auto` picks vLLM's own OpenAI server when vLLM is installed and a GPU is there, else the CPU
+    engine (transformers behind a small server speaking the same API subset).
+    tool_call_parser / reasoning_parser: vLLM parser names; None picks by model family
+    (`trainer.vllm_server.default_parsers`: Qwen3 hermes+qwen3, Qwen2.5/ChatML hermes, Llama-3.x
+    llama3_json, Mistral mistral). The CPU server parses `hermes` and `llama3_json`.
+    chat_template: a jinja template replacing the tokenizer's (None: the tokenizer's; a ChatML template
+    that cannot render tools is replaced by `trainer.chat.HERMES_CHATML_TEMPLATE`).
+    The vLLM fields go to vLLM's server as flags; `vllm_args` adds any other (`{"swap_space": 8}` →
+    `--swap-space 8`, `True` → a bare flag).
+    """
     engine: Literal["auto", "transformers", "vllm"] = "auto"
     max_seq_length: int = pydantic.Field(2048, ge=16)
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    chat_template: str | None = None
     gpu_memory_utilization: float = pydantic.Field(0.5, gt=0, le=1)
     max_model_len: int | None = pydantic.Field(None, ge=16)
     enforce_eager: bool = False
     enable_sleep_mode: bool = True
     max_num_seqs: int = pydantic.Field(256, ge=1)
+    keep_adapters: int = pydantic.Field(2, ge=1)           # adapters of recent steps kept loaded in vLLM
+    startup_timeout_s: float = pydantic.Field(900, gt=0)   # how long vLLM's server may take to come up
+    server_timeout_s: float = pydantic.Field(600, gt=0)    # per control call (load adapter, sleep, wake)
     vllm_args: dict[str, Any] = pydantic.Field(default_factory=dict)
 
 
@@ -58,6 +74,9 @@ class TrainConfig(_Strict):
     max_grad_norm: float = pydantic.Field(1.0, gt=0)
     weight_decay: float = pydantic.Field(0.0, ge=0)
     logprob_chunk_size: int = pydantic.Field(256, ge=1)
+    # Choices without served token ids (e.g. from an API model, or a streamed answer) are refused unless this
+    # is on: then their text is re-rendered with the chat template, trained with ratio 1, and counted.
+    allow_off_policy_text: bool = False
 
     def scales_advantages(self) -> bool:
         return self.loss != "dr_grpo" if self.scale_advantages is None else self.scale_advantages

@@ -4,9 +4,12 @@ Every loss is a weighted sum of per-token PPO-clip terms; the variants differ in
 token weights, which `token_weights` computes over the *whole* batch so that gradient accumulation over
 micro-batches adds up to exactly the full-batch loss:
 
-    grpo     w = mask / (len_i * n_seqs)     each sequence counts once, its tokens averaged
-    dr_grpo  w = mask / (norm_len * n_seqs)  no length normalisation (constant norm_len)
+    grpo     w = mask / (len_i * n)          each trajectory counts once, its tokens averaged
+    dr_grpo  w = mask / (norm_len * n)       no length normalisation (constant norm_len)
     dapo     w = mask / total_tokens         token-level mean; clip range 1-eps .. 1+eps_high
+
+n is the number of trajectories in the batch and len_i the trained tokens of row i's trajectory (a
+multi-turn trajectory may span several sequences: `row_tokens` gives each row its trajectory's count).
 
 Per token:  -min(r * A, clip(r, 1-eps, 1+eps') * A) + kl_coef * KL,   r = exp(new - old),
 KL is the k3 estimator exp(ref - new) - (ref - new) - 1 (zero when no reference is given).
@@ -22,15 +25,17 @@ KINDS = ("grpo", "dr_grpo", "dapo")
 
 
 def token_weights(mask: torch.Tensor, kind: LossKind, *, n_seqs: int, total_tokens: int,
-                  norm_len: int | None = None) -> torch.Tensor:
-    """Per-token weights for `mask` [B, T] (1 = a generated token trained on)."""
+                  norm_len: int | None = None, row_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token weights for `mask` [B, T] (1 = a generated token trained on). `n_seqs`: trajectories in
+    the batch; `row_tokens` [B]: the trained tokens of each row's trajectory (default: the row's own)."""
     if kind not in KINDS:
         raise ValueError(f"loss must be one of {KINDS}, got {kind!r}")
     if n_seqs < 1 or total_tokens < 1:
         raise ValueError("a batch needs at least one sequence and one trained token")
     mask = mask.float()
     if kind == "grpo":
-        return mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / n_seqs
+        per_row = mask.sum(dim=1) if row_tokens is None else row_tokens.to(mask.dtype)
+        return mask / per_row[:, None].clamp(min=1) / n_seqs
     if kind == "dr_grpo":
         return mask / float(norm_len or mask.shape[1]) / n_seqs
     return mask / total_tokens
@@ -65,5 +70,7 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
         stats = {"clip_fraction": ((clipped < unclipped) & trained).sum().item() / n.item(),
                  "kl": (kl * trained).sum().item() / n.item(),
                  "ratio_mean": (ratio * trained).sum().item() / n.item(),
+                 "ratio_dev_mean": ((ratio - 1).abs() * trained).sum().item() / n.item(),
+                 "ratio_dev_max": float(((ratio - 1).abs() * trained).max().item()) if trained.any() else 0.0,
                  "tokens": int(trained.sum().item())}
     return loss, stats

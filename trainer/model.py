@@ -1,5 +1,6 @@
-"""`TrainableModel`: ART's user-facing shape. Agent code talks to `model.openai_client()`; between steps
-`await model.train(groups)` trains the LoRA and the server starts answering with the new adapter."""
+"""`TrainableModel`: ART's user-facing shape. Agent code talks to `model.openai_client()` (or uses ART's
+`inference_base_url`, `inference_api_key`, `get_inference_name()`, `litellm_completion_params()`); between
+steps `await model.train(groups)` trains the LoRA and the server starts answering with the new adapter."""
 
 from __future__ import annotations
 
@@ -34,23 +35,43 @@ class TrainableModel:
         await backend.register(self)
         self._backend = backend
 
+    # ---- ART's inference fields: rollout code written for ART runs unchanged against this model ----
+
     @property
-    def base_url(self) -> str:
-        return self.backend.base_url
+    def inference_base_url(self) -> str:
+        """The OpenAI-compatible base URL serving this model (`…/v1`)."""
+        return self.backend.inference_url(self)
+
+    @property
+    def inference_api_key(self) -> str:
+        return "ruler-rl"  # the local servers take any key
+
+    @property
+    def inference_model_name(self) -> str:
+        return self.name
 
     @property
     def run_dir(self) -> Path:
         return self.backend.path / self.project / self.name
 
+    def get_inference_name(self, step: int | None = None) -> str:
+        """`name@step`: the latest step's adapter by default (the bare `name` also means the latest)."""
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        return f"{self.name}@{self.backend.current_step(self) if step is None else step}"
+
     def openai_client(self, **kwargs):
-        """An `AsyncOpenAI` for this model's server; use `model=model.name` in requests."""
+        """An `AsyncOpenAI` for this model's server; use `model=model.get_inference_name()` (or `model.name`)."""
         from openai import AsyncOpenAI
 
-        return AsyncOpenAI(base_url=self.base_url, api_key="ruler-rl", **{"max_retries": 2, **kwargs})
+        return AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key,
+                           **{"max_retries": 2, **kwargs})
 
-    def litellm_params(self) -> dict:
-        """(model, params) pieces for litellm-based code, e.g. the ART·E agent: `openai/<name>` at our server."""
-        return {"model": f"openai/{self.name}", "params": {"api_base": self.base_url, "api_key": "ruler-rl"}}
+    def litellm_completion_params(self, step: int | None = None) -> dict:
+        """Keyword arguments for `litellm.acompletion` (as ART's): `hosted_vllm/<name>@<step>` at this model's
+        server, temperature 1 (the policy itself is sampled)."""
+        return {"model": f"hosted_vllm/{self.get_inference_name(step)}", "base_url": self.inference_base_url,
+                "api_key": self.inference_api_key, "temperature": 1}
 
     async def get_step(self) -> int:
         return await self.backend.get_step(self)

@@ -1,10 +1,17 @@
-"""The OpenAI-compatible server in front of the engines: `/v1/chat/completions` (tools, `n`, logprobs) and
-`/v1/models`. The served name `<model>` (or `<model>@<step>`) means the model's latest adapter.
+"""The CPU engine's small OpenAI-compatible server: `/v1/chat/completions` and `/v1/models`, speaking the
+subset of vLLM's OpenAI server that rollouts use, in the same shapes, so one rollout function runs unchanged
+on the CPU and on a GPU (where vLLM's own server answers; `trainer/vllm_server.py`).
 
-Every choice carries its sampled tokens and their logprobs as two compact lists, `token_ids` and
-`token_logprobs` (extra fields: the OpenAI client keeps them on the `Choice`), so the trainer trains on
-exactly what was sampled. With `logprobs: true` they also come as standard logprobs entries
-`token_id:<id>` (vLLM's `return_tokens_as_token_ids` convention).
+The subset: tools (rendered by the chat template; calls parsed with a vLLM parser name, `hermes` or
+`llama3_json`), `tool_choice` `auto`/`none`, `n`, `max_tokens`/`max_completion_tokens`, `temperature`,
+`top_p`, `seed`, `logprobs`/`top_logprobs`, `return_tokens_as_token_ids`, `return_token_ids` and
+`chat_template_kwargs`. As on the GPU path, every non-streamed completion carries what training needs
+whatever the request asked: the response's and each choice's `prompt_token_ids`, each choice's
+`token_ids`, and standard logprobs of the sampled tokens (the policy's own, at temperature 1).
+
+`<model>` is the latest adapter; `<model>@<step>` names a step (only the latest is served here: the CPU
+engine generates with the very weights being trained). Requests that arrive during a training step wait
+for it (the engine's lock): none is cut short.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ class Served:
     tokenizer: Any
     max_seq_length: int
     step: int = 0
+    chat_template: str | None = None      # None: the tokenizer's own
+    renders_tools: bool = True
+    tool_parser: str = "hermes"
+    reasoning_parser: str | None = None   # "qwen3": text before </think> becomes message.reasoning
 
 
 class ChatRequest(pydantic.BaseModel):
@@ -47,10 +58,14 @@ class ChatRequest(pydantic.BaseModel):
     temperature: float = pydantic.Field(1.0, ge=0, le=5)
     top_p: float = pydantic.Field(1.0, gt=0, le=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = pydantic.Field(None, ge=0, le=20)
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    response_format: dict | None = None
 
 
 class APIError(Exception):
@@ -68,8 +83,34 @@ def _json(body: dict) -> Response:
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
+def _check_tools(tools: list) -> None:
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise APIError(400, f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': …}}}}")
+        if tool.get("type", "function") != "function":
+            raise APIError(400, f"tools[{i}].type must be 'function'")
+
+
+def _split_reasoning(text: str, parser: str | None) -> tuple[str | None, str]:
+    if parser != "qwen3" or "</think>" not in text:
+        return None, text
+    reasoning, _, rest = text.partition("</think>")
+    return reasoning.removeprefix("<think>").strip("\n") or None, rest.lstrip("\n")
+
+
+def _logprob_entry(tokenizer, token: int, lp: float, top: list[tuple[int, float]], as_ids: bool) -> dict:
+    def name(t: int) -> str:
+        return f"token_id:{t}" if as_ids else tokenizer.decode([t])
+
+    text = name(token)
+    return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [{"token": name(t), "logprob": v, "bytes": list(name(t).encode("utf-8"))}
+                             for t, v in top]}
+
+
 def create_server_app(models: dict[str, Served]) -> FastAPI:
-    app = FastAPI(title="ruler-rl trainer server", docs_url="/docs")
+    app = FastAPI(title="ruler-rl CPU inference server", docs_url="/docs")
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError):
@@ -87,52 +128,71 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
         if served is None:
             raise APIError(404, f"model {name!r} is not served here; models: {sorted(models)}", "not_found_error")
         if step and step != str(served.step):
-            raise APIError(404, f"{base} is at step {served.step}; only the latest adapter is served",
-                           "not_found_error")
+            raise APIError(404, f"unknown adapter step {step!r} for {base}: it is at step {served.step}, and only "
+                           "the latest adapter is served by the CPU engine", "not_found_error")
         return served
 
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [{"id": m.name, "object": "model", "owned_by": "ruler-rl",
-                                            "step": m.step} for m in models.values()]}
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "owned_by": "ruler-rl", "step": m.step}
+            for m in models.values() for name in (m.name, f"{m.name}@{m.step}")]}
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest):
         served = resolve(req.model)
         if req.stream:
-            raise APIError(400, "stream is not supported by this server")
+            raise APIError(400, "stream is not supported by the CPU server")
         if req.stop:
-            raise APIError(400, "stop sequences are not supported; use max_tokens")
-        tools = req.tools if req.tool_choice != "none" else None
+            raise APIError(400, "stop sequences are not supported by the CPU server; use max_tokens")
+        if req.response_format and req.response_format.get("type") not in (None, "text"):
+            raise APIError(400, "response_format (structured output) is not supported by the CPU server")
+        tool_choice = req.tool_choice if req.tool_choice is not None else "auto"
+        if tool_choice not in ("auto", "none"):
+            raise APIError(400, f"tool_choice {tool_choice!r} is not supported by the CPU server (auto or none)")
+        tools = req.tools or None
+        if tools:
+            _check_tools(tools)
+            if not served.renders_tools:
+                raise APIError(400, f"the chat template of {served.name} cannot render tools; give one that can "
+                               "(EngineConfig.chat_template)")
         try:
-            ids = prompt_ids(served.tokenizer, req.messages, tools)
+            ids = prompt_ids(served.tokenizer, req.messages, tools, chat_template=served.chat_template,
+                             **(req.chat_template_kwargs or {}))
         except (ValueError, TypeError, KeyError) as exc:
             raise APIError(400, f"messages: {exc}") from None
+        except Exception as exc:  # jinja's TemplateError: the template refused these messages
+            raise APIError(400, f"the chat template cannot render these messages: {exc}") from None
         room = served.max_seq_length - len(ids)
         if room < 1:
             raise APIError(400, f"the prompt has {len(ids)} tokens; max_seq_length is {served.max_seq_length}")
         max_tokens = min(req.max_completion_tokens or req.max_tokens or room, room)
-        started = time.perf_counter()
         samples = await served.engine.generate(ids, n=req.n, max_tokens=max_tokens, temperature=req.temperature,
-                                               top_p=req.top_p, seed=req.seed)
+                                               top_p=req.top_p, seed=req.seed, top_logprobs=req.top_logprobs or 0)
+        tok = served.tokenizer
         choices = []
         for i, s in enumerate(samples):
-            text = served.tokenizer.decode(s.token_ids, skip_special_tokens=True)
-            content, calls = parse_tool_calls(text) if tools else (text, [])
+            text = tok.decode(s.token_ids, skip_special_tokens=True)
+            reasoning, text = _split_reasoning(text, served.reasoning_parser)
+            content, calls = (parse_tool_calls(text, served.tool_parser) if tools and tool_choice != "none"
+                              else (text, []))
+            top = s.top_logprobs or [[] for _ in s.token_ids]
             choices.append({
-                "index": i, "finish_reason": "tool_calls" if calls else s.finish_reason,
-                "message": {"role": "assistant", "content": content, "tool_calls": calls or None},
-                # compact: what the trainer needs, parsed by clients as two plain lists
-                "token_ids": s.token_ids, "token_logprobs": s.logprobs,
-                "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None,
-                                          "top_logprobs": []} for t, lp in zip(s.token_ids, s.logprobs)]}
-                if req.logprobs else None})
+                "index": i, "finish_reason": "tool_calls" if calls else s.finish_reason, "stop_reason": None,
+                "message": {"role": "assistant", "content": content, "tool_calls": calls, "reasoning": reasoning},
+                "logprobs": {"content": [_logprob_entry(tok, t, lp, tp, bool(req.return_tokens_as_token_ids))
+                                         for t, lp, tp in zip(s.token_ids, s.logprobs, top)]},
+                "token_ids": s.token_ids, "prompt_token_ids": ids})
         completion = sum(len(s.token_ids) for s in samples)
-        return _json({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": f"{served.name}@{served.step}", "choices": choices,
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
-                          "total_tokens": len(ids) + completion},
-                "system_fingerprint": f"{served.engine.name}-{time.perf_counter() - started:.3f}s"})
+        return _json({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                      "created": int(time.time()), "model": req.model, "choices": choices,
+                      "usage": {"prompt_tokens": len(ids), "completion_tokens": completion,
+                                "total_tokens": len(ids) + completion},
+                      "prompt_token_ids": ids})
 
     return app
 
@@ -169,3 +229,4 @@ class BackgroundServer:
             self.server.should_exit = True
             await self.task
             self.task = None
+

@@ -1,4 +1,4 @@
-"""One GRPO step on LoRA: groups → advantages → sequences → chunked logprobs → loss → optimizer step.
+"""One GRPO step on LoRA: groups → advantages → served token sequences → chunked logprobs → loss → step.
 
 Where advantages come from: `ruler.group_advantages` on each group's rewards (zero-signal groups dropped).
 Log-probabilities are computed from the last hidden state one chunk of positions at a time, each chunk
@@ -16,41 +16,102 @@ from ruler.advantages import group_advantages, group_has_signal
 from ruler.trajectory import TrajectoryGroup
 from trainer.config import TrainConfig
 from trainer.loss import policy_loss, token_weights
-from trainer.sequences import Sequence, TokenizeReport, tokenize_trajectory
+from trainer.sequences import AbortedTurnError, SequenceReport, TrainingSequence, training_sequences
 
 
-def _chunk_logprobs(lm_head, hidden, targets):
+def logit_transform(config):
+    """What the model's own forward does to `lm_head`'s output before it becomes logits, for the
+    architectures that do something: Gemma-2/3 soft-capping, Cohere's `logit_scale`, Granite's
+    `logits_scaling`. None when logits are `lm_head(hidden)` as they are."""
+    import torch
+
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None)
+    divide = getattr(config, "logits_scaling", None)
+    if not (cap or scale or divide):
+        return None
+
+    def transform(logits):
+        if scale:
+            logits = logits * scale
+        if divide:
+            logits = logits / divide
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return transform
+
+
+def _chunk_logprobs(lm_head, hidden, targets, transform=None):
     import torch
 
     logits = lm_head(hidden).float()
+    if transform is not None:
+        logits = transform(logits)
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-def sequence_logprobs(model, input_ids, attention_mask, chunk_size: int):
-    """log p(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1], in chunks of positions."""
+def sequence_logprobs(model, input_ids, attention_mask, chunk_size: int, *, full_forward: bool = False):
+    """log p(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1].
+
+    By default from the last hidden state, one chunk of positions at a time under activation checkpointing
+    (no [tokens × vocabulary] logits at once), with the architecture's own logit transform
+    (`logit_transform`); `verify_logprob_path` proves it equal to the model's forward at register.
+    `full_forward`: the model's own forward, for architectures where that proof fails.
+    """
     import torch
     from torch.utils.checkpoint import checkpoint
 
+    targets = input_ids[:, 1:]
+    if full_forward:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     body, lm_head = base.get_decoder(), base.get_output_embeddings()
+    transform = logit_transform(base.config)
     hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
-    targets = input_ids[:, 1:]
     parts = []
     for s in range(0, hidden.shape[1], chunk_size):
         h, t = hidden[:, s:s + chunk_size], targets[:, s:s + chunk_size]
         if torch.is_grad_enabled():
-            parts.append(checkpoint(_chunk_logprobs, lm_head, h, t, use_reentrant=False))
+            parts.append(checkpoint(_chunk_logprobs, lm_head, h, t, transform, use_reentrant=False))
         else:
-            parts.append(_chunk_logprobs(lm_head, h, t))
+            parts.append(_chunk_logprobs(lm_head, h, t, transform))
     return torch.cat(parts, dim=1)
 
 
+def verify_logprob_path(model, *, length: int = 24) -> float:
+    """Max |chunked − model forward| logprob on a fixed input (eval mode, no grad). The backend uses the
+    chunked path only when this is within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
+    import torch
+
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = (torch.arange(length, device=device)[None] * 7919 + 11) % vocab
+    attn = torch.ones_like(ids)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            ours = sequence_logprobs(model, ids, attn, chunk_size=7)
+            theirs = sequence_logprobs(model, ids, attn, chunk_size=7, full_forward=True)
+    finally:
+        model.train(was_training)
+    return float((ours - theirs).abs().max())
+
+
 def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_seq_length: int):
-    """(sequences, stats): the batch a step trains on, and what was skipped and why."""
+    """(sequences, stats): the batch a step trains on, and what was skipped and why.
+
+    Raises `MissingTokenIdsError` (naming the group and trajectory) for a generated turn without served
+    token ids, unless `config.allow_off_policy_text`.
+    """
     skipped: Counter = Counter()
-    report = TokenizeReport()
+    report = SequenceReport()
     rewards: list[float] = []
-    seqs: list[Sequence] = []
+    seqs: list[TrainingSequence] = []
+    n_trajectories = 0
     for g, group in enumerate(groups):
         if not isinstance(group, TrajectoryGroup):
             raise TypeError(f"group {g} is a {type(group).__name__}, not a TrajectoryGroup")
@@ -68,51 +129,81 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
         if not has_signal:
             skipped["group with all-equal rewards"] += 1
             continue
-        for traj, adv in zip(trajs, group_advantages(values, scale=config.scales_advantages())):
+        for t, (traj, adv) in enumerate(zip(trajs, group_advantages(values, scale=config.scales_advantages()))):
             if adv == 0:
                 continue
-            seq = tokenize_trajectory(tokenizer, traj.messages_and_choices, traj.tools, adv,
-                                      max_seq_length=max_seq_length, report=report, group=g)
-            if seq is not None:
-                seqs.append(seq)
+            try:
+                found = training_sequences(traj, tokenizer, allow_off_policy_text=config.allow_off_policy_text,
+                                           report=report, where=f"group {g} trajectory {t}")
+            except AbortedTurnError:
+                skipped["trajectory with an aborted turn"] += 1
+                continue
+            kept = []
+            for seq in found:
+                if len(seq.token_ids) > max_seq_length:
+                    seq.token_ids, seq.trained, seq.old_logprobs = (seq.token_ids[:max_seq_length],
+                                                                    seq.trained[:max_seq_length],
+                                                                    seq.old_logprobs[:max_seq_length])
+                    report.truncated += 1
+                if not any(seq.trained[1:]):  # the first token is never predicted
+                    skipped["sequence without trained tokens within max_seq_length"] += 1
+                    continue
+                seq.advantage, seq.trajectory = float(adv), n_trajectories
+                kept.append(seq)
+            if not found:
+                skipped["no generated tokens"] += 1
+            if kept:
+                n_trajectories += 1
+                seqs += kept
     skipped.update(report.skipped)
     mean = sum(rewards) / len(rewards) if rewards else math.nan
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else math.nan
     return seqs, {"groups": len(groups), "trajectories": sum(len(list(g)) for g in groups), "reward_mean": mean,
-                  "reward_std": std, "sequences": len(seqs), "truncated": report.truncated,
-                  "choices_without_token_ids": report.choices_without_token_ids,
+                  "reward_std": std, "trained_trajectories": n_trajectories, "sequences": len(seqs),
+                  "turns": report.turns, "context_breaks": report.context_breaks,
+                  "off_policy_turns": report.off_policy_turns,
+                  "turns_without_logprobs": report.turns_without_logprobs, "truncated": report.truncated,
                   "skipped": dict(skipped)}
 
 
-def _pad(seqs: list[Sequence], device):
+def _pad(seqs: list[TrainingSequence], device):
     import torch
 
-    width = max(len(s.input_ids) for s in seqs)
+    width = max(len(s.token_ids) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
     attn = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros(len(seqs), width)
     old = torch.full((len(seqs), width), math.nan)
     for i, s in enumerate(seqs):
-        n = len(s.input_ids)
-        ids[i, :n] = torch.tensor(s.input_ids)
+        n = len(s.token_ids)
+        ids[i, :n] = torch.tensor(s.token_ids)
         attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(s.mask, dtype=torch.float)
+        mask[i, :n] = torch.tensor(s.trained, dtype=torch.float)
         old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float)
     adv = torch.tensor([s.advantage for s in seqs])
     # position t of the logprobs predicts token t+1
     return ids.to(device), attn.to(device), mask[:, 1:].to(device), old[:, 1:].to(device), adv.to(device)
 
 
-def train_step(model, optimizer, seqs: list[Sequence], config: TrainConfig, *, max_seq_length: int) -> dict:
-    """Accumulate the loss over micro-batches, clip, step. Returns the step's training stats."""
+def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *, max_seq_length: int,
+               full_forward: bool = False) -> dict:
+    """Accumulate the loss over micro-batches, clip, step. Returns the step's training stats.
+
+    Losses normalise per trajectory (a trajectory split into several sequences still counts once): the
+    `grpo` mean is over all of a trajectory's trained tokens; the batch has `n` trajectories.
+    """
     import torch
 
     started = time.perf_counter()
     device = next(model.parameters()).device
-    total_tokens = sum(sum(s.mask[1:]) for s in seqs)
-    norm_len = max_seq_length
+    per_traj: Counter = Counter()
+    for s in seqs:
+        per_traj[s.trajectory] += sum(s.trained[1:])
+    total_tokens = sum(per_traj.values())
+    n_traj = len(per_traj)
     model.train()
     stats = Counter()
+    ratio_dev_max = 0.0
     loss_sum = 0.0
     for start in range(0, len(seqs), config.micro_batch_size):
         micro = seqs[start:start + config.micro_batch_size]
@@ -120,22 +211,24 @@ def train_step(model, optimizer, seqs: list[Sequence], config: TrainConfig, *, m
         ref = None
         with torch.no_grad():
             if torch.isnan(old[mask > 0]).any():  # no sampled logprobs: the current policy's (ratio 1)
-                current = sequence_logprobs(model, ids, attn, config.logprob_chunk_size)
+                current = sequence_logprobs(model, ids, attn, config.logprob_chunk_size, full_forward=full_forward)
                 old = torch.where(torch.isnan(old), current, old)
             if config.kl_coef > 0:
                 with model.disable_adapter():
-                    ref = sequence_logprobs(model, ids, attn, config.logprob_chunk_size)
+                    ref = sequence_logprobs(model, ids, attn, config.logprob_chunk_size, full_forward=full_forward)
         old = torch.nan_to_num(old, nan=0.0)
-        new = sequence_logprobs(model, ids, attn, config.logprob_chunk_size)
-        weights = token_weights(mask, config.loss, n_seqs=len(seqs), total_tokens=max(1, total_tokens),
-                                norm_len=norm_len)
+        new = sequence_logprobs(model, ids, attn, config.logprob_chunk_size, full_forward=full_forward)
+        row_tokens = torch.tensor([per_traj[s.trajectory] for s in micro], device=device, dtype=torch.float)
+        weights = token_weights(mask, config.loss, n_seqs=n_traj, total_tokens=max(1, total_tokens),
+                                norm_len=max_seq_length, row_tokens=row_tokens)
         loss, part = policy_loss(new, old, adv, weights, kind=config.loss, epsilon=config.epsilon,
                                  epsilon_high=config.epsilon_high, ref_logprobs=ref, kl_coef=config.kl_coef)
         loss.backward()
         loss_sum += loss.item()
-        for key in ("clip_fraction", "kl", "ratio_mean"):
+        for key in ("clip_fraction", "kl", "ratio_mean", "ratio_dev_mean"):
             stats[key] += part[key] * part["tokens"]
         stats["tokens"] += part["tokens"]
+        ratio_dev_max = max(ratio_dev_max, part["ratio_dev_max"])
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
     if not math.isfinite(grad_norm):
@@ -146,8 +239,10 @@ def train_step(model, optimizer, seqs: list[Sequence], config: TrainConfig, *, m
     seconds = time.perf_counter() - started
     n = max(1, stats["tokens"])
     advs = [s.advantage for s in seqs]
+    sequence_tokens = sum(len(s.token_ids) for s in seqs)
     return {"loss": loss_sum, "grad_norm": grad_norm, "clip_fraction": stats["clip_fraction"] / n,
-            "kl": stats["kl"] / n, "ratio_mean": stats["ratio_mean"] / n, "trained_tokens": int(stats["tokens"]),
-            "sequence_tokens": sum(len(s.input_ids) for s in seqs),
+            "kl": stats["kl"] / n, "ratio_mean": stats["ratio_mean"] / n,
+            "ratio_dev_mean": stats["ratio_dev_mean"] / n, "ratio_dev_max": ratio_dev_max,
+            "trained_tokens": int(stats["tokens"]), "sequence_tokens": sequence_tokens,
             "advantage_mean": sum(advs) / len(advs), "advantage_abs_mean": sum(abs(a) for a in advs) / len(advs),
-            "train_s": seconds, "train_tokens_per_s": sum(len(s.input_ids) for s in seqs) / seconds}
+            "train_s": seconds, "train_tokens_per_s": sequence_tokens / seconds}

@@ -1,0 +1,166 @@
+"""ASGI middleware that `LocalBackend` installs in vLLM's own OpenAI server (`--middleware`), so that every
+rollout carries what token-exact training needs without the rollout code asking for it.
+
+- `POST /v1/chat/completions`: `return_token_ids` and `logprobs` are switched on (vLLM then answers with
+  the response's `prompt_token_ids`, each choice's `token_ids` and the sampled tokens' logprobs); the
+  bare served name (`$RULER_SERVED_NAME`) is routed to the latest adapter; and, for a non-streamed answer,
+  the response's `prompt_token_ids` are copied into each choice — agent code keeps choices, not responses.
+- a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
+  render them (vLLM would silently drop them).
+- `POST /v1/load_lora_adapter`: passed through; once vLLM has loaded `<name>@<step>`, the bare name means
+  that adapter.
+
+Nothing else is touched: generation, tool and reasoning parsing, adapters, sleep/wake all stay vLLM's.
+This module imports nothing heavy: vLLM's server process imports it by path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+try:  # vLLM's server has orjson through its dependencies on most installs; json otherwise
+    import orjson
+
+    def _loads(b: bytes):
+        return orjson.loads(b)
+
+    def _dumps(obj) -> bytes:
+        return orjson.dumps(obj)
+except ImportError:  # pragma: no cover - depends on the install
+    def _loads(b: bytes):
+        return json.loads(b)
+
+    def _dumps(obj) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
+async def _read_body(receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _with_length(headers: list, length: int) -> list:
+    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    return kept + [(b"content-length", str(length).encode())]
+
+
+class TrainingDataMiddleware:
+    def __init__(self, app):
+        self.app = app
+        self.served = os.environ.get("RULER_SERVED_NAME", "")
+        self.current: str | None = None
+        self.tools_unsupported = os.environ.get("RULER_TOOLS_UNSUPPORTED") == "1"
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        if scope["path"] == "/v1/chat/completions":
+            return await self._chat(scope, receive, send)
+        if scope["path"] == "/v1/load_lora_adapter":
+            return await self._load_adapter(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    async def _chat(self, scope, receive, send):
+        raw = await _read_body(receive)
+        try:
+            body = _loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):  # vLLM answers malformed requests itself
+            return await self.app(scope, _replay(raw, receive), send)
+        if self.tools_unsupported and body.get("tools"):
+            return await _reject(send, 400, "this model's chat template cannot render tools; give one that can "
+                                            "(EngineConfig.chat_template)")
+        if self.current and body.get("model") == self.served:
+            body["model"] = self.current
+        body["return_token_ids"] = True
+        if not body.get("logprobs"):
+            body["logprobs"] = True
+        raw = _dumps(body)
+        scope = {**scope, "headers": _with_length(scope["headers"], len(raw))}
+        if body.get("stream"):
+            return await self.app(scope, _replay(raw, receive), send)
+        return await self.app(scope, _replay(raw, receive), _ChoicesGetPromptIds(send))
+
+    async def _load_adapter(self, scope, receive, send):
+        raw = await _read_body(receive)
+        status = {}
+
+        async def watch(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        await self.app(scope, _replay(raw, receive), watch)
+        try:
+            name = _loads(raw).get("lora_name", "")
+        except (ValueError, AttributeError):
+            return
+        if status.get("code") == 200 and isinstance(name, str) and name.startswith(f"{self.served}@"):
+            self.current = name
+
+
+async def _reject(send, status: int, message: str) -> None:
+    raw = _dumps({"error": {"message": message, "type": "invalid_request_error", "code": status}})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+    await send({"type": "http.response.body", "body": raw, "more_body": False})
+
+
+def _replay(raw: bytes, receive):
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+class _ChoicesGetPromptIds:
+    """A `send` that buffers a JSON chat completion and copies its `prompt_token_ids` into each choice."""
+
+    def __init__(self, send):
+        self.send = send
+        self.start = None
+        self.chunks: list[bytes] = []
+        self.passthrough = False
+
+    async def __call__(self, message):
+        if self.passthrough:
+            return await self.send(message)
+        if message["type"] == "http.response.start":
+            ctype = dict(message.get("headers", [])).get(b"content-type", b"")
+            if message["status"] != 200 or not ctype.startswith(b"application/json"):
+                self.passthrough = True
+                return await self.send(message)
+            self.start = message
+            return None
+        if message["type"] != "http.response.body":
+            return await self.send(message)
+        self.chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return None
+        raw = b"".join(self.chunks)
+        try:
+            body = _loads(raw)
+            ids = body.get("prompt_token_ids")
+            if ids is not None:
+                for choice in body.get("choices", []):
+                    choice["prompt_token_ids"] = ids
+                raw = _dumps(body)
+        except (ValueError, AttributeError, TypeError):
+            pass  # not what we expected: hand it on untouched
+        await self.send({**self.start, "headers": _with_length(self.start.get("headers", []), len(raw))})
+        await self.send({"type": "http.response.body", "body": raw, "more_body": False})

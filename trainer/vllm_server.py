@@ -1,0 +1,219 @@
+"""The GPU engine: vLLM's own OpenAI-compatible server, started and owned by `LocalBackend` as a child process.
+
+    python -m vllm.entrypoints.openai.api_server --model BASE --served-model-name NAME NAME@0 --enable-lora
+        --enable-sleep-mode --generation-config vllm --enable-auto-tool-choice --tool-call-parser P
+        [--reasoning-parser R] [--chat-template F] --middleware trainer.vllm_middleware.TrainingDataMiddleware
+
+- Rollouts talk to it directly (`model.inference_base_url`); `trainer/vllm_middleware.py` makes every
+  completion carry `prompt_token_ids`, `token_ids` and sampled logprobs, and routes the bare name to the
+  latest adapter.
+- Each step's adapter is loaded from its checkpoint folder through `/v1/load_lora_adapter` as
+  `NAME@<step>` (vLLM's runtime LoRA loading); adapters more than `keep_adapters` steps old are unloaded.
+- Around training the server sleeps: `/sleep?level=1&mode=wait` lets in-flight requests finish, queues new
+  ones, offloads the weights and frees the KV cache; `/wake_up` restores them and runs the queued requests.
+  No request is aborted, so none is trained as if it had finished.
+- `--generation-config vllm`: sampling defaults are vLLM's (temperature 1), not the model's
+  `generation_config.json` (often 0.7): a rollout that sets no temperature samples the policy itself, as on
+  the CPU server.
+
+Tool-call and reasoning parsers default by model family (`default_parsers`) and are configurable
+(`EngineConfig.tool_call_parser`, `reasoning_parser`). vLLM itself is never imported in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from trainer.config import EngineConfig
+
+log = logging.getLogger("ruler.trainer")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed --max-lora-rank values
+
+
+def vllm_available() -> bool:
+    """vLLM installed (without importing it) and a CUDA GPU present."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def default_parsers(model_type: str, chat_template: str | None) -> tuple[str, str | None]:
+    """(tool-call parser, reasoning parser) for a model family, by vLLM's parser names.
+
+    Qwen3 → hermes + qwen3; Qwen2.5 and other ChatML/Hermes templates → hermes; Llama-3.x → llama3_json;
+    Mistral → mistral. Anything else → hermes (set `EngineConfig.tool_call_parser` to override).
+    """
+    template = chat_template or ""
+    model_type = (model_type or "").lower()
+    reasoning = "qwen3" if model_type.startswith("qwen3") else None
+    if "<|im_start|>" in template or model_type.startswith(("qwen2", "qwen3")):
+        return "hermes", reasoning
+    if "<|start_header_id|>" in template or model_type == "llama":
+        return "llama3_json", reasoning
+    if "[INST]" in template or model_type in ("mistral", "mixtral"):
+        return "mistral", reasoning
+    return "hermes", reasoning
+
+
+def lora_serving_rank(rank: int) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above {VLLM_LORA_RANKS[-1]}, the largest vLLM can serve")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """vLLM's OpenAI server in a child process, with the adapter, sleep and wake calls a trainer needs."""
+
+    name = "vllm"
+
+    def __init__(self, base_model: str, config: EngineConfig, *, served_name: str, lora_rank: int,
+                 log_dir: Path, chat_template_file: Path | None, tool_parser: str, reasoning_parser: str | None,
+                 host: str = "127.0.0.1", port: int | None = None, tools_ok: bool = True):
+        self.base_model, self.config, self.served_name = base_model, config, served_name
+        self.lora_rank, self.log_dir = lora_rank, Path(log_dir)
+        self.chat_template_file, self.tool_parser, self.reasoning_parser = (chat_template_file, tool_parser,
+                                                                             reasoning_parser)
+        self.host, self.port = host, port
+        self.tools_ok = tools_ok
+        self.loaded: list[int] = []
+        self.proc: subprocess.Popen | None = None
+        self.http: httpx.AsyncClient | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        c = self.config
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.base_model,
+                "--served-model-name", self.served_name, f"{self.served_name}@0",
+                "--host", self.host, "--port", str(self.port),
+                "--enable-lora", "--max-lora-rank", str(lora_serving_rank(self.lora_rank)),
+                "--max-loras", "2", "--max-cpu-loras", str(max(2, self.config.keep_adapters + 1)),
+                "--gpu-memory-utilization", str(c.gpu_memory_utilization),
+                "--max-model-len", str(c.max_model_len or c.max_seq_length),
+                "--max-num-seqs", str(c.max_num_seqs), "--generation-config", "vllm",
+                "--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser,
+                "--middleware", "trainer.vllm_middleware.TrainingDataMiddleware",
+                "--disable-uvicorn-access-log"]
+        if c.enable_sleep_mode:
+            argv.append("--enable-sleep-mode")
+        if c.enforce_eager:
+            argv.append("--enforce-eager")
+        if self.reasoning_parser:
+            argv += ["--reasoning-parser", self.reasoning_parser]
+        if self.chat_template_file is not None:
+            argv += ["--chat-template", str(self.chat_template_file)]
+        for key, value in c.vllm_args.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                argv.append(flag)
+            elif value is not False and value is not None:
+                argv += [flag, value if isinstance(value, str) else _cli_value(value)]
+        return argv
+
+    async def start(self) -> None:
+        if importlib.util.find_spec("vllm") is None:
+            raise RuntimeError("the vLLM engine needs vLLM: pip install 'ruler-rl[gpu]'")
+        self.port = self.port or _free_port(self.host)
+        root = str(Path(__file__).resolve().parents[1])  # so vLLM's process imports the middleware
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+               "RULER_SERVED_NAME": self.served_name,
+               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        if not self.tools_ok:
+            env["RULER_TOOLS_UNSUPPORTED"] = "1"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_file = self.log_dir / "vllm-server.log"
+        started = time.perf_counter()
+        with open(self.log_file, "ab") as out:
+            self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.http = httpx.AsyncClient(base_url=f"http://{self.host}:{self.port}",
+                                      timeout=httpx.Timeout(self.config.server_timeout_s, connect=5.0))
+        deadline = started + self.config.startup_timeout_s
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM's server exited with code {self.proc.returncode} while starting; "
+                                   f"the end of {self.log_file}:\n{self._log_tail()}")
+            try:
+                if (await self.http.get("/health", timeout=2.0)).status_code == 200:
+                    log.info("vLLM server for %s up in %.0f s at %s", self.served_name,
+                             time.perf_counter() - started, self.base_url)
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(1.0)
+        await self.close()
+        raise TimeoutError(f"vLLM's server did not answer within {self.config.startup_timeout_s} s; "
+                           f"see {self.log_file}")
+
+    def _log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    async def _post(self, path: str, **kwargs) -> httpx.Response:
+        if self.http is None:
+            raise RuntimeError("the vLLM server is not started")
+        r = await self.http.post(path, **kwargs)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM server {path}: HTTP {r.status_code}: {r.text[:500]}")
+        return r
+
+    async def load_adapter(self, step: int, path: str | Path) -> None:
+        """Serve the adapter saved at `path` as `NAME@step`, make it the bare name's, unload old ones."""
+        await self._post("/v1/load_lora_adapter", json={"lora_name": f"{self.served_name}@{step}",
+                                                        "lora_path": str(path)})
+        self.loaded.append(step)
+        while len(self.loaded) > self.config.keep_adapters:
+            old = self.loaded.pop(0)
+            await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{old}"})
+
+    async def sleep(self) -> None:
+        if self.config.enable_sleep_mode:
+            await self._post("/sleep", params={"level": "1", "mode": "wait"})
+
+    async def wake(self) -> None:
+        if self.config.enable_sleep_mode:
+            await self._post("/wake_up")
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+            self.http = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                await asyncio.to_thread(self.proc.wait, 60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.wait)
+        self.proc = None
+
+
+
+def _cli_value(value) -> str:
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
