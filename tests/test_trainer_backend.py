@@ -34,33 +34,39 @@ async def test_server_serves_the_freshly_trained_adapter_and_resumes_from_checkp
     backend = LocalBackend(tmp_path)
     await model.register(backend)
     try:
-        async with httpx.AsyncClient(base_url=model.base_url, timeout=120) as http:
+        assert model.get_inference_name() == "m@0" and model.inference_base_url.endswith("/v1")
+        async with httpx.AsyncClient(base_url=model.inference_base_url, timeout=120) as http:
             listed = (await http.get("/models")).json()["data"]
-            assert listed[0]["id"] == "m" and listed[0]["step"] == 0
+            assert [d["id"] for d in listed] == ["m", "m@0"] and listed[0]["step"] == 0
             group = await rollouts(model)
             choice = group.trajectories[0].messages_and_choices[-1]
-            assert len(group) == 4 and choice.logprobs is None  # standard logprobs only when asked for
-            assert len(choice.model_extra["token_ids"]) == len(choice.model_extra["token_logprobs"]) > 0
-            # through litellm (as the ART·E agent talks), the sampled tokens still reach the trainer
+            # token ids and sampled logprobs come whether or not the rollout asked for them
+            assert len(group) == 4 and len(choice.logprobs.content) == len(choice.model_extra["token_ids"]) > 0
+            # through litellm with ART's parameters (as ART's rollout code talks), the served tokens still
+            # reach the trainer
             import litellm
             from openai.types.chat.chat_completion import Choice
 
-            from trainer.sequences import _sampled
+            from trainer.sequences import served_turn
 
-            via = await litellm.acompletion(model=model.litellm_params()["model"], messages=MSGS, max_tokens=4,
-                                            **model.litellm_params()["params"])
-            ids, lps = _sampled(Choice.model_validate(via.choices[0].model_dump()))
-            assert len(ids) == len(lps) == via.usage.completion_tokens
+            params = model.litellm_completion_params()
+            assert params["model"] == "hosted_vllm/m@0" and params["temperature"] == 1
+            via = await litellm.acompletion(messages=MSGS, max_tokens=4, **params)
+            turn = served_turn(Choice.model_validate(via.choices[0].model_dump()))
+            assert len(turn.completion) == len(turn.logprobs) == via.usage.completion_tokens
+            assert turn.prompt == group.trajectories[0].messages_and_choices[-1].model_extra["prompt_token_ids"]
             row = await model.train([group], TrainConfig(learning_rate=1e-3))
             assert row["trained"] and row["step"] == 1 and await model.get_step() == 1
             assert row["sequences"] == 4 and row["trained_tokens"] > 0 and row["grad_norm"] > 0
             # the ratio of fresh sampled logprobs to training logprobs is 1: training saw what was sampled
             assert row["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
             r = await http.post("/chat/completions", json={"model": "m@1", "messages": MSGS, "max_tokens": 6,
-                                                           "temperature": 0, "logprobs": True})
+                                                           "temperature": 0, "logprobs": True,
+                                                           "return_tokens_as_token_ids": True})
             assert r.status_code == 200 and r.json()["model"] == "m@1"
             served = r.json()["choices"][0]["logprobs"]["content"]
             assert [int(e["token"].split(":")[1]) for e in served] == r.json()["choices"][0]["token_ids"]
+            assert model.get_inference_name() == "m@1" and model.get_inference_name(0) == "m@0"
             for bad, status in (({"model": "m@0"}, 404), ({"model": "other"}, 404), ({"n": 0}, 400),
                                 ({"stop": ["\n"]}, 400), ({"messages": []}, 400)):
                 body = {"model": "m", "messages": MSGS, **bad}
@@ -72,9 +78,7 @@ async def test_server_serves_the_freshly_trained_adapter_and_resumes_from_checkp
                                                            "adapter_model.safetensors", "optimizer.pt",
                                                            "trainer_state.json"]
         base = AutoModelForCausalLM.from_pretrained(resolve_base_model(BASE), dtype=torch.float32)
-        from trainer.chat import prompt_ids
-
-        prompt = prompt_ids(backend._runs["m"].served.tokenizer, MSGS)
+        prompt = r.json()["choices"][0]["prompt_token_ids"]
         ids = prompt + [int(e["token"].split(":")[1]) for e in served]
         with torch.no_grad():
             base_lp = torch.log_softmax(base(torch.tensor([ids])).logits[0, len(prompt) - 1:-1], -1)
@@ -116,6 +120,65 @@ async def test_server_serves_the_freshly_trained_adapter_and_resumes_from_checkp
         assert 3 in kept and len(kept) <= 2
     finally:
         await backend.close()
+
+
+async def test_multi_turn_batch_starts_with_every_importance_ratio_at_one(tmp_path):
+    """Two sampled turns per trajectory, through the CPU server: before the update, training's logprobs of
+    every sampled token equal the sampled ones (fp32), so each ratio is 1 within 1e-3."""
+    model = TrainableModel("mt", "p", BASE)
+    backend = LocalBackend(tmp_path)
+    await model.register(backend)
+    client = model.openai_client()
+    try:
+        async def rollout(seed, reward):
+            items = list(MSGS)
+            for turn in range(2):
+                reply = await client.chat.completions.create(model=model.get_inference_name(), max_tokens=6,
+                                                             messages=[i if isinstance(i, dict) else
+                                                                       {"role": "assistant",
+                                                                        "content": i.message.content}
+                                                                       for i in items], seed=seed + turn)
+                items += [reply.choices[0], {"role": "user", "content": "Say it again."}]
+            return Trajectory(messages_and_choices=items[:-1], reward=reward)
+
+        group = TrajectoryGroup([await rollout(10 * i, r) for i, r in enumerate((0.0, 1.0, 3.0))])
+        row = await model.train([group], TrainConfig(learning_rate=1e-3))
+        assert row["turns"] == 6 and row["context_breaks"] == 0 and row["sequences"] == 3
+        assert row["ratio_dev_max"] < 1e-3 and row["trained_tokens"] > 6
+    finally:
+        await backend.close()
+
+
+def test_logprobs_are_the_models_own_for_architectures_that_transform_logits():
+    """Gemma-2 soft-caps its logits: the chunked path applies the same transform, proven equal to the
+    model's forward; without it the check sees the difference (and the backend would use the full forward)."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from trainer import training
+
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, final_logit_softcapping=0.5)
+    model = Gemma2ForCausalLM(cfg).float()
+    assert training.verify_logprob_path(model) < 1e-5
+    real = training.logit_transform
+    try:
+        training.logit_transform = lambda config: None
+        assert training.verify_logprob_path(model) > 1e-2
+    finally:
+        training.logit_transform = real
+
+
+def test_lora_settings_vllm_cannot_serve_are_refused_and_dropout_is_warned_about(caplog):
+    from trainer.backend import _check_lora
+
+    with pytest.raises(ValueError, match="embed_tokens"):
+        _check_lora(ModelConfig(lora=LoRAConfig(target_modules=["q_proj", "embed_tokens"])), "vllm")
+    _check_lora(ModelConfig(lora=LoRAConfig(target_modules=["q_proj", "embed_tokens"])), "transformers")
+    with caplog.at_level("WARNING", logger="ruler.trainer"):
+        _check_lora(ModelConfig(lora=LoRAConfig(dropout=0.1)), "transformers")
+    assert "dropout" in caplog.text and "importance ratios" in caplog.text
 
 
 async def test_bad_configurations_fail_clearly(tmp_path):
