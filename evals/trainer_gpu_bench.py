@@ -44,7 +44,12 @@ class PeakMemory:
     """Peak used memory of GPU 0 over the block, in GiB (all processes: vLLM's engine core included)."""
 
     def __enter__(self):
-        pynvml = _nvml()
+        self.peak = self.base = 0
+        try:
+            pynvml = _nvml()
+        except ImportError:  # no GPU tooling (a CPU check of the script): no memory figure
+            self.thread = None
+            return self
         pynvml.nvmlInit()
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         self.base = pynvml.nvmlDeviceGetMemoryInfo(self.handle).used
@@ -61,7 +66,8 @@ class PeakMemory:
 
     def __exit__(self, *exc):
         self.stop = True
-        self.thread.join()
+        if self.thread is not None:
+            self.thread.join()
 
     @property
     def gib(self) -> float:
@@ -73,17 +79,16 @@ def rollout_prompts(n_prompts: int) -> list[list[dict]]:
 
 
 def raw_vllm(model: str, prompts, n: int, max_tokens: int, util: float) -> dict:
-    from transformers import AutoTokenizer
+    """Tokens/s of in-process `vllm.LLM.generate` on the same prompts (the server's own prompt tokens) and
+    the same sampling (fixed length: ignore_eos), the ceiling the served path is measured against."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from trainer.chat import prompt_ids
-
-    tok = AutoTokenizer.from_pretrained(model)
     llm = LLM(model=model, gpu_memory_utilization=util, max_model_len=1024, enable_lora=True, max_lora_rank=8,
               seed=0)
-    ids = [TokensPrompt(prompt_token_ids=prompt_ids(tok, p)) for p in prompts]
-    params = SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0, logprobs=0)
+    ids = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    params = SamplingParams(n=n, max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True, temperature=1.0,
+                            logprobs=0)
     llm.generate(ids[:8], params, use_tqdm=False)  # warm-up
     runs = []
     for _ in range(3):
@@ -96,25 +101,101 @@ def raw_vllm(model: str, prompts, n: int, max_tokens: int, util: float) -> dict:
     except Exception:
         pass
     del llm
-    time.sleep(3)
     return {"raw_tokens_per_s": statistics.median(runs), "raw_runs": runs}
 
 
+def turn_spans(seqs):
+    """(context, trained ids, old logprobs) of each trained run of tokens, in order."""
+    out = []
+    for s in seqs:
+        i = 0
+        while i < len(s.token_ids):
+            if s.trained[i]:
+                j = i
+                while j < len(s.token_ids) and s.trained[j]:
+                    j += 1
+                out.append((s.token_ids[:i], s.token_ids[i:j], s.old_logprobs[i:j]))
+                i = j
+            else:
+                i += 1
+    return out
+
+
+async def art_e_token_exact(model, args, tokenizer) -> dict:
+    """32 multi-turn ART·E rollouts through the served path (ART's litellm parameters, native tools): per
+    turn, is the training context the served prompt and are the trained ids the sampled ones?"""
+    from openai.types.chat.chat_completion import Choice
+
+    from evals.art_e.agent import run_agent
+    from evals.art_e.inbox import build_inbox_db
+    from evals.art_e.questions import generate_scenarios
+    from ruler import TrajectoryGroup
+    from trainer.sequences import SequenceReport, training_sequences
+
+    db = args.out / "inbox.db"
+    if not db.is_file():
+        build_inbox_db(sorted(Path(args.mailboxes).glob("*.tar.gz")), db)
+    scenarios = generate_scenarios(db, per_inbox=50, seed=1)[: args.art_e_groups]
+    params = model.litellm_completion_params()
+    name = params.pop("model")
+
+    async def group(s):
+        trajs = await asyncio.gather(*(run_agent(s, db, name, params={**params, "max_tokens": 96}, max_turns=3,
+                                                 tool_mode="native") for _ in range(args.art_e_group_size)))
+        for i, t in enumerate(trajs):
+            t.reward = float(i % 3)  # any varying reward: the point is the tokens and the ratio
+        return TrajectoryGroup(trajs)
+
+    started = time.perf_counter()
+    groups = await asyncio.gather(*(group(s) for s in scenarios))
+    rollout_s = time.perf_counter() - started
+    turns = equal_context = equal_tokens = equal_logprobs = 0
+    report = SequenceReport()
+    tool_calls = 0
+    for g in groups:
+        for t in g:
+            choices = [c for c in t.messages_and_choices if isinstance(c, Choice)]
+            tool_calls += sum(bool(c.message.tool_calls) for c in choices)
+            spans = turn_spans(training_sequences(t, tokenizer, report=report))
+            for (context, trained, old), c in zip(spans, choices):
+                turns += 1
+                extra = c.model_extra or {}
+                nested = extra.get("provider_specific_fields") or {}
+                prompt = extra.get("prompt_token_ids") or nested.get("prompt_token_ids")
+                ids = extra.get("token_ids") or nested.get("token_ids")
+                equal_context += context == prompt
+                equal_tokens += trained == ids
+                equal_logprobs += old == [e.logprob for e in c.logprobs.content]
+    from trainer import TrainConfig
+
+    row = await model.train(groups, TrainConfig(learning_rate=1e-5))
+    return {"art_e_rollouts": sum(len(g) for g in groups), "art_e_turns": turns, "art_e_tool_calls": tool_calls,
+            "art_e_context_equal": equal_context, "art_e_tokens_equal": equal_tokens,
+            "art_e_logprobs_equal": equal_logprobs, "art_e_sequences": report.sequences,
+            "art_e_context_breaks": report.context_breaks, "art_e_rollout_s": rollout_s,
+            "ratio_dev_mean_before_update": row.get("ratio_dev_mean"),
+            "ratio_dev_max_before_update": row.get("ratio_dev_max"), "ratio_mean_before_update": row.get("ratio_mean"),
+            "art_e_trained_tokens": row.get("trained_tokens")}
+
+
 async def ours(args) -> dict:
+    from transformers import AutoTokenizer
+
     from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
     from trainer import gather_trajectory_groups
     from trainer.config import LoRAConfig
     from ruler import Trajectory, TrajectoryGroup
 
     result: dict = {"model": args.model, "steps": args.steps, "group_size": args.group_size,
-                    "questions_per_step": args.questions_per_step, "lr": args.lr}
-    prompts = rollout_prompts(args.rollout_prompts)
-    result.update(raw_vllm(args.model, prompts, args.rollout_n, args.rollout_max_tokens, 0.25))
-    import gc
+                    "questions_per_step": args.questions_per_step, "lr": args.lr, "engine": args.engine}
+    out_json = args.out / "ours.json"
 
-    gc.collect()
+    def save():
+        out_json.write_text(json.dumps(result, indent=1))
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
     cfg = ModelConfig(lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), seed=0,
-                      engine=EngineConfig(engine="vllm", max_seq_length=1024, gpu_memory_utilization=0.25))
+                      engine=EngineConfig(engine=args.engine, max_seq_length=4096, gpu_memory_utilization=0.25))
     with PeakMemory() as mem:
         model = TrainableModel("bench", "gpu", args.model, cfg)
         backend = LocalBackend(args.out / "runs")
@@ -123,20 +204,13 @@ async def ours(args) -> dict:
         result["register_s"] = time.perf_counter() - started
         client = model.openai_client(timeout=600)
         try:
-            # (a) the same prompts and sampling through our server, concurrently as agents would send them
-            rates = []
-            for _ in range(4):
-                started = time.perf_counter()
-                replies = await asyncio.gather(*(client.chat.completions.create(
-                    model=model.name, messages=p, n=args.rollout_n, max_tokens=args.rollout_max_tokens,
-                    temperature=1.0) for p in prompts))
-                seconds = time.perf_counter() - started
-                rates.append(sum(r.usage.completion_tokens for r in replies) / seconds)
-            result["ours_tokens_per_s"] = statistics.median(rates[1:])
-            result["ours_runs"] = rates
-            result["rollout_ratio"] = result["ours_tokens_per_s"] / result["raw_tokens_per_s"]
+            # 1. token-exactness on multi-turn ART·E rollouts, and the ratio before the first update
+            result.update(await art_e_token_exact(model, args, tokenizer))
+            save()
+            print({k: v for k, v in result.items() if k.startswith(("art_e", "ratio"))}, flush=True)
 
-            async def group(step, i, question, answer):
+            # 2. the tiny task for --steps GRPO steps, through the bare name (the middleware's latest adapter)
+            async def group(question, answer):
                 prompt = messages(question)
                 reply = await client.chat.completions.create(model=model.name, messages=prompt, n=args.group_size,
                                                              max_tokens=args.max_tokens, temperature=1.0)
@@ -147,20 +221,41 @@ async def ours(args) -> dict:
             for step in range(args.steps):
                 started = time.perf_counter()
                 groups = await gather_trajectory_groups(
-                    [group(step, i, q, a) for i, (q, a) in enumerate(questions_for_step(step, args.questions_per_step))],
-                    pbar_desc=None)
+                    [group(q, a) for q, a in questions_for_step(step, args.questions_per_step)], pbar_desc=None)
                 row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss="grpo",
                                                               micro_batch_size=args.group_size * args.questions_per_step))
                 row["wall_s"] = time.perf_counter() - started
                 rows.append(row)
-                print(f"ours step {step + 1}: reward {row['reward_mean']:.3f} in {row['wall_s']:.2f}s", flush=True)
+                print(f"ours step {row['step']}: reward {row['reward_mean']:.3f} in {row['wall_s']:.2f}s "
+                      f"(ratio dev max {row.get('ratio_dev_max', float('nan')):.4f})", flush=True)
+            result["rewards"] = [r["reward_mean"] for r in rows]
+            result["step_s"] = [r["wall_s"] for r in rows]
+            for key in ("sleep_wake_s", "adapter_swap_s", "train_s", "rollout_s", "ratio_dev_max"):
+                result[key] = [r.get(key) for r in rows]
+            save()
+
+            # 3. rollout tokens/s through the served path: the same prompts and fixed-length sampling
+            prompts = rollout_prompts(args.rollout_prompts)
+            fixed = {"min_tokens": args.rollout_max_tokens, "ignore_eos": True}
+            rates, prompt_tokens = [], []
+            for _ in range(4):
+                started = time.perf_counter()
+                replies = await asyncio.gather(*(client.chat.completions.create(
+                    model=model.name, messages=p, n=args.rollout_n, max_tokens=args.rollout_max_tokens,
+                    temperature=1.0, extra_body=fixed) for p in prompts))
+                seconds = time.perf_counter() - started
+                rates.append(sum(r.usage.completion_tokens for r in replies) / seconds)
+                prompt_tokens = [r.model_extra["prompt_token_ids"] for r in replies]
+            result["ours_tokens_per_s"] = statistics.median(rates[1:])
+            result["ours_runs"] = rates
+            save()
         finally:
             await backend.close()
     result["peak_gpu_gib"] = mem.gib
-    result["rewards"] = [r["reward_mean"] for r in rows]
-    result["step_s"] = [r["wall_s"] for r in rows]
-    for key in ("sleep_wake_s", "adapter_swap_s", "train_s", "rollout_s"):
-        result[key] = [r.get(key) for r in rows]
+    if args.engine != "transformers":
+        result.update(raw_vllm(args.model, prompt_tokens, args.rollout_n, args.rollout_max_tokens, 0.25))
+        result["rollout_ratio"] = result["ours_tokens_per_s"] / result["raw_tokens_per_s"]
+    save()
     return result
 
 
@@ -254,6 +349,11 @@ def main() -> None:
     ap.add_argument("--rollout-prompts", type=int, default=64)
     ap.add_argument("--rollout-n", type=int, default=8)
     ap.add_argument("--rollout-max-tokens", type=int, default=128)
+    ap.add_argument("--engine", default="vllm", choices=["vllm", "transformers"])
+    ap.add_argument("--art-e-groups", type=int, default=4)
+    ap.add_argument("--art-e-group-size", type=int, default=8)
+    ap.add_argument("--mailboxes", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "enron"),
+                    help="folder with Enron mailbox .tar.gz files (the GPU host gets a carried copy)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "report":
