@@ -78,30 +78,33 @@ def rollout_prompts(n_prompts: int) -> list[list[dict]]:
     return [messages(QUESTIONS[i % len(QUESTIONS)][0] + f" (case {i})") for i in range(n_prompts)]
 
 
-def raw_vllm(model: str, prompts, n: int, max_tokens: int, util: float) -> dict:
-    """Tokens/s of in-process `vllm.LLM.generate` on the same prompts (the server's own prompt tokens) and
-    the same sampling (fixed length: ignore_eos), the ceiling the served path is measured against."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+class RawVLLM:
+    """In-process `vllm.LLM.generate` on the same prompt tokens and the same fixed-length sampling
+    (ignore_eos): the ceiling the served path is measured against, alive beside the server so that the
+    two can take turns run by run (drift on the machine hits both alike)."""
 
-    llm = LLM(model=model, gpu_memory_utilization=util, max_model_len=1024, enable_lora=True, max_lora_rank=8,
-              seed=0)
-    ids = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    params = SamplingParams(n=n, max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True, temperature=1.0,
-                            logprobs=0)
-    llm.generate(ids[:8], params, use_tqdm=False)  # warm-up
-    runs = []
-    for _ in range(3):
+    def __init__(self, model: str, util: float):
+        from vllm import LLM
+
+        self.llm = LLM(model=model, gpu_memory_utilization=util, max_model_len=1024, enable_lora=True,
+                       max_lora_rank=8, seed=0)
+
+    def tokens_per_s(self, prompts, n: int, max_tokens: int) -> float:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(n=n, max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True,
+                                temperature=1.0, logprobs=0)
         started = time.perf_counter()
-        outs = llm.generate(ids, params, use_tqdm=False)
-        seconds = time.perf_counter() - started
-        runs.append(sum(len(o.token_ids) for r in outs for o in r.outputs) / seconds)
-    try:  # free its GPU memory now, not whenever the garbage collector gets to it
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:
-        pass
-    del llm
-    return {"raw_tokens_per_s": statistics.median(runs), "raw_runs": runs}
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return sum(len(o.token_ids) for r in outs for o in r.outputs) / (time.perf_counter() - started)
+
+    def close(self) -> None:
+        try:  # free its GPU memory now, not whenever the garbage collector gets to it
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+        del self.llm
 
 
 def turn_spans(seqs):
@@ -165,7 +168,8 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
                 ids = extra.get("token_ids") or nested.get("token_ids")
                 equal_context += context == prompt
                 equal_tokens += trained == ids
-                equal_logprobs += old == [e.logprob for e in c.logprobs.content]
+                lps = extra.get("token_logprobs") or nested.get("token_logprobs")
+                equal_logprobs += old == lps
     from trainer import TrainConfig
 
     row = await model.train(groups, TrainConfig(learning_rate=1e-5))
@@ -181,10 +185,9 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
 async def ours(args) -> dict:
     from transformers import AutoTokenizer
 
-    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-    from trainer import gather_trajectory_groups
-    from trainer.config import LoRAConfig
     from ruler import Trajectory, TrajectoryGroup
+    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig, gather_trajectory_groups
+    from trainer.config import LoRAConfig
 
     result: dict = {"model": args.model, "steps": args.steps, "group_size": args.group_size,
                     "questions_per_step": args.questions_per_step, "lr": args.lr, "engine": args.engine}
@@ -205,9 +208,10 @@ async def ours(args) -> dict:
         client = model.openai_client(timeout=600)
         try:
             # 1. token-exactness on multi-turn ART·E rollouts, and the ratio before the first update
-            result.update(await art_e_token_exact(model, args, tokenizer))
-            save()
-            print({k: v for k, v in result.items() if k.startswith(("art_e", "ratio"))}, flush=True)
+            if args.art_e_groups:
+                result.update(await art_e_token_exact(model, args, tokenizer))
+                save()
+                print({k: v for k, v in result.items() if k.startswith(("art_e", "ratio"))}, flush=True)
 
             # 2. the tiny task for --steps GRPO steps, through the bare name (the middleware's latest adapter)
             async def group(question, answer):
@@ -228,33 +232,45 @@ async def ours(args) -> dict:
                 rows.append(row)
                 print(f"ours step {row['step']}: reward {row['reward_mean']:.3f} in {row['wall_s']:.2f}s "
                       f"(ratio dev max {row.get('ratio_dev_max', float('nan')):.4f})", flush=True)
-            result["rewards"] = [r["reward_mean"] for r in rows]
-            result["step_s"] = [r["wall_s"] for r in rows]
-            for key in ("sleep_wake_s", "adapter_swap_s", "train_s", "rollout_s", "ratio_dev_max"):
-                result[key] = [r.get(key) for r in rows]
-            save()
+            if rows:
+                result["rewards"] = [r["reward_mean"] for r in rows]
+                result["step_s"] = [r["wall_s"] for r in rows]
+                for key in ("sleep_wake_s", "adapter_swap_s", "train_s", "rollout_s", "ratio_dev_max"):
+                    result[key] = [r.get(key) for r in rows]
+                save()
 
-            # 3. rollout tokens/s through the served path: the same prompts and fixed-length sampling
-            prompts = rollout_prompts(args.rollout_prompts)
-            fixed = {"min_tokens": args.rollout_max_tokens, "ignore_eos": True}
-            rates, prompt_tokens = [], []
-            for _ in range(4):
-                started = time.perf_counter()
-                replies = await asyncio.gather(*(client.chat.completions.create(
-                    model=model.name, messages=p, n=args.rollout_n, max_tokens=args.rollout_max_tokens,
-                    temperature=1.0, extra_body=fixed) for p in prompts))
-                seconds = time.perf_counter() - started
-                rates.append(sum(r.usage.completion_tokens for r in replies) / seconds)
-                prompt_tokens = [r.model_extra["prompt_token_ids"] for r in replies]
-            result["ours_tokens_per_s"] = statistics.median(rates[1:])
-            result["ours_runs"] = rates
-            save()
+            # 3. rollout tokens/s: the served path (HTTP, vLLM's server, middleware, OpenAI client) vs raw
+            # vllm.LLM.generate on the same prompt tokens, fixed length, taking turns run by run
+            if args.engine == "vllm":
+                prompts = rollout_prompts(args.rollout_prompts)
+                fixed = {"min_tokens": args.rollout_max_tokens, "ignore_eos": True}
+
+                async def served_run():
+                    started = time.perf_counter()
+                    replies = await asyncio.gather(*(client.chat.completions.create(
+                        model=model.name, messages=p, n=args.rollout_n, max_tokens=args.rollout_max_tokens,
+                        temperature=1.0, extra_body=fixed) for p in prompts))
+                    rate = sum(r.usage.completion_tokens for r in replies) / (time.perf_counter() - started)
+                    return rate, [r.model_extra["prompt_token_ids"] for r in replies]
+
+                _, prompt_tokens = await served_run()  # warm-up
+                raw = RawVLLM(args.model, 0.25)
+                raw.tokens_per_s(prompt_tokens[:8], args.rollout_n, args.rollout_max_tokens)  # warm-up
+                ours_runs, raw_runs = [], []
+                for _ in range(args.rollout_runs):
+                    ours_runs.append((await served_run())[0])
+                    raw_runs.append(raw.tokens_per_s(prompt_tokens, args.rollout_n, args.rollout_max_tokens))
+                raw.close()
+                result.update(ours_runs=ours_runs, raw_runs=raw_runs,
+                              ours_tokens_per_s=statistics.median(ours_runs),
+                              raw_tokens_per_s=statistics.median(raw_runs),
+                              rollout_ratio=statistics.median(ours_runs) / statistics.median(raw_runs),
+                              rollout_ratio_per_pair=[a / b for a, b in zip(ours_runs, raw_runs)])
+                save()
+                print({k: result[k] for k in ("ours_tokens_per_s", "raw_tokens_per_s", "rollout_ratio")}, flush=True)
         finally:
             await backend.close()
     result["peak_gpu_gib"] = mem.gib
-    if args.engine != "transformers":
-        result.update(raw_vllm(args.model, prompt_tokens, args.rollout_n, args.rollout_max_tokens, 0.25))
-        result["rollout_ratio"] = result["ours_tokens_per_s"] / result["raw_tokens_per_s"]
     save()
     return result
 
@@ -349,6 +365,7 @@ def main() -> None:
     ap.add_argument("--rollout-prompts", type=int, default=64)
     ap.add_argument("--rollout-n", type=int, default=8)
     ap.add_argument("--rollout-max-tokens", type=int, default=128)
+    ap.add_argument("--rollout-runs", type=int, default=6, help="served and raw runs, taking turns")
     ap.add_argument("--engine", default="vllm", choices=["vllm", "transformers"])
     ap.add_argument("--art-e-groups", type=int, default=4)
     ap.add_argument("--art-e-group-size", type=int, default=8)

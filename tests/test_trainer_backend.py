@@ -7,8 +7,15 @@ import pytest
 import torch
 
 from ruler import Trajectory, TrajectoryGroup
-from trainer import LocalBackend, LoRAConfig, ModelConfig, TooManyExceptions, TrainableModel, TrainConfig
-from trainer import gather_trajectory_groups
+from trainer import (
+    LocalBackend,
+    LoRAConfig,
+    ModelConfig,
+    TooManyExceptions,
+    TrainableModel,
+    TrainConfig,
+    gather_trajectory_groups,
+)
 from trainer import checkpoints as ckpt
 from trainer.runlog import load_run_log, plot_train_report
 
@@ -41,7 +48,7 @@ async def test_server_serves_the_freshly_trained_adapter_and_resumes_from_checkp
             group = await rollouts(model)
             choice = group.trajectories[0].messages_and_choices[-1]
             # token ids and sampled logprobs come whether or not the rollout asked for them
-            assert len(group) == 4 and len(choice.logprobs.content) == len(choice.model_extra["token_ids"]) > 0
+            assert len(group) == 4 and len(choice.model_extra["token_logprobs"]) == len(choice.model_extra["token_ids"]) > 0
             # through litellm with ART's parameters (as ART's rollout code talks), the served tokens still
             # reach the trainer
             import litellm

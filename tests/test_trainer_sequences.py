@@ -222,7 +222,7 @@ def assert_token_exact(traj, replies, tokenizer, report=None):
         served_prompt = reply.model_extra["prompt_token_ids"]
         assert context == served_prompt                       # what the model saw, exactly
         assert trained == choice.model_extra["token_ids"]     # what it sampled, exactly
-        assert old == [e.logprob for e in choice.logprobs.content]
+        assert old == choice.model_extra["token_logprobs"] and choice.logprobs is None  # compact: not asked for
     return seqs
 
 

@@ -23,8 +23,8 @@ from typing import Any
 from trainer import checkpoints as ckpt
 from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
-from trainer.sequences import end_of_turn_ids
 from trainer.runlog import append_row, load_run_log
+from trainer.sequences import end_of_turn_ids
 from trainer.server import BackgroundServer, Served, create_server_app
 from trainer.training import prepare, train_step, verify_logprob_path
 

@@ -7,7 +7,8 @@ The subset: tools (rendered by the chat template; calls parsed with a vLLM parse
 `top_p`, `seed`, `logprobs`/`top_logprobs`, `return_tokens_as_token_ids`, `return_token_ids` and
 `chat_template_kwargs`. As on the GPU path, every non-streamed completion carries what training needs
 whatever the request asked: the response's and each choice's `prompt_token_ids`, each choice's
-`token_ids`, and standard logprobs of the sampled tokens (the policy's own, at temperature 1).
+`token_ids`, and the sampled tokens' logprobs (the policy's own, at temperature 1): standard `logprobs`
+when asked for, else one compact `token_logprobs` list per choice.
 
 `<model>` is the latest adapter; `<model>@<step>` names a step (only the latest is served here: the CPU
 engine generates with the very weights being trained). Requests that arrive during a training step wait
@@ -181,12 +182,13 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
             content, calls = (parse_tool_calls(text, served.tool_parser) if tools and tool_choice != "none"
                               else (text, []))
             top = s.top_logprobs or [[] for _ in s.token_ids]
+            standard = {"content": [_logprob_entry(tok, t, lp, tp, bool(req.return_tokens_as_token_ids))
+                                    for t, lp, tp in zip(s.token_ids, s.logprobs, top)]} if req.logprobs else None
             choices.append({
                 "index": i, "finish_reason": "tool_calls" if calls else s.finish_reason, "stop_reason": None,
                 "message": {"role": "assistant", "content": content, "tool_calls": calls, "reasoning": reasoning},
-                "logprobs": {"content": [_logprob_entry(tok, t, lp, tp, bool(req.return_tokens_as_token_ids))
-                                         for t, lp, tp in zip(s.token_ids, s.logprobs, top)]},
-                "token_ids": s.token_ids, "prompt_token_ids": ids})
+                "logprobs": standard, "token_ids": s.token_ids, "prompt_token_ids": ids,
+                **({} if req.logprobs else {"token_logprobs": s.logprobs})})
         completion = sum(len(s.token_ids) for s in samples)
         return _json({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                       "created": int(time.time()), "model": req.model, "choices": choices,

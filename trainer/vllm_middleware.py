@@ -5,6 +5,8 @@ rollout carries what token-exact training needs without the rollout code asking 
   the response's `prompt_token_ids`, each choice's `token_ids` and the sampled tokens' logprobs); the
   bare served name (`$RULER_SERVED_NAME`) is routed to the latest adapter; and, for a non-streamed answer,
   the response's `prompt_token_ids` are copied into each choice — agent code keeps choices, not responses.
+  Logprobs the client did not ask for come as one compact `token_logprobs` list per choice (standard
+  `logprobs` stay `null`); asked for, they come as vLLM wrote them.
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
 - `POST /v1/load_lora_adapter`: passed through; once vLLM has loaded `<name>@<step>`, the bare name means
@@ -82,13 +84,14 @@ class TrainingDataMiddleware:
         if self.current and body.get("model") == self.served:
             body["model"] = self.current
         body["return_token_ids"] = True
-        if not body.get("logprobs"):
+        asked = bool(body.get("logprobs"))
+        if not asked:
             body["logprobs"] = True
         raw = _dumps(body)
         scope = {**scope, "headers": _with_length(scope["headers"], len(raw))}
         if body.get("stream"):
             return await self.app(scope, _replay(raw, receive), send)
-        return await self.app(scope, _replay(raw, receive), _ChoicesGetPromptIds(send))
+        return await self.app(scope, _replay(raw, receive), _TrainingFields(send, compact_logprobs=not asked))
 
     async def _load_adapter(self, scope, receive, send):
         raw = await _read_body(receive)
@@ -128,11 +131,14 @@ def _replay(raw: bytes, receive):
     return replay
 
 
-class _ChoicesGetPromptIds:
-    """A `send` that buffers a JSON chat completion and copies its `prompt_token_ids` into each choice."""
+class _TrainingFields:
+    """A `send` that buffers a JSON chat completion, copies its `prompt_token_ids` into each choice and, when
+    the client did not ask for logprobs, hands them over as one compact `token_logprobs` list per choice
+    instead of an object per token (a fraction of the bytes for clients to parse)."""
 
-    def __init__(self, send):
+    def __init__(self, send, *, compact_logprobs: bool):
         self.send = send
+        self.compact = compact_logprobs
         self.start = None
         self.chunks: list[bytes] = []
         self.passthrough = False
@@ -156,10 +162,14 @@ class _ChoicesGetPromptIds:
         try:
             body = _loads(raw)
             ids = body.get("prompt_token_ids")
-            if ids is not None:
-                for choice in body.get("choices", []):
+            for choice in body.get("choices", []):
+                if ids is not None:
                     choice["prompt_token_ids"] = ids
-                raw = _dumps(body)
+                content = (choice.get("logprobs") or {}).get("content")
+                if self.compact and content is not None:
+                    choice["token_logprobs"] = [entry["logprob"] for entry in content]
+                    choice["logprobs"] = None
+            raw = _dumps(body)
         except (ValueError, AttributeError, TypeError):
             pass  # not what we expected: hand it on untouched
         await self.send({**self.start, "headers": _with_length(self.start.get("headers", []), len(raw))})

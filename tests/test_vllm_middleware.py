@@ -1,0 +1,87 @@
+"""The middleware LocalBackend installs in vLLM's own OpenAI server, against a scripted upstream that answers
+in vLLM's response shape (vLLM itself does not run on this machine; the GPU benchmark runs the real one)."""
+
+import json
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from trainer.vllm_middleware import TrainingDataMiddleware
+
+seen: list[dict] = []
+
+
+async def chat(request: Request):
+    try:
+        body = await request.json()
+    except ValueError:
+        return JSONResponse({"error": {"message": "bad JSON"}}, status_code=400)
+    seen.append(body)
+    if body.get("stream"):
+        return StreamingResponse(iter([b"data: {}\n\n", b"data: [DONE]\n\n"]), media_type="text/event-stream")
+    content = [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []},
+               {"token": "b", "logprob": -1.5, "bytes": [98], "top_logprobs": []}] if body.get("logprobs") else None
+    choices = [{"index": i, "message": {"role": "assistant", "content": "ab"}, "finish_reason": "stop",
+                "logprobs": {"content": content} if content else None,
+                "token_ids": [7, 8] if body.get("return_token_ids") else None} for i in range(body.get("n", 1))]
+    return JSONResponse({"id": "x", "object": "chat.completion", "model": body["model"], "choices": choices,
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                         "prompt_token_ids": [1, 2, 3] if body.get("return_token_ids") else None})
+
+
+async def load(request: Request):
+    body = await request.json()
+    return Response(status_code=404 if body["lora_path"] == "/missing" else 200, content="ok")
+
+
+@pytest.fixture
+def client(monkeypatch):
+    monkeypatch.setenv("RULER_SERVED_NAME", "agent")
+    app = TrainingDataMiddleware(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                                                   Route("/v1/load_lora_adapter", load, methods=["POST"])]))
+    seen.clear()
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm")
+
+
+async def test_every_completion_carries_what_training_needs_and_the_bare_name_follows_the_adapters(client):
+    async with client:
+        msgs = [{"role": "user", "content": "hi"}]
+        r = (await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs, "n": 2})).json()
+        assert seen[-1]["return_token_ids"] is True and seen[-1]["logprobs"] is True and seen[-1]["model"] == "agent"
+        for c in r["choices"]:  # prompt ids on each choice; logprobs not asked for: one compact list
+            assert c["prompt_token_ids"] == [1, 2, 3] and c["token_ids"] == [7, 8]
+            assert c["token_logprobs"] == [-0.5, -1.5] and c["logprobs"] is None
+        asked = (await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs,
+                                                                  "logprobs": True})).json()["choices"][0]
+        assert asked["logprobs"]["content"][1]["logprob"] == -1.5 and "token_logprobs" not in asked
+        # a failed adapter load changes nothing; a loaded one becomes what the bare name means
+        assert (await client.post("/v1/load_lora_adapter", json={"lora_name": "agent@1",
+                                                                  "lora_path": "/missing"})).status_code == 404
+        await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs})
+        assert seen[-1]["model"] == "agent"
+        assert (await client.post("/v1/load_lora_adapter", json={"lora_name": "agent@1",
+                                                                  "lora_path": "/ckpt/0001"})).status_code == 200
+        await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs})
+        assert seen[-1]["model"] == "agent@1"
+        await client.post("/v1/chat/completions", json={"model": "agent@0", "messages": msgs})
+        assert seen[-1]["model"] == "agent@0"  # an explicit step is left alone
+        # streamed answers pass through untouched (token ids still switched on)
+        s = await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs, "stream": True})
+        assert s.text.endswith("data: [DONE]\n\n") and seen[-1]["return_token_ids"] is True
+        # a body that is not JSON reaches vLLM as it was, for vLLM's own error
+        bad = await client.post("/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"})
+        assert bad.status_code >= 400
+
+
+async def test_requests_with_tools_are_refused_when_the_template_cannot_render_them(client, monkeypatch):
+    monkeypatch.setenv("RULER_TOOLS_UNSUPPORTED", "1")
+    app = TrainingDataMiddleware(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as http:
+        r = await http.post("/v1/chat/completions", json={"model": "agent", "messages": [], "tools": [{"x": 1}]})
+        assert r.status_code == 400 and "cannot render tools" in json.loads(r.text)["error"]["message"]
+        ok = await http.post("/v1/chat/completions", json={"model": "agent", "messages": []})
+        assert ok.status_code == 200
