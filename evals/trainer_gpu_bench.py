@@ -172,14 +172,32 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
                 equal_logprobs += old == lps
     from trainer import TrainConfig
 
+    # requests sent just before and during the training step: answered in full (queued while vLLM sleeps),
+    # never aborted
+    client = model.openai_client(timeout=600)
+
+    async def probe(delay):
+        await asyncio.sleep(delay)
+        sent = time.perf_counter()
+        r = await client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": "Count."}],
+                                                 max_tokens=64, extra_body={"min_tokens": 64, "ignore_eos": True})
+        return {"sent": sent, "done": time.perf_counter(), "finish_reason": r.choices[0].finish_reason,
+                "tokens": len(r.choices[0].model_extra["token_ids"])}
+
+    probes = [asyncio.create_task(probe(d)) for d in (0.0, 0.05, 0.2, 0.5)]
+    train_started = time.perf_counter()
     row = await model.train(groups, TrainConfig(learning_rate=1e-5))
+    train_ended = time.perf_counter()
+    during = [dict(p, sent=p["sent"] - train_started, done=p["done"] - train_started)
+              for p in await asyncio.gather(*probes)]
     return {"art_e_rollouts": sum(len(g) for g in groups), "art_e_turns": turns, "art_e_tool_calls": tool_calls,
             "art_e_context_equal": equal_context, "art_e_tokens_equal": equal_tokens,
             "art_e_logprobs_equal": equal_logprobs, "art_e_sequences": report.sequences,
             "art_e_context_breaks": report.context_breaks, "art_e_rollout_s": rollout_s,
             "ratio_dev_mean_before_update": row.get("ratio_dev_mean"),
             "ratio_dev_max_before_update": row.get("ratio_dev_max"), "ratio_mean_before_update": row.get("ratio_mean"),
-            "art_e_trained_tokens": row.get("trained_tokens")}
+            "art_e_trained_tokens": row.get("trained_tokens"), "train_call_s": train_ended - train_started,
+            "requests_during_training": during}
 
 
 async def ours(args) -> dict:
