@@ -80,8 +80,7 @@ def rollout_prompts(n_prompts: int) -> list[list[dict]]:
 
 class RawVLLM:
     """In-process `vllm.LLM.generate` on the same prompt tokens and the same fixed-length sampling
-    (ignore_eos): the ceiling the served path is measured against, alive beside the server so that the
-    two can take turns run by run (drift on the machine hits both alike)."""
+    (ignore_eos): the ceiling the served path is measured against."""
 
     def __init__(self, model: str, util: float):
         from vllm import LLM
@@ -259,7 +258,8 @@ async def ours(args) -> dict:
 
             # 3. rollout tokens/s: the served path (HTTP, vLLM's server, middleware, OpenAI client) vs raw
             # vllm.LLM.generate on the same prompt tokens, fixed length, taking turns run by run
-            if args.engine == "vllm":
+            prompt_tokens = []
+            if args.engine == "vllm" and args.rollout_runs:
                 prompts = rollout_prompts(args.rollout_prompts)
                 fixed = {"min_tokens": args.rollout_max_tokens, "ignore_eos": True}
 
@@ -272,24 +272,24 @@ async def ours(args) -> dict:
                     return rate, [r.model_extra["prompt_token_ids"] for r in replies]
 
                 _, prompt_tokens = await served_run()  # warm-up
-                raw = RawVLLM(args.model, 0.25)
-                raw.tokens_per_s(prompt_tokens[:8], args.rollout_n, args.rollout_max_tokens)  # warm-up
-                ours_runs, raw_runs = [], []
-                for _ in range(args.rollout_runs):
-                    ours_runs.append((await served_run())[0])
-                    raw_runs.append(raw.tokens_per_s(prompt_tokens, args.rollout_n, args.rollout_max_tokens))
-                raw.close()
-                result.update(ours_runs=ours_runs, raw_runs=raw_runs,
-                              ours_tokens_per_s=statistics.median(ours_runs),
-                              raw_tokens_per_s=statistics.median(raw_runs),
-                              rollout_ratio=statistics.median(ours_runs) / statistics.median(raw_runs),
-                              rollout_ratio_per_pair=[a / b for a, b in zip(ours_runs, raw_runs)])
+                ours_runs = [(await served_run())[0] for _ in range(args.rollout_runs)]
+                result.update(ours_runs=ours_runs, ours_tokens_per_s=statistics.median(ours_runs))
                 save()
-                print({k: result[k] for k in ("ours_tokens_per_s", "raw_tokens_per_s", "rollout_ratio")}, flush=True)
         finally:
             await backend.close()
     result["peak_gpu_gib"] = mem.gib
     save()
+    if args.engine == "vllm" and args.rollout_runs:
+        # raw vllm.LLM.generate after the server is gone (one vLLM engine in another's presence hung once)
+        raw = RawVLLM(args.model, 0.25)
+        raw.tokens_per_s(prompt_tokens[:8], args.rollout_n, args.rollout_max_tokens)  # warm-up
+        raw_runs = [raw.tokens_per_s(prompt_tokens, args.rollout_n, args.rollout_max_tokens)
+                    for _ in range(args.rollout_runs)]
+        raw.close()
+        result.update(raw_runs=raw_runs, raw_tokens_per_s=statistics.median(raw_runs),
+                      rollout_ratio=result["ours_tokens_per_s"] / statistics.median(raw_runs))
+        save()
+        print({k: result[k] for k in ("ours_tokens_per_s", "raw_tokens_per_s", "rollout_ratio")}, flush=True)
     return result
 
 
