@@ -176,6 +176,8 @@ class TrajectoryGroup(pydantic.BaseModel):
     def load(cls, path: str | Path) -> "TrajectoryGroup":
         """Read a group from JSON or JSONL (see `group_from_data` for the accepted shapes)."""
         path = Path(path)
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder, not a group file")
         if not path.is_file():
             raise FileNotFoundError(f"no such group file: {path}")
         raw = path.read_bytes()
@@ -316,7 +318,7 @@ def where(loc: tuple[str | int, ...]) -> str:
         rest.pop(0)
     if rest and isinstance(rest[0], int):
         parts.append(f"message {rest.pop(0) + 1}")
-    return ", ".join(parts) or "group"
+    return ", ".join(parts) or "the group"
 
 
 def unknown_field(name: str, known: Iterable[str]) -> str:
@@ -538,6 +540,8 @@ def validate_trajectories(trajectories: "TrajectoryGroup | Iterable[Trajectory]"
         raise TrajectoryError([Problem((), f"{len(items):,} trajectories; the limit is {limits.max_trajectories:,} "
                                            "per group")])
     problems: list[Problem] = []
+    if isinstance(trajectories, TrajectoryGroup):
+        _finite_values(trajectories.metadata, ("metadata",), "metadata", problems)
     for i, t in enumerate(items):
         _trajectory_problems(t, i, limits, problems)
         if len(problems) >= MAX_PROBLEMS:

@@ -146,7 +146,7 @@ class RequestGuard:
                     state["refused"] = True
                     await self._reply(send, 413, f"request body over {self.max_bytes} bytes")
                     state["status"] = 413
-                    await self._drain(message, next_piece)
+                    await self._drain(message.get("more_body", False), next_piece)
                     return {"type": "http.disconnect"}
                 if not message.get("more_body"):
                     state["body_done"] = True
@@ -165,6 +165,7 @@ class RequestGuard:
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             state["status"] = 413
             await self._reply(send, 413, f"request body over {self.max_bytes} bytes")
+            await self._drain(True, next_piece)
         else:
             try:
                 await self.app(scope, guarded_receive, guarded_send)
@@ -183,15 +184,16 @@ class RequestGuard:
         log.info(json.dumps({"event": "request", "method": scope.get("method"), "path": scope.get("path"),
                              "status": status, "ms": round(elapsed * 1000, 2)}))
 
-    async def _drain(self, message, next_piece) -> None:
+    async def _drain(self, more: bool, next_piece) -> None:
         """Read and drop the rest of a refused body (bounded), so the client gets to read the 413."""
         drained = 0
         try:
-            while message.get("more_body") and drained < self.DRAIN_BYTES:
+            while more and drained < self.DRAIN_BYTES:
                 message = await next_piece()
                 if message["type"] != "http.request":
                     return
                 drained += len(message.get("body", b""))
+                more = message.get("more_body", False)
         except asyncio.TimeoutError:
             return
 
@@ -511,7 +513,7 @@ async def judge_with_config(cfg: ServiceConfig, group: TrajectoryGroup, options:
         if not api_base_allowed(cfg, options["api_base"]):  # e.g. a job stored before the allow-list changed
             raise JudgeConfigError(f"api_base {options['api_base']!r} is not allowed here")
         params["api_base"] = options["api_base"]
-    retry = RetryPolicy(attempts=cfg.judge_retries + 1, deadline=cfg.judge_timeout_s)
+    retry = RetryPolicy(attempts=cfg.judge_retries + 1)  # the whole group is bounded by judge_timeout_s below
     return await asyncio.wait_for(ruler_score_group(
         group, options.get("judge_model"), params or None, options.get("rubric") or "default",
         cache=cfg.cache, num_permutations=options.get("num_permutations") or 1, retry=retry,

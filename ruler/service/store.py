@@ -50,6 +50,14 @@ class StoreError(ValueError):
     """The database path cannot be used (a folder, not a SQLite file, unreadable)."""
 
 
+def check_key_name(name: str) -> None:
+    """Raise ValueError unless `name` can name a key: 1-200 printable characters."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("a key needs a name")
+    if len(name.strip()) > 200 or not name.strip().isprintable():
+        raise ValueError("a key's name is at most 200 printable characters")
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -88,8 +96,7 @@ class Store:
     # --- keys --------------------------------------------------------------------------------
     def create_key(self, name: str) -> tuple[str, str]:
         """A new key (shown once) and its id."""
-        if not name or not name.strip():
-            raise ValueError("a key needs a name")
+        check_key_name(name)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = uuid.uuid4().hex[:12]
         with self.connect() as db:

@@ -32,6 +32,7 @@ class JobWorker:
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._inflight: dict[tuple[str, int], asyncio.Task] = {}
+        self._cancelled: set[str] = set()  # jobs cancelled while this process runs: nothing more starts for them
 
     async def start(self) -> None:
         self._wake = asyncio.Event()
@@ -49,6 +50,7 @@ class JobWorker:
 
     async def cancel_job(self, job_id: str) -> None:
         """Stop the groups of `job_id` being judged now (the job is already marked cancelled)."""
+        self._cancelled.add(job_id)
         tasks = [t for (j, _), t in list(self._inflight.items()) if j == job_id]
         for t in tasks:
             t.cancel()
@@ -75,6 +77,8 @@ class JobWorker:
                     if key in self._inflight or len(self._inflight) >= self.cfg.worker_concurrency:
                         continue
                     if not await asyncio.to_thread(self.store.mark_running, *key, budget):
+                        continue
+                    if row["job_id"] in self._cancelled:  # cancelled while it was being taken up
                         continue
                     task = asyncio.create_task(self._judge(row, row["attempts"] + 1))
                     self._inflight[key] = task
