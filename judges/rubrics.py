@@ -1,8 +1,8 @@
 """Grading rubrics: ART's default plus a small library, selectable by name (`get_rubric("efficiency")`).
 
-A rubric is a name or its text. Nothing here opens a path a caller names except `load_rubric_file`,
-which the command line uses for `--rubric FILE`; the judging service only knows names and text (plus a
-rubric folder its operator configures, read once with `load_rubric_folder`).
+A rubric is a name or its text. `get_rubric` never opens a file; only `load_rubric_file` (the command
+line's `--rubric FILE`) and `load_rubric_folder` (the folder a service operator configures, read once at
+start) read from disk, and the judging service passes nothing a client sent to either.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ MAX_RUBRIC_CHARS = 20_000
 RUBRIC_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 """What a rubric name looks like: lower-case letters, digits, `-` and `_` (so a name is never a path)."""
 
-_PATHLIKE = re.compile(r"^(?:~|\.{1,2}[/\\]|[/\\]|[A-Za-z]:[/\\]|file:)|\.(?:txt|md|markdown|ya?ml|json|rubric)$", re.I)
+_PATHLIKE = re.compile(r"^(?:~|\.{1,2}[/\\]|[/\\]|[A-Za-z]:[/\\]|file:)|\.(?:txt|md|markdown|ya?ml|json|rubric)$", re.IGNORECASE)
 
 
 def get_rubric(name_or_text: str, library: dict[str, str] | None = None) -> str:

@@ -405,16 +405,15 @@ def _tool_call_problems(calls: Any, loc: tuple, limits: Limits, problems: list[P
 
 def _message_problems(m: Any, loc: tuple, limits: Limits, problems: list[Problem]) -> bool:
     """Check one message dict or Choice; True when it is a system, developer or user message."""
-    if isinstance(m, Choice):  # validated by its own model; its extra fields are the server's
+    if isinstance(m, Choice):
+        # the policy's own output: its shape was checked by its model, and what it says (a malformed tool
+        # call included) is for the judge to see, not a reason to refuse the group; its extra fields are the
+        # inference server's. Only its size counts here.
         msg = m.message
         chars = len(msg.content or "")
-        for c, call in enumerate(msg.tool_calls or []):
+        for call in msg.tool_calls or []:
             fn = getattr(call, "function", None)
-            if fn is None or not (fn.name or "").strip():
-                problems.append(Problem((*loc, "message", "tool_calls", c, "function", "name"),
-                                        f"tool_calls[{c}].function.name is missing: every tool call needs the name "
-                                        "of the tool it calls"))
-            chars += len(getattr(fn, "arguments", "") or "")
+            chars += len(getattr(fn, "name", "") or "") + len(getattr(fn, "arguments", "") or "")
         if chars > limits.max_message_chars:
             problems.append(Problem((*loc, "message"), f"message has {chars:,} characters; the limit is "
                                                        f"{limits.max_message_chars:,}"))
@@ -517,13 +516,14 @@ def _trajectory_problems(t: Any, i: int, limits: Limits, problems: list[Problem]
                                (i, "additional_histories", h, "messages_and_choices"), limits, problems)
 
 
-def validate_trajectories(trajectories: "TrajectoryGroup | Iterable[Trajectory]", *,
+def validate_trajectories(trajectories: TrajectoryGroup | Iterable[Trajectory], *,
                           limits: Limits | None = None) -> None:
     """Raise `TrajectoryError` naming every problem (trajectory index and field) in a group; else return.
 
     The one check shared by the library, the command line, the judging service, its job worker and the
     trainer. Checks: each item is a `Trajectory` with at least one message and at most
-    `limits.max_messages`; every message is a `Choice` or a dict with a known role, only known fields
+    `limits.max_messages`; every message is a `Choice` (the policy's output: only its size is checked, its
+    extra fields pass untouched) or a dict with a known role, only known fields
     (`MESSAGE_FIELDS`), content that is a string or a list of parts (required except on assistant
     messages), tool calls as a list of objects each naming its function (assistant messages only),
     a `tool_call_id` on tool messages, at most `limits.max_message_chars` characters and JSON nested at

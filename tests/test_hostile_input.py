@@ -210,6 +210,16 @@ def test_art_only_fields_are_accepted_and_ignored():
     assert "initial_policy_version" not in t.model_dump()
 
 
+async def test_a_judge_of_unknown_context_gets_a_bounded_prompt_with_a_note(judge):
+    """litellm knows nothing of this judge: the prompt is kept under UNKNOWN_CONTEXT_TOKENS, and the notes say so."""
+    huge = group_of([traj(msgs(answer="GOOD " + "lorem ipsum " * 80_000)), traj(msgs(answer="BAD b"))])
+    scored = await ruler_score_group(huge, MODEL, judge.params, retry=FAST, cache=False)
+    assert [t.reward for t in scored] == [0.9, 0.1]
+    assert len(judge.requests[0]["messages"][-1]["content"]) < 4 * 131_072
+    assert any("litellm does not know this judge's context: 131072 tokens assumed" in line
+               for line in scored.trajectories[0].logs)
+
+
 async def test_a_silent_judge_fails_within_the_deadline():
     with SilentJudge() as silent:
         started = time.monotonic()
@@ -376,6 +386,27 @@ def test_cli_silent_judge_fails_within_timeout(tmp_path):
     assert elapsed < 4
 
 
+@pytest.mark.parametrize("retries,code", [(0, 1), (1, 0)])
+def test_cli_retries_flag_sets_the_attempts(tmp_path, judge, retries, code):
+    judge.script = ["503"]
+    path = write(tmp_path, GOOD_FILE)
+    res = runner.invoke(cli, ["score", str(path), "--judge", MODEL, "--api-base", judge.base, "--no-cache",
+                              "--retries", str(retries)], env=ENV)
+    assert res.exit_code == code and len(judge.requests) == retries + 1
+    if code:
+        assert_one_line_error(res, 1, "still failing after 1 attempt(s)")
+
+
+def test_cli_max_prompt_tokens_flag_cuts_the_prompt(tmp_path, judge):
+    long = {"trajectories": [traj(msgs(answer="GOOD " + "word " * 20_000 + "the end")), traj()]}
+    path = write(tmp_path, long)
+    res = runner.invoke(cli, ["score", str(path), "--judge", MODEL, "--api-base", judge.base, "--no-cache",
+                              "--max-prompt-tokens", "2000"], env=ENV)
+    assert res.exit_code == 0, res.output
+    sent = judge.requests[0]["messages"][-1]["content"]
+    assert "characters cut to fit the judge's context" in sent and len(sent) < 10_000
+
+
 def test_cli_debug_shows_the_traceback(tmp_path):
     res = runner.invoke(cli, ["--debug", "keys", "create", "", "--db", str(tmp_path / "k.db")], env=ENV)
     assert res.exit_code == 1 and isinstance(res.exception, ValueError) and "a key needs a name" in str(res.exception)
@@ -426,7 +457,7 @@ def service_config(tmp_path: Path, judge, **overrides) -> ServiceConfig:
     (rubrics / "house-style.txt").write_text("- Answers must cite the email they come from.\n")
     return ServiceConfig(**{"db_path": str(tmp_path / "svc.db"), "judge_model": MODEL, "judge_params": judge.params,
                             "cache": False, "max_trajectories": 8, "max_messages": 16, "max_message_chars": 4000,
-                            "max_body_bytes": 1_000_000, "rubric_dir": str(rubrics),
+                            "max_body_bytes": 1_000_000, "rubric_dir": str(rubrics), "max_prompt_tokens": 100_000,
                             "allowed_api_bases": [ALLOWED_API_BASE], **overrides})
 
 
@@ -463,6 +494,8 @@ SERVICE_CASES = [
     ("k-a-bool", body(num_permutations=True), 422, ["body", "num_permutations"], "valid integer"),
     ("k-a-string", body(num_permutations="3"), 422, ["body", "num_permutations"], "valid integer"),
     ("max-prompt-tokens-zero", body(max_prompt_tokens=0), 422, ["body", "max_prompt_tokens"], "greater than or equal to 256"),
+    ("max-prompt-tokens-over-service-cap", body(max_prompt_tokens=200_000), 422, ["body", "max_prompt_tokens"],
+     "at most 100000 here"),
     ("misspelled-option", body(rubic="efficiency"), 422, ["body", "rubic"], "unknown field 'rubic' (did you mean 'rubric'?)"),
     ("misspelled-tools", body([traj(tool=[]), traj()]), 422, ["body", "trajectories", 0, "tool"],
      "unknown field 'tool' (did you mean 'tools'?)"),
@@ -506,7 +539,7 @@ def test_service_score_rejects_bad_input(svc, judge, case, payload, status, loc,
     text = json.dumps(detail)
     assert message in text, text
     if loc is not None:
-        assert [d["loc"] for d in detail][0] == loc, detail
+        assert detail[0]["loc"] == loc, detail
     assert judge.requests == []
     assert httpx.get(f"{svc.base}/healthz").status_code == 200
 
@@ -727,3 +760,14 @@ def test_cancel_stops_groups_in_flight_and_nothing_more_is_judged(tmp_path, judg
     statuses = [g["status"] for g in state["results"]]
     assert state["status"] == "cancelled" and "running" not in statuses and "pending" not in statuses
     assert statuses.count("cancelled") >= 3 and all(s in ("done", "cancelled") for s in statuses)
+
+
+def test_a_choice_is_judged_as_the_policy_wrote_it():
+    """A generated tool call with an empty name is the policy's mistake for the judge to see, not bad input."""
+    choice = Choice.model_validate({"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "x" * 100, "tool_calls": [{"id": "c1", "type": "function",
+                                                                   "function": {"name": "", "arguments": "{"}}]}})
+    validate_trajectories([Trajectory(messages_and_choices=[SYSTEM, USER, choice])])
+    with pytest.raises(TrajectoryError, match="^trajectory 1, message 3: message has 101 characters; the limit is 80$"):
+        validate_trajectories([Trajectory(messages_and_choices=[SYSTEM, USER, choice])],
+                              limits=Limits(max_message_chars=80))

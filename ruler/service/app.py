@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from pydantic import BaseModel, ConfigDict, Field
 
 from judges.completion import RetryPolicy
-from judges.errors import JudgeConfigError, JudgeError, JudgeUnavailableError
+from judges.errors import JudgeConfigError, JudgeError
 from judges.rubrics import MAX_RUBRIC_CHARS, get_rubric, load_rubric_folder
 from ruler.advantages import group_advantages
 from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, ruler_score_group
@@ -89,7 +89,7 @@ class ServiceConfig:
         if self.max_prompt_tokens is not None:
             check("max_prompt_tokens", MIN_PROMPT_TOKENS, MAX_PROMPT_TOKENS)
         if not isinstance(self.judge_params, dict):
-            raise ValueError("judge_params must be a dict")
+            raise TypeError("judge_params must be a dict")
 
     @property
     def limits(self) -> Limits:
@@ -109,7 +109,7 @@ class RequestGuard:
 
     DRAIN_BYTES = 64 * 1024 * 1024  # after a 413, read (and drop) at most this much so the client sees the answer
 
-    def __init__(self, app, max_bytes: int, body_timeout_s: float, metrics: "Metrics"):
+    def __init__(self, app, max_bytes: int, body_timeout_s: float, metrics: Metrics):
         self.app, self.max_bytes, self.body_timeout_s, self.metrics = app, max_bytes, body_timeout_s, metrics
 
     async def _reply(self, send, status: int, detail: str) -> None:
@@ -135,7 +135,7 @@ class RequestGuard:
                 return await receive()
             try:
                 message = await next_piece()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 state["refused"] = True
                 await self._reply(send, 408, f"request body too slow: nothing for {self.body_timeout_s:g} s")
                 state["status"] = 408
@@ -194,7 +194,7 @@ class RequestGuard:
                     return
                 drained += len(message.get("body", b""))
                 more = message.get("more_body", False)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
 
 
@@ -444,7 +444,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     async def score_group(group: TrajectoryGroup, options: dict) -> dict:
         try:
             scored = await judge_with_config(cfg, group, options)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             metrics.errors.labels("timeout").inc()
             raise HTTPException(504, f"the judge did not answer within {cfg.judge_timeout_s:g} s")
         except (JudgeConfigError, ValueError, TypeError) as exc:
