@@ -90,9 +90,10 @@ def load_rubric_file(path: str | Path) -> str:
     path = Path(path).expanduser()
     if not path.is_file():
         raise JudgeConfigError(f"no rubric file {str(path)!r}")
+    size = path.stat().st_size
+    if size > 4 * MAX_RUBRIC_CHARS:  # checked before reading: a rubric is a few hundred characters
+        raise JudgeConfigError(f"rubric file {path} is {size:,} bytes; the limit is {MAX_RUBRIC_CHARS:,} characters")
     raw = path.read_bytes()
-    if len(raw) > 4 * MAX_RUBRIC_CHARS:
-        raise JudgeConfigError(f"rubric file {path} is {len(raw):,} bytes; the limit is {MAX_RUBRIC_CHARS:,} characters")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -429,7 +429,7 @@ def _message_problems(m: Any, loc: tuple, limits: Limits, problems: list[Problem
             problems.append(Problem((*loc, *first["loc"]), f"not a valid Choice: {_path(first['loc'])}: {first['msg']}"))
             return False
     role = m.get("role")
-    if role not in KNOWN_ROLES:
+    if not isinstance(role, str) or role not in KNOWN_ROLES:
         problems.append(Problem((*loc, "role"), "role is missing" if role is None else
                                 f"unknown role {role!r} (known: {', '.join(sorted(KNOWN_ROLES))})"))
         return False

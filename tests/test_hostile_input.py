@@ -78,6 +78,10 @@ BAD_GROUPS = [
     ("unknown-role", [traj(msgs({"role": "robot", "content": "beep"})), traj()],
      "trajectory 1, message 3: unknown role 'robot'"),
     ("missing-role", [traj(), traj(msgs({"content": "who am I"}))], "trajectory 2, message 3: role is missing"),
+    ("role-is-a-list", [traj(msgs({"role": ["user"], "content": "x"})), traj()],
+     "trajectory 1, message 3: unknown role ['user']"),
+    ("text-part-not-a-string", [traj(msgs({"role": "user", "content": [{"type": "text", "text": 5}]})), traj()],
+     "trajectory 1, message 3: content[0].text must be a string"),
     ("content-is-a-number", [traj(msgs({"role": "user", "content": 42})), traj()],
      "trajectory 1, message 3: content must be a string, a list of content parts or null, got int"),
     ("user-message-without-content", [traj(msgs({"role": "user"})), traj()],
@@ -304,6 +308,8 @@ CLI_SCORE = [
     ("rubric-a-folder", GOOD_FILE, ["--rubric", None], 2, "is not a file"),
     ("rubric-empty-file", GOOD_FILE, ["--rubric", b"  \n"], 2, "is empty"),
     ("rubric-not-utf8", GOOD_FILE, ["--rubric", b"\xff\xfe rubric"], 2, "is not valid UTF-8"),
+    ("rubric-file-100kB", GOOD_FILE, ["--rubric", b"Be fair. " * 11_112], 2,
+     "is 100,008 bytes; the limit is 20,000 characters"),
     ("unknown-option", GOOD_FILE, ["--judje", MODEL], 2, "No such option: --judje"),
 ]
 
@@ -771,3 +777,58 @@ def test_a_choice_is_judged_as_the_policy_wrote_it():
     with pytest.raises(TrajectoryError, match="^trajectory 1, message 3: message has 101 characters; the limit is 80$"):
         validate_trajectories([Trajectory(messages_and_choices=[SYSTEM, USER, choice])],
                               limits=Limits(max_message_chars=80))
+
+
+def test_whatever_passes_validation_can_be_rendered_and_serialised():
+    """Seeded random messages: each group is either refused with a clear error or renders, truncates and
+    serialises to strict JSON (the prompt builder is where a string `tool_calls` used to crash)."""
+    import random
+
+    from judges import DEFAULT_RUBRIC
+    from ruler.budget import truncate_group
+    from ruler.prompt import build_prompt
+
+    rng = random.Random(19)
+    scalars = [None, True, 0, 1.5, math.nan, math.inf, "", "GOOD", "{}", '{"a": 1}', "[1]"]
+    keys = ["role", "content", "name", "tool_calls", "tool_call_id", "function", "arguments", "id", "type", "text",
+            "index", "finish_reason", "message", "refusal", "junk"]
+
+    def value(depth=0):
+        r = rng.random()
+        if depth > 3 or r < 0.5:
+            return rng.choice(scalars)
+        if r < 0.75:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(keys): value(depth + 1) for _ in range(rng.randint(0, 3))}
+
+    def message():
+        m = {"role": rng.choice(["user", "assistant", "assistant", "tool", "system", "function"]),
+             "content": rng.choice(["GOOD a", None, [{"type": "text", "text": "t"}], value(1)])}
+        if rng.random() < 0.2:  # mostly known fields, now and then anything
+            m.update({k: value(1) for k in rng.sample(keys, rng.randint(1, 2))})
+        for field, choices in (("name", ["f", 5, None]), ("tool_call_id", ["c1", "", 7]), ("refusal", ["no", {}])):
+            if rng.random() < 0.3:
+                m[field] = rng.choice(choices)
+        if rng.random() < 0.5:
+            call = {"id": rng.choice(["c1", None, 5]), "type": "function", "function": rng.choice([
+                {"name": rng.choice(["f", "", None]), "arguments": rng.choice(["{}", "{bad", {"a": 1}, 5, None])},
+                "f()", None, value(2)])}
+            m["tool_calls"] = rng.choice([[call], [call, call], [], "f()", call, value(1)])
+        return m
+
+    accepted = 0
+    for _ in range(3000):
+        items = [{"messages_and_choices": [SYSTEM, USER, *(message() for _ in range(rng.randint(0, 4)))],
+                  **({"reward": value()} if rng.random() < 0.3 else {})} for _ in range(rng.randint(1, 3))]
+        try:
+            group = group_from_data(items)
+            validate_trajectories(group)
+        except ValueError:  # TrajectoryError is one
+            continue
+        accepted += 1
+        conversations = [t.messages() for t in group.trajectories]
+        for render in ("compact", "art"):
+            build_prompt(conversations, DEFAULT_RUBRIC, render=render)
+        truncate_group(conversations, 500)
+        json.dumps(group.model_dump(mode="json"), allow_nan=False)
+    assert accepted > 150  # the random groups reach the renderer, not only the validation
