@@ -43,19 +43,14 @@ def eval_judge(
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the judge cache (no resuming)."),
 ) -> None:
     """How often does a judge agree with people? Accuracy, swap consistency, Kendall tau."""
-    from evals.judge_meta import DATASETS, DEFAULT_ROOT, DatasetError, evaluate, save_report
-    from judges import JudgeError
+    from evals.judge_meta import DATASETS, DEFAULT_ROOT, evaluate, save_report
     from ruler import default_judge_model
 
     names = DATASETS if "all" in dataset else dataset
     params = {"api_base": api_base} if api_base else None
-    try:
-        summary, detail = asyncio.run(evaluate(
-            names, judge, params=params, ks=tuple(permutations), limit=limit, root=data_root or DEFAULT_ROOT,
-            concurrency=concurrency, cache=False if no_cache else None))
-    except (DatasetError, ValueError, JudgeError) as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
+    summary, detail = asyncio.run(evaluate(
+        names, judge, params=params, ks=tuple(permutations), limit=limit, root=data_root or DEFAULT_ROOT,
+        concurrency=concurrency, cache=False if no_cache else None))
     model = judge or default_judge_model()
     print_frame(summary, f"judge meta-evaluation: {model}")
     paths = save_report(summary, detail, out, f"judge meta-evaluation: {model}")
@@ -88,43 +83,47 @@ def eval_art_e(
 
     from evals.art_e import harness
     from evals.art_e.annotated import load_annotated
-    from evals.art_e.inbox import ENRON_DIR, InboxError, build_inbox_db
+    from evals.art_e.inbox import ENRON_DIR, build_inbox_db
     from evals.art_e.questions import download_scenarios, generate_scenarios, load_scenarios
-    from judges import EMBEDDED_JUDGE, JudgeError
+    from judges import EMBEDDED_JUDGE
     from ruler import default_judge_model
 
-    try:
-        if split not in ("train", "test") or question_set not in ("generated", "annotated", "hub"):
-            raise ValueError("--split is train or test; --set is generated, annotated or hub")
-        if tool_mode not in ("auto", "native", "text"):
-            raise ValueError("--tool-mode is auto, native or text")
-        if questions < 1:
-            raise ValueError("--questions must be >= 1")
-        specs = [harness.ModelSpec.parse(m) for m in (model or [EMBEDDED_JUDGE])]
-        if not db.is_file():
-            sources = mailbox or sorted(ENRON_DIR.glob("*.tar.gz"))
-            if not sources:
-                raise ValueError(f"no mailboxes to build {db} from: pass --mailbox")
-            db.parent.mkdir(parents=True, exist_ok=True)
-            report = build_inbox_db(sources, db)
-            console.print(f"built {db}: {report.emails} emails in {report.seconds:.0f} s", soft_wrap=True)
-        if scenarios_file is not None:
-            pool = load_scenarios(scenarios_file, split)
-        elif question_set == "annotated":
-            pool, _, _ = load_annotated(ENRON_DIR / "enron_annotated.json", db)
-        elif question_set == "hub":
-            pool = download_scenarios(split)
-        else:
-            pool = [s for s in generate_scenarios(db, per_inbox=50) if s.split == split]
-        if not pool:
-            raise ValueError(f"no {split} questions in the chosen set")
-        picked = random.Random(seed).sample(pool, min(questions, len(pool)))
-        df = asyncio.run(harness.run_benchmark(
-            specs, picked, db, judge_model=judge or default_judge_model(), concurrency=concurrency,
-            max_turns=max_turns, gpu_hour_price=gpu_hour_price, tool_mode=tool_mode))
-    except (ValueError, FileNotFoundError, InboxError, JudgeError, ConnectionError) as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
+    if split not in ("train", "test") or question_set not in ("generated", "annotated", "hub"):
+        raise ValueError("--split is train or test; --set is generated, annotated or hub")
+    if tool_mode not in ("auto", "native", "text"):
+        raise ValueError("--tool-mode is auto, native or text")
+    if questions < 1:
+        raise ValueError("--questions must be >= 1")
+    if judge is not None and not judge.strip():
+        raise ValueError("--judge must not be empty (leave it out for the default judge)")
+    specs = [harness.ModelSpec.parse(m) for m in (model or [EMBEDDED_JUDGE])]
+    if db.is_dir():
+        raise ValueError(f"--db {db} is a folder; give the inbox database's file path (built if missing)")
+    if db.is_file():
+        with db.open("rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise ValueError(f"--db {db} is not a SQLite database (an inbox database is built if the path is new)")
+    else:
+        sources = mailbox or sorted(ENRON_DIR.glob("*.tar.gz"))
+        if not sources:
+            raise ValueError(f"no mailboxes to build {db} from: pass --mailbox")
+        db.parent.mkdir(parents=True, exist_ok=True)
+        report = build_inbox_db(sources, db)
+        console.print(f"built {db}: {report.emails} emails in {report.seconds:.0f} s", soft_wrap=True)
+    if scenarios_file is not None:
+        pool = load_scenarios(scenarios_file, split)
+    elif question_set == "annotated":
+        pool, _, _ = load_annotated(ENRON_DIR / "enron_annotated.json", db)
+    elif question_set == "hub":
+        pool = download_scenarios(split)
+    else:
+        pool = [s for s in generate_scenarios(db, per_inbox=50) if s.split == split]
+    if not pool:
+        raise ValueError(f"no {split} questions in the chosen set")
+    picked = random.Random(seed).sample(pool, min(questions, len(pool)))
+    df = asyncio.run(harness.run_benchmark(
+        specs, picked, db, judge_model=judge or default_judge_model(), concurrency=concurrency,
+        max_turns=max_turns, gpu_hour_price=gpu_hour_price, tool_mode=tool_mode))
     summary = harness.summarize(df)
     print_frame(summary, f"ART·E, {len(picked)} {split} questions")
     paths = harness.save_benchmark(df, summary, out)
@@ -139,12 +138,8 @@ def train_report(
     """Plot a training run's reward and loss curves to a PNG and print the last steps."""
     from trainer.runlog import load_run_log, plot_train_report
 
-    try:
-        path = plot_train_report(run, out)
-        df = load_run_log(run)
-    except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
+    path = plot_train_report(run, out)
+    df = load_run_log(run)
     cols = [c for c in ("step", "reward_mean", "reward_std", "loss", "kl", "grad_norm", "clip_fraction",
                         "trained_tokens", "rollout_s", "train_s") if c in df]
     print_frame(df[cols].tail(10), f"{run}: {len(df)} steps", "{:.4g}")

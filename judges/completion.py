@@ -8,12 +8,14 @@ is ours alone.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import math
 import time
 from dataclasses import dataclass, field
 
 import litellm
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay
 from tenacity.wait import wait_exponential_jitter
 
 from judges.errors import JudgeConfigError, JudgeUnavailableError
@@ -27,6 +29,7 @@ TRANSIENT = (
     litellm.Timeout,
     litellm.BadGatewayError,
 )
+MAX_ATTEMPTS = 20
 CONFIG = (litellm.AuthenticationError, litellm.NotFoundError, litellm.BadRequestError,
           litellm.PermissionDeniedError)
 
@@ -35,9 +38,11 @@ CONFIG = (litellm.AuthenticationError, litellm.NotFoundError, litellm.BadRequest
 class RetryPolicy:
     """How transient judge failures are retried.
 
-    attempts: total tries per call (1 = no retry). initial/max_wait: backoff bounds in seconds.
-    max_retry_after: the longest `Retry-After` we will honour (longer ones are capped).
-    timeout: seconds one HTTP call may take.
+    attempts: total tries per call (1 = no retry; at most `MAX_ATTEMPTS`). initial/max_wait: backoff
+    bounds in seconds. max_retry_after: the longest `Retry-After` we will honour (longer ones are capped).
+    timeout: seconds one HTTP attempt may take. deadline: seconds one judge call may take in all,
+    attempts and waits included; past it the call fails with `JudgeUnavailableError` (a judge that
+    accepts connections and never answers costs at most `deadline`, not `attempts * timeout`).
     """
 
     attempts: int = 5
@@ -45,12 +50,17 @@ class RetryPolicy:
     max_wait: float = 30.0
     max_retry_after: float = 60.0
     timeout: float = 300.0
+    deadline: float = 600.0
 
     def __post_init__(self):
-        if self.attempts < 1:
-            raise JudgeConfigError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
-        if self.initial_wait < 0 or self.max_wait < 0 or self.timeout <= 0:
-            raise JudgeConfigError("RetryPolicy waits must be >= 0 and timeout > 0")
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or not 1 <= self.attempts <= MAX_ATTEMPTS:
+            raise JudgeConfigError(f"RetryPolicy.attempts must be an integer from 1 to {MAX_ATTEMPTS}, got {self.attempts!r}")
+        for name in ("initial_wait", "max_wait", "max_retry_after", "timeout", "deadline"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise JudgeConfigError(f"RetryPolicy.{name} must be a finite number of seconds >= 0, got {value!r}")
+        if self.timeout <= 0 or self.deadline <= 0:
+            raise JudgeConfigError("RetryPolicy.timeout and RetryPolicy.deadline must be > 0")
 
 
 @dataclass
@@ -97,15 +107,14 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, litellm.APIError) and isinstance(status, int) and status >= 500
 
 
-def _wait(policy: RetryPolicy):
+def _wait(policy: RetryPolicy, deadline: float):
     backoff = wait_exponential_jitter(initial=policy.initial_wait, max=policy.max_wait)
 
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         after = _retry_after_seconds(exc) if exc is not None else None
-        if after is not None:
-            return min(after, policy.max_retry_after)
-        return backoff(state)
+        seconds = min(after, policy.max_retry_after) if after is not None else backoff(state)
+        return max(0.0, min(seconds, deadline - time.monotonic()))  # never sleep past the deadline
 
     return wait
 
@@ -155,21 +164,33 @@ async def complete(
         raise JudgeConfigError("no messages to send to the judge")
     check_local_model(model)
     policy = retry or RetryPolicy()
+    if params is not None and not isinstance(params, dict):
+        raise JudgeConfigError(f"judge params must be a dict, got {type(params).__name__}")
     kwargs = {"timeout": policy.timeout, "num_retries": 0, "max_retries": 0, **(params or {})}
     if response_format is not None:
         kwargs["response_format"] = response_format
     started = time.perf_counter()
+    deadline = time.monotonic() + policy.deadline
     attempts = 0
     try:
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(policy.attempts),
-            wait=_wait(policy),
-            retry=retry_if_exception(_is_transient),
-            reraise=True,
-        ):
-            with attempt:
-                attempts += 1
-                response = await litellm.acompletion(model=model, messages=messages, **kwargs)
+        async with asyncio.timeout(policy.deadline):  # the hard bound, whatever the transport does
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(policy.attempts) | stop_after_delay(policy.deadline),
+                wait=_wait(policy, deadline),
+                retry=retry_if_exception(_is_transient),
+                reraise=True,
+            ):
+                with attempt:
+                    attempts += 1
+                    per_call = kwargs["timeout"]
+                    if isinstance(per_call, (int, float)):  # no attempt may outlive the deadline
+                        per_call = max(0.01, min(per_call, deadline - time.monotonic()))
+                    response = await litellm.acompletion(model=model, messages=messages,
+                                                         **{**kwargs, "timeout": per_call})
+    except TimeoutError as exc:  # asyncio.timeout: the deadline passed during an attempt or a wait
+        raise JudgeUnavailableError(
+            f"judge {model!r} gave no answer within the {policy.deadline:g} s deadline for one call "
+            f"({attempts} attempt(s))") from exc
     except JudgeConfigError:
         raise
     except CONFIG as exc:

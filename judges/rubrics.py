@@ -1,7 +1,13 @@
-"""Grading rubrics: ART's default plus a small library, selectable by name (`get_rubric("efficiency")`)."""
+"""Grading rubrics: ART's default plus a small library, selectable by name (`get_rubric("efficiency")`).
+
+A rubric is a name or its text. `get_rubric` never opens a file; only `load_rubric_file` (the command
+line's `--rubric FILE`) and `load_rubric_folder` (the folder a service operator configures, read once at
+start) read from disk, and the judging service passes nothing a client sent to either.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from judges.errors import JudgeConfigError
@@ -43,21 +49,79 @@ RUBRICS: dict[str, str] = {
 }
 
 
-def get_rubric(name_or_text: str) -> str:
-    """A rubric by library name, from a file path, or the text itself when it is neither."""
+MAX_RUBRIC_CHARS = 20_000
+"""The longest rubric text accepted (the library's own rubrics are under 600 characters)."""
+
+RUBRIC_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+"""What a rubric name looks like: lower-case letters, digits, `-` and `_` (so a name is never a path)."""
+
+_PATHLIKE = re.compile(r"^(?:~|\.{1,2}[/\\]|[/\\]|[A-Za-z]:[/\\]|file:)|\.(?:txt|md|markdown|ya?ml|json|rubric)$", re.IGNORECASE)
+
+
+def get_rubric(name_or_text: str, library: dict[str, str] | None = None) -> str:
+    """A rubric by name (the built-in library, or `library` when given), else the rubric text itself.
+
+    Never reads a file: a one-line value that looks like a path (`/...`, `~/...`, `./...`, `C:\\...`,
+    `file:...`, `... .txt|.md|.yaml|.json`) and a single word that is no known name are errors, so a
+    typo or a missing file is never sent to the judge as if it were rubric text. Callers that may read
+    files (the command line, a server-side rubric folder) do so themselves (`load_rubric_file`).
+    """
     if not isinstance(name_or_text, str) or not name_or_text.strip():
-        raise JudgeConfigError("rubric must be a non-empty string (a name, a file path or the text)")
-    if name_or_text in RUBRICS:
-        return RUBRICS[name_or_text]
-    if "\n" not in name_or_text and len(name_or_text) < 4096:
-        path = Path(name_or_text).expanduser()
-        if path.is_file():
-            text = path.read_text(encoding="utf-8")
-            if not text.strip():
-                raise JudgeConfigError(f"rubric file {path} is empty")
-            return text
-        if " " not in name_or_text.strip():
-            raise JudgeConfigError(
-                f"unknown rubric {name_or_text!r}: not a library name ({', '.join(RUBRICS)}) nor a file"
-            )
+        raise JudgeConfigError("rubric must be a non-empty string: a rubric name or the rubric text")
+    names = {**RUBRICS, **(library or {})}
+    if name_or_text in names:
+        return names[name_or_text]
+    if len(name_or_text) > MAX_RUBRIC_CHARS:
+        raise JudgeConfigError(f"rubric text has {len(name_or_text):,} characters; the limit is {MAX_RUBRIC_CHARS:,}")
+    one_line = name_or_text.strip()
+    if "\n" not in one_line:
+        known = ", ".join(sorted(names))
+        if _PATHLIKE.search(one_line):
+            raise JudgeConfigError(f"rubric {one_line!r} looks like a file path; files are not read here: "
+                                   f"pass a rubric name ({known}) or the rubric text")
+        if not any(c.isspace() for c in one_line):
+            raise JudgeConfigError(f"unknown rubric {one_line!r}: not a rubric name ({known}), and too short "
+                                   "to be rubric text")
     return name_or_text
+
+
+def load_rubric_file(path: str | Path) -> str:
+    """The text of a rubric file (UTF-8, not empty, at most `MAX_RUBRIC_CHARS` characters)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise JudgeConfigError(f"no rubric file {str(path)!r}")
+    size = path.stat().st_size
+    if size > 4 * MAX_RUBRIC_CHARS:  # checked before reading: a rubric is a few hundred characters
+        raise JudgeConfigError(f"rubric file {path} is {size:,} bytes; the limit is {MAX_RUBRIC_CHARS:,} characters")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JudgeConfigError(f"rubric file {path} is not valid UTF-8 (byte {exc.start})") from None
+    if not text.strip():
+        raise JudgeConfigError(f"rubric file {path} is empty")
+    if len(text) > MAX_RUBRIC_CHARS:
+        raise JudgeConfigError(f"rubric file {path} has {len(text):,} characters; the limit is {MAX_RUBRIC_CHARS:,}")
+    return text
+
+
+def load_rubric_folder(folder: str | Path) -> dict[str, str]:
+    """Named rubrics from a folder: `<name>.txt` or `<name>.md` becomes rubric `<name>`.
+
+    For a server's own rubrics (`ruler serve --rubric-dir`): read once, at start; names follow
+    `RUBRIC_NAME` and may not replace a built-in rubric.
+    """
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise JudgeConfigError(f"rubric folder {str(folder)!r} is not a folder")
+    found: dict[str, str] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix not in (".txt", ".md") or not path.is_file():
+            continue
+        name = path.stem
+        if not RUBRIC_NAME.fullmatch(name):
+            raise JudgeConfigError(f"rubric file {path.name}: a rubric name is lower-case letters, digits, - and _")
+        if name in RUBRICS or name in found:
+            raise JudgeConfigError(f"rubric file {path.name}: the name {name!r} is already taken")
+        found[name] = load_rubric_file(path)
+    return found

@@ -1,4 +1,9 @@
-"""The `ruler` command line: `ruler score FILE`, `ruler demo`."""
+"""The `ruler` command line: `ruler score FILE`, `ruler demo`, `ruler serve`, `ruler keys ...`.
+
+Every error is one line on stderr naming the problem and a non-zero exit: 2 for bad input or options
+(usage errors included), 1 when the judge failed or for anything unexpected. `--debug` (or
+`RULER_DEBUG=1`) shows the traceback instead.
+"""
 
 from __future__ import annotations
 
@@ -13,21 +18,131 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RULER: reward-free scores for agent trajectories.")
+from judges.completion import MAX_ATTEMPTS
+from judges.errors import JudgeConfigError, JudgeError
+from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, load_rubric_file
+from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, UNKNOWN_CONTEXT_TOKENS
+from ruler.trajectory import Limits
+
 console = Console()
-err = Console(stderr=True, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+MAX_ERROR_CHARS = 2000
+
+
+def error_line(message: str) -> None:
+    """One line on stderr: `error: <message>` (whitespace folded, no markup interpreted)."""
+    text = " ".join(str(message).split())
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[:MAX_ERROR_CHARS] + " ..."
+    err.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
+
+
+def exit_code_and_message(exc: BaseException) -> tuple[int, str]:
+    """How the command line reports an exception: 2 for bad input or options, 1 for failures."""
+    import sqlite3
+
+    if isinstance(exc, JudgeConfigError):
+        return 2, str(exc)
+    if isinstance(exc, JudgeError):  # unavailable or unusable answers: the judge failed, not the input
+        return 1, str(exc)
+    if isinstance(exc, (ValueError, TypeError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                        PermissionError, UnicodeError)):
+        return 2, str(exc)
+    if isinstance(exc, sqlite3.DatabaseError):
+        return 2, f"database error: {exc}"
+    if isinstance(exc, OSError):
+        return 1, str(exc)
+    return 1, f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)"
+
+
+class CliGroup(typer.core.TyperGroup):
+    """The root command: usage errors and exceptions become one line and an exit code (no traceback)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as exc:  # usage errors (bad option values, missing arguments, ...)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # the help was asked for by giving nothing
+                if exc.format_message().strip():
+                    typer.echo(exc.format_message())
+                sys.exit(2)
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            error_line(exc.format_message() + hint)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            error_line("aborted")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise
+        except Exception as exc:
+            if ctx.meta.get("ruler_debug"):
+                raise
+            code, message = exit_code_and_message(exc)
+            error_line(message)
+            raise typer.Exit(code) from None
+
+
+app = typer.Typer(cls=CliGroup, add_completion=False, no_args_is_help=True,
+                  help="RULER: reward-free scores for agent trajectories.")
+
+
+@app.callback()
+def _root(ctx: typer.Context,
+          debug: bool = typer.Option(False, "--debug", envvar="RULER_DEBUG",
+                                     help="Show the traceback of an error instead of one line.")) -> None:
+    ctx.meta["ruler_debug"] = debug
+
 
 DEMO_GROUP = "demo_group.json"
+LIMITS = Limits()
 
 
-def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: bool, permutations: int):
+def _not_empty(value: str | None, flag: str) -> str | None:
+    if value is not None and not value.strip():
+        raise typer.BadParameter("must not be empty (leave the option out for the default)", param_hint=flag)
+    return value
+
+
+def _check_api_base(value: str | None) -> str | None:
+    _not_empty(value, "--api-base")
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"{value!r} is not an http(s) URL", param_hint="--api-base")
+    return value
+
+
+def resolve_rubric(value: str) -> str:
+    """`--rubric`: a library name, else a rubric file; anything else is an error (never sent as text)."""
+    if value in RUBRICS:
+        return RUBRICS[value]
+    path = Path(value).expanduser()
+    if path.is_file():
+        return load_rubric_file(path)
+    if path.exists():
+        raise JudgeConfigError(f"--rubric {value!r} is not a file")
+    raise JudgeConfigError(f"unknown rubric {value!r}: not a rubric name ({', '.join(RUBRICS)}) and no such file")
+
+
+def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: bool, permutations: int,
+           timeout: float = 600.0, retries: int = 4, max_prompt_tokens: int | None = None):
+    from judges import RetryPolicy
     from ruler import ruler_score_group
 
     params = {"api_base": api_base} if api_base else None
+    retry = RetryPolicy(attempts=retries + 1, deadline=timeout, timeout=min(RetryPolicy.timeout, timeout))
     return asyncio.run(ruler_score_group(group, judge, params, rubric, cache=None if cache else False,
-                                         num_permutations=permutations))
+                                         num_permutations=permutations, retry=retry,
+                                         max_prompt_tokens=max_prompt_tokens))
 
 
 def _print_table(scored, title: str) -> None:
@@ -35,32 +150,32 @@ def _print_table(scored, title: str) -> None:
 
     rewards = [t.reward for t in scored.trajectories]
     adv = group_advantages(rewards)
-    table = Table(title=title, show_lines=True)
+    table = Table(title=escape(title), show_lines=True)
     for col, kw in (("id", {"justify": "right"}), ("label", {}), ("score", {"justify": "right"}),
                     ("advantage", {"justify": "right"}), ("explanation", {"overflow": "fold"})):
         table.add_column(col, **kw)
     for i, (t, a) in enumerate(zip(scored.trajectories, adv), 1):
         expl = next((line.removeprefix("RULER explanation: ") for line in reversed(t.logs)
                      if line.startswith("RULER explanation: ")), "")
-        table.add_row(str(i), str(t.metadata.get("label", "")), f"{t.reward:.3f}", f"{a:+.2f}", expl)
+        table.add_row(str(i), escape(str(t.metadata.get("label", ""))), f"{t.reward:.3f}", f"{a:+.2f}", escape(expl))
     console.print(table)
     meta = scored.metadata
     console.print(
-        f"judge {meta.get('judge_model')}: {meta.get('judge_calls')} call(s), "
+        f"judge {escape(str(meta.get('judge_model')))}: {meta.get('judge_calls')} call(s), "
         f"{meta.get('judge_prompt_tokens')} prompt + {meta.get('judge_completion_tokens')} completion tokens, "
         f"${meta.get('judge_cost', 0):.6f}{' (from cache)' if meta.get('judge_cached') else ''}"
         + ("" if group_has_signal(rewards) else "  [yellow]all scores equal: no training signal[/yellow]")
     )
     notes = sorted({line for t in scored.trajectories for line in t.logs if line.startswith("RULER note: ")})
     for n in notes:
-        console.print(f"[dim]{n}[/dim]")
+        console.print(f"[dim]{escape(n)}[/dim]")
 
 
 def _to_json(scored) -> str:
     from ruler import group_advantages
 
     adv = group_advantages([t.reward for t in scored.trajectories])
-    return json.dumps({
+    return json.dumps(allow_nan=False, obj={
         "metadata": scored.metadata,
         "scores": [{"trajectory_id": str(i), "score": t.reward, "advantage": a,
                     "explanation": next((x.removeprefix("RULER explanation: ") for x in t.logs
@@ -69,29 +184,45 @@ def _to_json(scored) -> str:
     }, indent=2)
 
 
-@app.command()
+@app.command(help=f"""Score one group of trajectories with RULER and print id, score, advantage and explanation.
+
+The group is checked before anything is sent: at most {LIMITS.max_trajectories} trajectories,
+{LIMITS.max_messages:,} messages each, {LIMITS.max_message_chars:,} characters per message; known roles and
+message fields only; tool calls that name their tool; tool messages with a tool_call_id; finite rewards.
+One judge call takes at most --timeout seconds, retries included.""")
 def score(
     file: Path = typer.Argument(..., help="A group as JSON (object or list) or JSONL (one trajectory per line)."),
-    judge: Optional[str] = typer.Option(None, "--judge", help="litellm model string (default: embedded judge)."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="litellm model string (default: $RULER_JUDGE_MODEL, "
+                                        "else the embedded judge)."),
     api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible base URL for the judge."),
-    rubric: str = typer.Option("default", "--rubric", help="Rubric name (default, strict-correctness, "
-                               "efficiency, tool-hygiene, hallucination-penalty) or a file."),
+    rubric: str = typer.Option("default", "--rubric", help=f"A rubric name ({', '.join(RUBRICS)}) or a rubric "
+                               f"file (UTF-8, at most {MAX_RUBRIC_CHARS:,} characters)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the judge cache."),
-    permutations: int = typer.Option(1, "--permutations", "-k", help="Judge under k orderings and average."),
+    permutations: int = typer.Option(1, "--permutations", "-k", min=1, max=MAX_PERMUTATIONS,
+                                     help=f"Judge under k orderings (1-{MAX_PERMUTATIONS}) and average: k judge calls."),
+    timeout: float = typer.Option(600.0, "--timeout", min=0.1, max=86_400.0,
+                                  help="Seconds one judge call may take in all, retries and waits included."),
+    retries: int = typer.Option(4, "--retries", min=0, max=MAX_ATTEMPTS - 1,
+                                help="Retries of a judge call after 429, 5xx, timeouts or connection errors."),
+    max_prompt_tokens: Optional[int] = typer.Option(
+        None, "--max-prompt-tokens", min=MIN_PROMPT_TOKENS, max=MAX_PROMPT_TOKENS,
+        help=f"Largest judge prompt in tokens (default: the judge's context; {UNKNOWN_CONTEXT_TOKENS:,} when litellm "
+             "does not know it). Longer groups have long bodies cut, then are split."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """Score one group of trajectories with RULER and print id, score, advantage and explanation."""
-    from judges import JudgeError
-    from judges.rubrics import get_rubric
-    from ruler import TrajectoryGroup
+    from ruler import TrajectoryError, TrajectoryGroup
 
+    _not_empty(judge, "--judge")
+    _check_api_base(api_base)
+    rubric_text = resolve_rubric(rubric)
+    group = TrajectoryGroup.load(file)
+    if not len(group):
+        raise ValueError(f"{file} holds no trajectories: nothing to score")
     try:
-        group = TrajectoryGroup.load(file)
-        rubric_text = get_rubric(rubric)
-        scored = _score(group, judge, api_base, rubric_text, not no_cache, permutations)
-    except (FileNotFoundError, ValueError, TypeError, JudgeError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2)
+        scored = _score(group, judge, api_base, rubric_text, not no_cache, permutations, timeout, retries,
+                        max_prompt_tokens)
+    except TrajectoryError as exc:
+        raise ValueError(f"{file}: {exc}") from None
     if as_json:
         print(_to_json(scored))
     else:
@@ -106,6 +237,7 @@ def demo(
     """Score the bundled example group (an email agent's rollouts of differing quality)."""
     from ruler import TrajectoryGroup, default_judge_model
 
+    _not_empty(judge, "--judge")
     path = resources.files("ruler") / "data" / DEMO_GROUP
     group = TrajectoryGroup.model_validate_json(path.read_text(encoding="utf-8"))
     model = judge or default_judge_model()
@@ -129,11 +261,12 @@ DEFAULT_DB = "ruler-service.db"
 
 
 @keys_app.command("create")
-def keys_create(name: str = typer.Argument(..., help="Who the key is for."),
+def keys_create(name: str = typer.Argument(..., help="Who the key is for (1-200 characters)."),
                 db: Path = typer.Option(Path(DEFAULT_DB), "--db")) -> None:
     """Create a key; it is printed once and only its hash is stored."""
-    from ruler.service.store import Store
+    from ruler.service.store import Store, check_key_name
 
+    check_key_name(name)  # before the database is created
     key, key_id = Store(db).create_key(name)
     console.print(f"key id {key_id}: [bold]{key}[/bold]  (shown once; store it now)", soft_wrap=True)
 
@@ -164,17 +297,35 @@ def keys_revoke(key_id: str = typer.Argument(...), db: Path = typer.Option(Path(
 @app.command()
 def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8700, "--port"),
+    port: int = typer.Option(8700, "--port", min=1, max=65535),
     judge: Optional[str] = typer.Option(None, "--judge", help="Default judge (litellm model string)."),
     judge_api_base: Optional[str] = typer.Option(None, "--judge-api-base", help="api_base for the judge."),
-    allow_judge: list[str] = typer.Option([], "--allow-judge", help="Other judges clients may ask for."),
+    allow_judge: list[str] = typer.Option([], "--allow-judge", help="Other judges clients may ask for. Repeatable."),
+    allow_api_base: list[str] = typer.Option([], "--allow-api-base", help="An api_base clients may send (exact URL); "
+                                             "none by default. Repeatable."),
+    rubric_dir: Optional[Path] = typer.Option(None, "--rubric-dir", help="A folder of named rubrics (<name>.txt or "
+                                              ".md), read once at start. Clients name them; they never send paths."),
     db: Path = typer.Option(Path(DEFAULT_DB), "--db", help="SQLite database (keys, jobs, results)."),
-    max_body_mb: float = typer.Option(8.0, "--max-body-mb"),
-    max_trajectories: int = typer.Option(256, "--max-trajectories"),
-    rate_per_minute: int = typer.Option(600, "--rate-per-minute", help="Requests per key per minute."),
-    max_inflight: int = typer.Option(32, "--max-inflight-per-key", help="Concurrent /v1/score requests per key."),
-    judge_timeout: float = typer.Option(600.0, "--judge-timeout", help="Seconds one group may take."),
-    workers: int = typer.Option(8, "--worker-concurrency", help="Job groups judged at once."),
+    max_body_mb: float = typer.Option(8.0, "--max-body-mb", min=0.001, max=1024.0,
+                                      help="Largest request body, counted as it arrives (chunked too): 413."),
+    max_trajectories: int = typer.Option(256, "--max-trajectories", min=1, help="Trajectories per group."),
+    max_messages: int = typer.Option(512, "--max-messages", min=1, help="Messages per trajectory."),
+    max_message_chars: int = typer.Option(200_000, "--max-message-chars", min=1, help="Characters per message."),
+    max_groups: int = typer.Option(1000, "--max-groups-per-job", min=1, help="Groups per job."),
+    max_permutations: int = typer.Option(8, "--max-permutations", min=1, max=MAX_PERMUTATIONS,
+                                         help="The most orderings (k) a request may ask for."),
+    max_prompt_tokens: Optional[int] = typer.Option(
+        None, "--max-prompt-tokens", min=MIN_PROMPT_TOKENS, max=MAX_PROMPT_TOKENS,
+        help="Ceiling on any judge prompt in tokens (default: the judge's context)."),
+    rate_per_minute: int = typer.Option(600, "--rate-per-minute", min=1, help="Requests per key per minute."),
+    max_inflight: int = typer.Option(32, "--max-inflight-per-key", min=1, help="Concurrent /v1/score requests per key."),
+    judge_timeout: float = typer.Option(600.0, "--judge-timeout", min=0.1,
+                                        help="Seconds one group may take, retries included: 504 / an error result."),
+    judge_retries: int = typer.Option(4, "--judge-retries", min=0, max=MAX_ATTEMPTS - 1,
+                                      help="Retries of a judge call on 429/5xx/timeouts (within --judge-timeout)."),
+    workers: int = typer.Option(8, "--worker-concurrency", min=1, help="Job groups judged at once."),
+    max_group_attempts: int = typer.Option(3, "--max-group-attempts", min=1, max=100,
+                                           help="Attempts at a job group whose judge stays unavailable."),
     metrics_key: bool = typer.Option(False, "--metrics-require-key", help="Protect /metrics with an API key."),
 ) -> None:
     """Run the judging service (FastAPI + uvicorn): /v1/score, /v1/jobs, /healthz, /metrics, /docs."""
@@ -184,13 +335,20 @@ def serve(
 
     from ruler.service.app import ServiceConfig, create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    _not_empty(judge, "--judge")
     cfg = ServiceConfig(db_path=str(db), judge_model=judge, judge_params={"api_base": judge_api_base} if judge_api_base else {},
-                        allowed_judges=allow_judge or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
-                        max_trajectories=max_trajectories, rate_per_minute=rate_per_minute,
-                        max_inflight_per_key=max_inflight,
-                        judge_timeout_s=judge_timeout, worker_concurrency=workers, metrics_require_key=metrics_key)
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning", timeout_keep_alive=5,
+                        allowed_judges=allow_judge or None, allowed_api_bases=list(allow_api_base),
+                        rubric_dir=str(rubric_dir) if rubric_dir else None,
+                        max_body_bytes=max(1, int(max_body_mb * 1024 * 1024)),
+                        max_trajectories=max_trajectories, max_messages=max_messages,
+                        max_message_chars=max_message_chars, max_groups_per_job=max_groups,
+                        max_permutations=max_permutations, max_prompt_tokens=max_prompt_tokens,
+                        rate_per_minute=rate_per_minute, max_inflight_per_key=max_inflight,
+                        judge_timeout_s=judge_timeout, judge_retries=judge_retries, worker_concurrency=workers,
+                        max_group_attempts=max_group_attempts, metrics_require_key=metrics_key)
+    service = create_app(cfg)  # opens the database and the rubric folder: their errors come before the server
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    uvicorn.run(service, host=host, port=port, log_level="warning", timeout_keep_alive=5,
                 timeout_graceful_shutdown=30, limit_concurrency=1024)
 
 

@@ -34,11 +34,15 @@ from ruler import budget
 from ruler.cache import CacheLike, cache_key, open_cache
 from ruler.parse import ScoreProblems, TrajectoryScore, parse_scores
 from ruler.prompt import JudgePrompt, Render, build_prompt, response_schema
-from ruler.trajectory import KNOWN_ROLES, Trajectory, TrajectoryGroup
+from ruler.trajectory import Limits, Trajectory, TrajectoryGroup, validate_message_lists, validate_trajectories
 
 log = logging.getLogger("ruler")
 
 
+MAX_PERMUTATIONS = 32  # orderings per group (each one is a judge call)
+MIN_PROMPT_TOKENS = 256  # smaller budgets cannot hold the instructions and an answer
+MAX_PROMPT_TOKENS = 2_000_000
+UNKNOWN_CONTEXT_TOKENS = 131_072  # assumed for a judge whose context litellm does not know
 LOCAL_EXPLANATION_CHARS = 80  # the embedded judge decodes ~10 tokens/s on CPU: keep its explanations short
 SERVED_EXPLANATION_CHARS = 400  # self-served models under constrained decoding: bound run-on explanations
 
@@ -62,31 +66,6 @@ class RulerResult:
     notes: list[str] = field(default_factory=list)
     disagreement: float | None = None  # panels: mean per-trajectory std of the judges' scores
     per_judge: dict[str, list[float]] = field(default_factory=dict)  # panels: each judge's scores
-
-
-def validate_message_lists(message_lists: Any) -> list[list[dict]]:
-    """Check the shape of a group of conversations; raise ValueError naming the first problem."""
-    if not isinstance(message_lists, (list, tuple)):
-        raise TypeError(f"message_lists must be a list of message lists, got {type(message_lists).__name__}")
-    out = []
-    for t, ml in enumerate(message_lists, 1):
-        if not isinstance(ml, (list, tuple)):
-            raise TypeError(f"trajectory {t}: expected a list of messages, got {type(ml).__name__}")
-        if not ml:
-            raise ValueError(f"trajectory {t} has no messages")
-        for k, m in enumerate(ml, 1):
-            if not isinstance(m, dict):
-                raise TypeError(f"trajectory {t}, message {k}: expected a dict, got {type(m).__name__}")
-            role = m.get("role")
-            if role not in KNOWN_ROLES:
-                raise ValueError(f"trajectory {t}, message {k}: unknown role {role!r} (known: {sorted(KNOWN_ROLES)})")
-            content = m.get("content")
-            if content is not None and not isinstance(content, (str, list)):
-                raise TypeError(f"trajectory {t}, message {k}: content must be a string, a list of parts or null")
-        out.append(list(ml))
-    if out and not any(m["role"] in ("system", "developer", "user") for ml in out for m in ml):
-        raise ValueError("no trajectory has a system, developer or user message: the judge cannot tell the task")
-    return out
 
 
 def _provider(model: str, params: dict) -> str:
@@ -194,15 +173,17 @@ async def _judge_once(
 
 def permutation_orders(n: int, k: int, seed: int) -> list[list[int]]:
     """k orderings of n items: the identity first, then seeded shuffles (distinct while possible)."""
-    if k < 1:
-        raise ValueError(f"num_permutations must be >= 1, got {k}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_PERMUTATIONS:
+        raise ValueError(f"num_permutations must be an integer from 1 to {MAX_PERMUTATIONS}, got {k!r}")
     k = min(k, math.factorial(min(n, 10)))  # never more orderings than there are distinct ones
     orders = [list(range(n))]
+    seen = {tuple(orders[0])}
     rng = random.Random(seed)
     while len(orders) < k:
         o = list(range(n))
         rng.shuffle(o)
-        if o not in orders:
+        if tuple(o) not in seen:
+            seen.add(tuple(o))
             orders.append(o)
     return orders
 
@@ -288,7 +269,7 @@ async def _score_within_budget(message_lists: list[list[dict]], s: _Setup, limit
     first = None  # the prompt in the given order, built once: for the size check and for judging
     if limit is not None and limit < 1:
         raise ValueError(f"max_prompt_tokens must be >= 1, got {limit}")
-    if limit:
+    if limit is not None:
         first = build_prompt(message_lists, s.rubric, tools=s.tools, render=s.render)
         chars = sum(len(m["content"]) for m in first.messages)
         if chars > limit - budget.answer_reserve(n):  # a token is at least one character: else it fits
@@ -363,29 +344,26 @@ async def score_group_messages(
     num_permutations: int = 1,
     seed: int = 0,
     max_prompt_tokens: int | None = None,
+    limits: Limits | None = None,
 ) -> RulerResult:
     """`ruler()` with everything it measured: usage, cost, cache use, spread, notes."""
-    message_lists = validate_message_lists(message_lists)
+    _check_options(judge_model, extra_litellm_params, rubric, tools, retry, max_format_retries, render,
+                   num_permutations, seed, max_prompt_tokens, limits)
+    message_lists = validate_message_lists(message_lists, limits=limits)
     if isinstance(judge_model, (list, tuple)):
         judge_model = JudgePanel(list(judge_model))
     if isinstance(judge_model, JudgePanel):
         if not message_lists:
-            return RulerResult(scores=[], cached=True)
+            return RulerResult(scores=[])
         return await _score_panel(
             message_lists, judge_model, extra_litellm_params, rubric, tools=tools, debug=debug, cache=cache,
             retry=retry, max_format_retries=max_format_retries, render=render, num_permutations=num_permutations,
-            seed=seed, max_prompt_tokens=max_prompt_tokens)
+            seed=seed, max_prompt_tokens=max_prompt_tokens, limits=limits)
     if not message_lists:
-        return RulerResult(scores=[], cached=True)
+        return RulerResult(scores=[])
     model = judge_model or default_judge_model()
     params = dict(extra_litellm_params or {})
     provider = _provider(model, params)
-    if max_format_retries < 0:
-        raise ValueError("max_format_retries must be >= 0")
-    if render not in ("compact", "art"):
-        raise ValueError(f"render must be 'compact' or 'art', got {render!r}")
-    if not isinstance(num_permutations, int) or num_permutations < 1:
-        raise ValueError(f"num_permutations must be an integer >= 1, got {num_permutations!r}")
     setup = _Setup(model, provider, params, get_rubric(rubric), tools, render, open_cache(cache),
                    retry or RetryPolicy(), max_format_retries, debug, num_permutations, seed)
     notes = []
@@ -394,9 +372,52 @@ async def score_group_messages(
         warnings.warn("RULER got a group of one trajectory; its score is absolute, not relative", stacklevel=3)
     if not any(m["role"] in ("system", "developer") for ml in message_lists for m in ml):
         notes.append("no system prompt: the judge infers the task from the user messages")
-    result = await _score_within_budget(message_lists, setup, max_prompt_tokens or _context_limit(model, provider))
+    limit = max_prompt_tokens or _context_limit(model, provider)
+    result = await _score_within_budget(message_lists, setup, limit or UNKNOWN_CONTEXT_TOKENS)
+    if limit is None and any(n.startswith(("long bodies cut", "group of")) for n in result.notes):
+        notes.append(f"litellm does not know this judge's context: {UNKNOWN_CONTEXT_TOKENS} tokens assumed "
+                     "(set max_prompt_tokens)")
     result.notes = notes + result.notes
     return result
+
+
+def _check_options(judge_model, extra_litellm_params, rubric, tools, retry, max_format_retries, render,
+                   num_permutations, seed, max_prompt_tokens, limits) -> None:
+    """Raise a clear error for any option that cannot work, before anything is sent anywhere."""
+    if isinstance(judge_model, str):
+        if not judge_model.strip():
+            raise JudgeConfigError("judge_model is an empty string: pass None for the default judge, or a litellm "
+                                   "model string")
+    elif isinstance(judge_model, (list, tuple)):
+        if not all(isinstance(m, str) for m in judge_model):
+            raise JudgeConfigError("a list of judges must hold litellm model strings")
+    elif judge_model is not None and not isinstance(judge_model, JudgePanel):
+        raise JudgeConfigError("judge_model must be a litellm model string, a list of them, a JudgePanel or None, "
+                               f"got {type(judge_model).__name__}")
+    if extra_litellm_params is not None and not isinstance(extra_litellm_params, dict):
+        raise JudgeConfigError(f"extra_litellm_params must be a dict, got {type(extra_litellm_params).__name__}")
+    if not isinstance(rubric, str):
+        raise JudgeConfigError(f"rubric must be a string (a rubric name or its text), got {type(rubric).__name__}")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise TypeError("tools must be a list of tool schemas (dicts) or None")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+    if isinstance(max_format_retries, bool) or not isinstance(max_format_retries, int) or not 0 <= max_format_retries <= 10:
+        raise ValueError(f"max_format_retries must be an integer from 0 to 10, got {max_format_retries!r}")
+    if render not in ("compact", "art"):
+        raise ValueError(f"render must be 'compact' or 'art', got {render!r}")
+    if isinstance(num_permutations, bool) or not isinstance(num_permutations, int) \
+            or not 1 <= num_permutations <= MAX_PERMUTATIONS:
+        raise ValueError(f"num_permutations must be an integer from 1 to {MAX_PERMUTATIONS}, got {num_permutations!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+    if max_prompt_tokens is not None and (
+            isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int)
+            or not MIN_PROMPT_TOKENS <= max_prompt_tokens <= MAX_PROMPT_TOKENS):
+        raise ValueError(f"max_prompt_tokens must be None or an integer from {MIN_PROMPT_TOKENS} to "
+                         f"{MAX_PROMPT_TOKENS:,}, got {max_prompt_tokens!r}")
+    if limits is not None and not isinstance(limits, Limits):
+        raise TypeError(f"limits must be a ruler.Limits, got {type(limits).__name__}")
 
 
 async def ruler(
@@ -414,8 +435,12 @@ async def ruler(
     Returns one `TrajectoryScore` per conversation, ids "1".."N" in input order. Any litellm model
     string works as `judge_model` (default: `$RULER_JUDGE_MODEL`, else the embedded judge);
     `extra_litellm_params` pass through (`api_base`, `api_key`, `temperature`, ...). Options: `cache`,
-    `retry` (a `RetryPolicy`), `max_format_retries`, `render`, `num_permutations`, `seed`,
-    `max_prompt_tokens`. Raises `JudgeError` subclasses; never returns a made-up score.
+    `retry` (a `RetryPolicy`: attempts, per-attempt timeout, total deadline), `max_format_retries` (0-10),
+    `render`, `num_permutations` (1 to `MAX_PERMUTATIONS`), `seed`, `max_prompt_tokens` (`MIN_PROMPT_TOKENS`
+    to `MAX_PROMPT_TOKENS`; default: the judge's context, or `UNKNOWN_CONTEXT_TOKENS` when litellm does
+    not know it), `limits` (a `Limits`: trajectories, messages, message size, nesting). Bad input raises
+    `TrajectoryError` (a ValueError naming the trajectory and field) or `JudgeConfigError` before any call;
+    a failing judge raises `JudgeError` subclasses; a made-up score is never returned.
     """
     result = await score_group_messages(
         message_lists, judge_model, extra_litellm_params, rubric, tools=tools, debug=debug, **options
@@ -452,6 +477,13 @@ async def ruler_score_group(
     """
     if not isinstance(group, TrajectoryGroup):
         raise TypeError(f"ruler_score_group takes a TrajectoryGroup, got {type(group).__name__}")
+    try:
+        validate_trajectories(group, limits=options.get("limits"))
+    except Exception as exc:
+        if swallow_exceptions:
+            log.warning("RULER swallowed %s: %s", type(exc).__name__, exc)
+            return None
+        raise
     for i, t in enumerate(group.trajectories, 1):
         if t.additional_histories:
             raise ValueError(f"trajectory {i} has additional_histories, which RULER does not score yet")

@@ -146,6 +146,35 @@ class FakeJudge:
         self.server.server_close()
 
 
+class SilentJudge:
+    """A judge address that accepts connections and never answers (a hung server, a black-holed proxy).
+
+    The socket listens but never accepts: the kernel completes connections and buffers requests, and no
+    byte ever comes back. `base` is an OpenAI-style base URL on loopback.
+    """
+
+    def __init__(self):
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.base = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+
+    @property
+    def params(self) -> dict:
+        return {"api_base": self.base, "api_key": "sk-test"}
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def free_port() -> int:
     """A free TCP port on loopback."""
     import socket

@@ -3,7 +3,13 @@
     POST /v1/score        one group, judged now          GET /healthz   liveness, open
     POST /v1/jobs         many groups, 202 + job id      GET /metrics   Prometheus (key optional)
     GET  /v1/jobs/{id}    status and results so far      /docs          the OpenAPI contract
-    DELETE /v1/jobs/{id}  cancel what has not started
+    DELETE /v1/jobs/{id}  cancel: waiting groups are dropped, groups being judged are stopped
+
+What a client sends never reaches the filesystem, a URL or a subprocess of its choosing: a rubric is
+a library name (or one from the operator's `rubric_dir`, read once at start) or the rubric text, never
+a path; a judge is the default or one of `allowed_judges`; an `api_base` must be one of
+`allowed_api_bases` (none by default). Every group passes `validate_trajectories` with the service's
+`Limits` before it is judged or queued; the body limit counts the bytes that arrive (chunked or not).
 """
 
 from __future__ import annotations
@@ -17,15 +23,20 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from judges.completion import RetryPolicy
 from judges.errors import JudgeConfigError, JudgeError
+from judges.rubrics import MAX_RUBRIC_CHARS, get_rubric, load_rubric_folder
 from ruler.advantages import group_advantages
-from ruler.scoring import ruler_score_group
+from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, ruler_score_group
 from ruler.service.store import Store
-from ruler.trajectory import Trajectory, TrajectoryGroup
+from ruler.trajectory import (MAX_PROBLEMS, History, Limits, MetadataValue, Trajectory, TrajectoryError,
+                              TrajectoryGroup, unknown_field, validate_trajectories)
 
 log = logging.getLogger("ruler.service")
 
@@ -38,80 +49,203 @@ class ServiceConfig:
     judge_model: str | None = None            # default judge (None: $RULER_JUDGE_MODEL or the embedded one)
     judge_params: dict = field(default_factory=dict)  # api_base, api_key, ... for the judge (never from clients)
     allowed_judges: list[str] | None = None   # judge models clients may ask for; None: only the default
-    max_body_bytes: int = 8 * 1024 * 1024
+    allowed_api_bases: list[str] = field(default_factory=list)  # api_base values clients may send; none by default
+    rubric_dir: str | None = None             # the operator's named rubrics (<name>.txt|.md), read once at start
+    max_body_bytes: int = 8 * 1024 * 1024     # counted as the bytes arrive, chunked bodies included
     max_trajectories: int = 256
-    max_messages: int = 512
-    max_message_chars: int = 200_000
+    max_messages: int = 512                   # per conversation
+    max_message_chars: int = 200_000          # per message (text, tool-call arguments, other fields)
+    max_json_depth: int = 32                  # nesting inside a message or a tool schema
     max_groups_per_job: int = 1000
+    max_permutations: int = 8                 # the most orderings (k) a request may ask for
+    max_prompt_tokens: int | None = None      # ceiling on any judge prompt (None: the judge's context)
     rate_per_minute: int = 600                # requests per key per minute
     max_inflight_per_key: int = 32            # concurrent /v1/score requests per key
     judge_timeout_s: float = 600.0            # one group's judging; past it the group is an error result
+    judge_retries: int = 4                    # retries of one judge call on 429/5xx/timeouts, within the above
     body_timeout_s: float = 30.0              # longest wait for the next piece of a request body (slow-loris)
     worker_concurrency: int = 8
+    max_group_attempts: int = 3               # a job group whose judge stays unavailable is tried this often
+    group_retry_s: float = 5.0                # wait before a group's 2nd attempt; doubles each time, <= 300 s
     metrics_require_key: bool = False
     cache: object = None                      # passed to ruler_score_group (None: default judge cache)
 
+    def __post_init__(self):
+        def check(name: str, low: float, high: float | None = None, integer: bool = True):
+            value = getattr(self, name)
+            ok = (isinstance(value, int) if integer else isinstance(value, (int, float))) and not isinstance(value, bool)
+            if not ok or not (low <= value and (high is None or value <= high)):
+                bound = f"from {low} to {high}" if high is not None else f">= {low}"
+                raise ValueError(f"{name} must be {'an integer' if integer else 'a number'} {bound}, got {value!r}")
 
-class BodyTimeout:
-    """ASGI middleware against slow-loris bodies: each piece of a request body must arrive within
-    `seconds` of the previous one, else the client gets 408 and the request is abandoned."""
+        for name in ("max_body_bytes", "max_trajectories", "max_messages", "max_message_chars", "max_json_depth",
+                     "max_groups_per_job", "rate_per_minute", "max_inflight_per_key", "worker_concurrency"):
+            check(name, 1)
+        check("max_permutations", 1, MAX_PERMUTATIONS)
+        check("judge_retries", 0, 19)
+        check("max_group_attempts", 1, 100)
+        for name in ("judge_timeout_s", "body_timeout_s", "group_retry_s"):
+            check(name, 0.001, integer=False)
+        if self.max_prompt_tokens is not None:
+            check("max_prompt_tokens", MIN_PROMPT_TOKENS, MAX_PROMPT_TOKENS)
+        if not isinstance(self.judge_params, dict):
+            raise TypeError("judge_params must be a dict")
 
-    def __init__(self, app, seconds: float):
-        self.app, self.seconds = app, seconds
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_trajectories=self.max_trajectories, max_messages=self.max_messages,
+                      max_message_chars=self.max_message_chars, max_depth=self.max_json_depth)
+
+
+class RequestGuard:
+    """ASGI middleware around every request: size and pace of the body, unhandled errors, metrics and logs.
+
+    - the body may not exceed `max_bytes`: a larger `Content-Length` is refused before the app runs, and
+      the bytes that arrive are counted too, so a chunked (or lying) body is cut off at the limit: 413;
+    - each piece of the body must arrive within `body_timeout_s` of the previous one (slow-loris): 408;
+    - an unhandled exception is a 500 "internal error" (logged), never a dropped connection.
+    After a 413 or 408 the app below sees the client as gone and nothing else is sent.
+    """
+
+    DRAIN_BYTES = 64 * 1024 * 1024  # after a 413, read (and drop) at most this much so the client sees the answer
+
+    def __init__(self, app, max_bytes: int, body_timeout_s: float, metrics: Metrics):
+        self.app, self.max_bytes, self.body_timeout_s, self.metrics = app, max_bytes, body_timeout_s, metrics
+
+    async def _reply(self, send, status: int, detail: str) -> None:
+        payload = json.dumps({"detail": detail}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        body_done = False
-        timed_out = False
+        started = time.perf_counter()
+        state = {"status": None, "refused": False, "received": 0, "body_done": False}
 
-        async def timed_receive():
-            nonlocal body_done, timed_out
-            if body_done or timed_out:
-                return await receive() if not timed_out else {"type": "http.disconnect"}
+        async def next_piece():
+            return await asyncio.wait_for(receive(), self.body_timeout_s)
+
+        async def guarded_receive():
+            if state["refused"]:
+                return {"type": "http.disconnect"}
+            if state["body_done"]:
+                return await receive()
             try:
-                message = await asyncio.wait_for(receive(), self.seconds)
-            except asyncio.TimeoutError:
-                timed_out = True
-                payload = json.dumps({"detail": f"request body too slow: nothing for {self.seconds:g} s"}).encode()
-                await send({"type": "http.response.start", "status": 408,
-                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                        (b"content-length", str(len(payload)).encode())]})
-                await send({"type": "http.response.body", "body": payload})
-                return {"type": "http.disconnect"}  # the app below gives up on this request
-            if message["type"] != "http.request" or not message.get("more_body"):
-                body_done = True
+                message = await next_piece()
+            except TimeoutError:
+                state["refused"] = True
+                await self._reply(send, 408, f"request body too slow: nothing for {self.body_timeout_s:g} s")
+                state["status"] = 408
+                return {"type": "http.disconnect"}
+            if message["type"] == "http.request":
+                state["received"] += len(message.get("body", b""))
+                if state["received"] > self.max_bytes:
+                    state["refused"] = True
+                    await self._reply(send, 413, f"request body over {self.max_bytes} bytes")
+                    state["status"] = 413
+                    await self._drain(message.get("more_body", False), next_piece)
+                    return {"type": "http.disconnect"}
+                if not message.get("more_body"):
+                    state["body_done"] = True
+            else:
+                state["body_done"] = True
             return message
 
         async def guarded_send(message):
-            if not timed_out:  # after a 408 nothing else may be sent
-                await send(message)
+            if state["refused"]:
+                return  # after a 413/408 nothing else may be sent
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            await send(message)
 
-        await self.app(scope, timed_receive, guarded_send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            state["status"] = 413
+            await self._reply(send, 413, f"request body over {self.max_bytes} bytes")
+            await self._drain(True, next_piece)
+        else:
+            try:
+                await self.app(scope, guarded_receive, guarded_send)
+            except Exception:
+                if not state["refused"]:
+                    log.exception("unhandled error")
+                    if state["status"] is None:  # nothing sent yet: answer, don't drop the connection
+                        state["status"] = 500
+                        await self._reply(send, 500, "internal error")
+        route = scope.get("route")
+        path = route.path if route is not None else "other"
+        status = state["status"] or 500
+        elapsed = time.perf_counter() - started
+        self.metrics.requests.labels(path, str(status)).inc()
+        self.metrics.latency.labels(path).observe(elapsed)
+        log.info(json.dumps({"event": "request", "method": scope.get("method"), "path": scope.get("path"),
+                             "status": status, "ms": round(elapsed * 1000, 2)}))
+
+    async def _drain(self, more: bool, next_piece) -> None:
+        """Read and drop the rest of a refused body (bounded), so the client gets to read the 413."""
+        drained = 0
+        try:
+            while more and drained < self.DRAIN_BYTES:
+                message = await next_piece()
+                if message["type"] != "http.request":
+                    return
+                drained += len(message.get("body", b""))
+                more = message.get("more_body", False)
+        except TimeoutError:
+            return
+
+
+class JSONRequest(Request):
+    """A request whose JSON body may not nest past what the parser can take: a clear 422, not a 400."""
+
+    async def json(self):
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = json.loads(body)
+            except RecursionError:
+                raise json.JSONDecodeError("JSON nested too deeply", "", 0) from None
+            except json.JSONDecodeError:
+                raise
+            except ValueError as exc:  # e.g. an integer with more digits than Python converts
+                raise json.JSONDecodeError(str(exc), "", 0) from None
+        return self._json
+
+
+class JSONRoute(APIRoute):
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def route_handler(request: Request):
+            return await handler(JSONRequest(request.scope, request.receive))
+
+        return route_handler
 
 
 class GroupIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     trajectories: list[Trajectory]
-    metadata: dict = {}
+    metadata: dict[str, MetadataValue] = {}
 
 
 class ScoreOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    judge_model: str | None = None
-    rubric: str | None = None
-    num_permutations: int = Field(1, ge=1, le=8)
-    max_prompt_tokens: int | None = Field(None, ge=256)
-
-    def judge_options(self, judge_model: str | None) -> dict:
-        """What the judging needs, with the judge the service resolved (stored with jobs as JSON)."""
-        return {"judge_model": judge_model, "rubric": self.rubric, "num_permutations": self.num_permutations,
-                "max_prompt_tokens": self.max_prompt_tokens}
+    judge_model: str | None = Field(None, min_length=1, max_length=256,
+                                    description="A judge the service offers; default: its own.")
+    api_base: str | None = Field(None, min_length=1, max_length=2048,
+                                 description="Only one of the addresses the operator allowed (--allow-api-base).")
+    rubric: str | None = Field(None, min_length=1, max_length=MAX_RUBRIC_CHARS,
+                               description="A rubric name or the rubric text; never a path.")
+    num_permutations: int = Field(1, ge=1, le=MAX_PERMUTATIONS, strict=True)
+    max_prompt_tokens: int | None = Field(None, ge=MIN_PROMPT_TOKENS, le=MAX_PROMPT_TOKENS, strict=True)
 
 
 class ScoreRequest(ScoreOptions):
     trajectories: list[Trajectory]
-    metadata: dict = {}
+    metadata: dict[str, MetadataValue] = {}
 
 
 class JobRequest(ScoreOptions):
@@ -165,65 +299,62 @@ class RateLimiter:
         return None
 
 
-def _limits(cfg: ServiceConfig, groups: list[list[Trajectory]], where: str) -> None:
-    for g, trajectories in enumerate(groups):
-        base = f"{where}[{g}]" if where == "groups" else ""
-        if not trajectories:
-            raise HTTPException(422, [{"loc": ["body", *([where, g] if base else []), "trajectories"],
-                                       "msg": "a group needs at least one trajectory"}])
-        if len(trajectories) > cfg.max_trajectories:
-            raise HTTPException(422, [{"loc": ["body", *([where, g] if base else []), "trajectories"],
-                                       "msg": f"at most {cfg.max_trajectories} trajectories per group"}])
-        for t, traj in enumerate(trajectories):
-            msgs = traj.messages()
-            loc = ["body", *([where, g] if base else []), "trajectories", t, "messages_and_choices"]
-            if len(msgs) > cfg.max_messages:
-                raise HTTPException(422, [{"loc": loc, "msg": f"at most {cfg.max_messages} messages per trajectory"}])
-            for m, msg in enumerate(msgs):
-                content = msg.get("content") if isinstance(msg, dict) else None
-                if isinstance(content, str) and len(content) > cfg.max_message_chars:
-                    raise HTTPException(422, [{"loc": [*loc, m, "content"],
-                                               "msg": f"at most {cfg.max_message_chars} characters per message"}])
+REQUEST_FIELDS = {*ScoreRequest.model_fields, *JobRequest.model_fields, *GroupIn.model_fields,
+                  *Trajectory.model_fields, *History.model_fields}
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+
+
+def _check_group(cfg: ServiceConfig, trajectories: list[Trajectory], metadata: dict, where: list) -> None:
+    """422 naming each problem (trajectory index and field) unless the group passes `validate_trajectories`."""
+    if not trajectories:
+        raise HTTPException(422, [{"loc": [*where, "trajectories"], "msg": "a group needs at least one trajectory",
+                                   "type": "value_error"}])
+    try:
+        validate_trajectories(TrajectoryGroup(trajectories, metadata=metadata), limits=cfg.limits)
+    except TrajectoryError as exc:
+        raise HTTPException(422, [{"loc": [*where, *(("trajectories",) if not p.loc or isinstance(p.loc[0], int)
+                                                     else ()), *p.loc],
+                                   "msg": str(p), "type": "value_error"} for p in exc.problems]) from None
+
+
+def _validation_detail(exc: RequestValidationError) -> list[dict]:
+    """pydantic's errors without the echoed input; unknown fields and bad JSON said in words."""
+    out = []
+    for e in exc.errors()[:MAX_PROBLEMS]:
+        loc = [p for p in e.get("loc", ()) if p not in ("Choice", "dict[str,any]")]
+        if e.get("type") == "extra_forbidden":
+            msg = unknown_field(str(loc[-1]), REQUEST_FIELDS)
+        elif e.get("type") == "json_invalid":
+            msg = f"invalid JSON: {(e.get('ctx') or {}).get('error', 'cannot be parsed')}"
+        else:
+            msg = e.get("msg", "invalid")
+        out.append({"loc": loc, "msg": msg, "type": e.get("type", "value_error")})
+    return out
 
 
 def create_app(cfg: ServiceConfig) -> FastAPI:
     store = Store(cfg.db_path)
     metrics = Metrics()
     limiter = RateLimiter(cfg.rate_per_minute, cfg.max_inflight_per_key)
+    rubrics = load_rubric_folder(cfg.rubric_dir) if cfg.rubric_dir else {}
     from ruler.service.worker import JobWorker
 
     worker = JobWorker(store, cfg, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        worker.start()
+        await worker.start()
         yield
         await worker.stop()
 
     app = FastAPI(title="ruler-rl judging service", version="0.1.0", lifespan=lifespan)
+    app.router.route_class = JSONRoute
     app.state.store, app.state.worker, app.state.config = store, worker, cfg
+    app.add_middleware(RequestGuard, max_bytes=cfg.max_body_bytes, body_timeout_s=cfg.body_timeout_s, metrics=metrics)
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        started = time.perf_counter()
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > cfg.max_body_bytes):
-            response = JSONResponse({"detail": f"request body over {cfg.max_body_bytes} bytes"}, status_code=413)
-        else:
-            try:
-                response = await call_next(request)
-            except Exception:  # never let one request take the service down
-                log.exception("unhandled error")
-                response = JSONResponse({"detail": "internal error"}, status_code=500)
-        path = request.scope.get("route").path if request.scope.get("route") else "other"
-        elapsed = time.perf_counter() - started
-        metrics.requests.labels(path, str(response.status_code)).inc()
-        metrics.latency.labels(path).observe(elapsed)
-        log.info(json.dumps({"event": "request", "method": request.method, "path": request.url.path,
-                             "status": response.status_code, "ms": round(elapsed * 1000, 2)}))
-        return response
-
-    app.add_middleware(BodyTimeout, seconds=cfg.body_timeout_s)  # outermost: wraps every body read
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        return JSONResponse({"detail": _validation_detail(exc)}, status_code=422)
 
     def require_key(authorization: str | None = Header(None)) -> str:
         if not authorization or not authorization.startswith("Bearer "):
@@ -245,11 +376,35 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
             return cfg.judge_model
         if cfg.allowed_judges is not None and requested in cfg.allowed_judges:
             return requested
-        raise HTTPException(422, [{"loc": ["body", "judge_model"], "msg": f"judge {requested!r} is not offered here"}])
+        raise HTTPException(422, [{"loc": ["body", "judge_model"], "msg": f"judge {requested!r} is not offered here",
+                                   "type": "value_error"}])
+
+    def options_for(body: ScoreOptions) -> dict:
+        """The judging options as stored with a job: the judge and rubric resolved, every limit checked."""
+        def refuse(name: str, msg: str):
+            raise HTTPException(422, [{"loc": ["body", name], "msg": msg, "type": "value_error"}])
+
+        if body.api_base is not None and not api_base_allowed(cfg, body.api_base):
+            refuse("api_base", f"api_base {body.api_base!r} is not allowed here: the service only calls judge "
+                               "addresses its operator allowed")
+        if body.num_permutations > cfg.max_permutations:
+            refuse("num_permutations", f"at most {cfg.max_permutations} orderings here")
+        if cfg.max_prompt_tokens and body.max_prompt_tokens and body.max_prompt_tokens > cfg.max_prompt_tokens:
+            refuse("max_prompt_tokens", f"at most {cfg.max_prompt_tokens} here")
+        try:
+            rubric = get_rubric(body.rubric or "default", library=rubrics)
+        except JudgeConfigError as exc:
+            refuse("rubric", str(exc))
+        return {"judge_model": judge_for(body.judge_model), "api_base": body.api_base, "rubric": rubric,
+                "num_permutations": body.num_permutations,
+                "max_prompt_tokens": body.max_prompt_tokens or cfg.max_prompt_tokens}
 
     def idempotent(key_id: str, idem: str | None, body: BaseModel):
         if not idem:
             return None, None
+        if len(idem) > MAX_IDEMPOTENCY_KEY_CHARS:
+            raise HTTPException(422, [{"loc": ["header", "idempotency-key"], "type": "value_error",
+                                       "msg": f"at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"}])
         digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
         found = store.idempotent_response(key_id, idem)
         if found is None:
@@ -275,20 +430,21 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         replay, digest = idempotent(key_id, idempotency_key, body)
         if replay is not None:
             return replay
-        _limits(cfg, [body.trajectories], "trajectories")
+        _check_group(cfg, body.trajectories, body.metadata, ["body"])
+        options = options_for(body)
         limiter.inflight[key_id] = limiter.inflight.get(key_id, 0) + 1
         try:
-            result = await score_group(TrajectoryGroup(body.trajectories, metadata=body.metadata), body, judge_for(body.judge_model))
+            result = await score_group(TrajectoryGroup(body.trajectories, metadata=body.metadata), options)
         finally:
             limiter.inflight[key_id] -= 1
         if digest:
             store.save_idempotent_response(key_id, idempotency_key, digest, 200, result)
         return result
 
-    async def score_group(group: TrajectoryGroup, opts: ScoreOptions, judge: str | None) -> dict:
+    async def score_group(group: TrajectoryGroup, options: dict) -> dict:
         try:
-            scored = await judge_with_config(cfg, group, opts.judge_options(judge))
-        except asyncio.TimeoutError:
+            scored = await judge_with_config(cfg, group, options)
+        except TimeoutError:
             metrics.errors.labels("timeout").inc()
             raise HTTPException(504, f"the judge did not answer within {cfg.judge_timeout_s:g} s")
         except (JudgeConfigError, ValueError, TypeError) as exc:
@@ -306,11 +462,14 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         if replay is not None:
             return replay
         if not body.groups:
-            raise HTTPException(422, [{"loc": ["body", "groups"], "msg": "a job needs at least one group"}])
+            raise HTTPException(422, [{"loc": ["body", "groups"], "msg": "a job needs at least one group",
+                                       "type": "value_error"}])
         if len(body.groups) > cfg.max_groups_per_job:
-            raise HTTPException(422, [{"loc": ["body", "groups"], "msg": f"at most {cfg.max_groups_per_job} groups"}])
-        _limits(cfg, [g.trajectories for g in body.groups], "groups")
-        options = body.judge_options(judge_for(body.judge_model))
+            raise HTTPException(422, [{"loc": ["body", "groups"], "msg": f"at most {cfg.max_groups_per_job} groups",
+                                       "type": "value_error"}])
+        for g, group in enumerate(body.groups):
+            _check_group(cfg, group.trajectories, group.metadata, ["body", "groups", g])
+        options = options_for(body)
         job_id = store.create_job(key_id, [g.model_dump(mode="json") for g in body.groups], options)
         worker.wake()
         answer = {"job_id": job_id, "status": "pending", "groups": len(body.groups)}
@@ -319,32 +478,46 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return answer
 
     @app.get("/v1/jobs/{job_id}")
-    def get_job(job_id: str, key_id: str = Depends(require_key)):
+    def job_status(job_id: str, key_id: str = Depends(require_key)):
         job = store.job(job_id, key_id)
         if job is None:
             raise HTTPException(404, f"no job {job_id!r} for this key")
         return {"job_id": job["id"], "status": job["status"], "groups": len(job["groups"]),
                 "done": sum(g["status"] in ("done", "error", "cancelled") for g in job["groups"]),
-                "results": [{"index": g["idx"], "status": g["status"],
+                "results": [{"index": g["idx"], "status": g["status"], "attempts": g["attempts"],
                              "result": json.loads(g["result"]) if g["result"] else None, "error": g["error"]}
                             for g in job["groups"]]}
 
     @app.delete("/v1/jobs/{job_id}")
-    def cancel_job(job_id: str, key_id: str = Depends(require_key)):
+    async def cancel_job(job_id: str, key_id: str = Depends(require_key)):
         if store.job(job_id, key_id) is None:
             raise HTTPException(404, f"no job {job_id!r} for this key")
-        return {"job_id": job_id, "cancelled": store.cancel_job(job_id, key_id)}
+        cancelled = store.cancel_job(job_id, key_id)
+        if cancelled:
+            await worker.cancel_job(job_id)  # groups being judged stop now; their results are never written
+        return {"job_id": job_id, "cancelled": cancelled}
 
     return app
 
 
+def api_base_allowed(cfg: ServiceConfig, api_base: str) -> bool:
+    return api_base.rstrip("/") in {a.rstrip("/") for a in cfg.allowed_api_bases}
+
+
 async def judge_with_config(cfg: ServiceConfig, group: TrajectoryGroup, options: dict) -> TrajectoryGroup:
-    """`ruler_score_group` as the service runs it: its judge credentials, cache and time limit, and the
-    client's options (judge_model, rubric, num_permutations, max_prompt_tokens). Raises asyncio.TimeoutError."""
+    """`ruler_score_group` as the service runs it: its judge credentials, cache, limits, retries and time limit,
+    and the client's options as resolved by the endpoint (judge_model, api_base, rubric text, num_permutations,
+    max_prompt_tokens). Raises asyncio.TimeoutError past `judge_timeout_s`."""
+    params = dict(cfg.judge_params)
+    if options.get("api_base") is not None:
+        if not api_base_allowed(cfg, options["api_base"]):  # e.g. a job stored before the allow-list changed
+            raise JudgeConfigError(f"api_base {options['api_base']!r} is not allowed here")
+        params["api_base"] = options["api_base"]
+    retry = RetryPolicy(attempts=cfg.judge_retries + 1)  # the whole group is bounded by judge_timeout_s below
     return await asyncio.wait_for(ruler_score_group(
-        group, options.get("judge_model"), dict(cfg.judge_params) or None, options.get("rubric") or "default",
-        cache=cfg.cache, num_permutations=options.get("num_permutations") or 1,
-        max_prompt_tokens=options.get("max_prompt_tokens")), cfg.judge_timeout_s)
+        group, options.get("judge_model"), params or None, options.get("rubric") or "default",
+        cache=cfg.cache, num_permutations=options.get("num_permutations") or 1, retry=retry,
+        max_prompt_tokens=options.get("max_prompt_tokens"), limits=cfg.limits), cfg.judge_timeout_s)
 
 
 def group_result(scored: TrajectoryGroup, metrics: Metrics | None = None) -> dict:

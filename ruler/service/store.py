@@ -3,6 +3,10 @@
 Tables: API keys (only a SHA-256 of each key is stored), jobs, their groups (each group's request is
 written before the job is acknowledged, and each result is committed as soon as it arrives), and
 idempotency records (a repeated `Idempotency-Key` gets the first answer back).
+
+A group's `attempts` counts the times it was taken up for judging (counted before judging starts, so
+a process that dies while judging still used one); a group at its attempt budget is never taken up
+again, and `not_before` holds back a group whose judge was unavailable until its backoff has passed.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS job_groups (
     job_id TEXT NOT NULL, idx INTEGER NOT NULL, status TEXT NOT NULL, request TEXT NOT NULL,
     result TEXT, error TEXT, attempts INTEGER NOT NULL DEFAULT 0, updated REAL NOT NULL,
+    not_before REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, idx)
 );
 CREATE TABLE IF NOT EXISTS idempotency (
@@ -37,6 +42,20 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 
 KEY_PREFIX = "rk_"
+SQLITE_HEADER = b"SQLite format 3\x00"
+MAX_ERROR_CHARS = 2000
+
+
+class StoreError(ValueError):
+    """The database path cannot be used (a folder, not a SQLite file, unreadable)."""
+
+
+def check_key_name(name: str) -> None:
+    """Raise ValueError unless `name` can name a key: 1-200 printable characters."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("a key needs a name")
+    if len(name.strip()) > 200 or not name.strip().isprintable():
+        raise ValueError("a key's name is at most 200 printable characters")
 
 
 def hash_key(key: str) -> str:
@@ -46,10 +65,23 @@ def hash_key(key: str) -> str:
 class Store:
     def __init__(self, path: str | Path):
         self.path = str(path)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        with self.connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
+        where = Path(self.path)
+        if where.is_dir():
+            raise StoreError(f"database {where} is a folder; give a file path (it is created if missing)")
+        if where.is_file() and where.stat().st_size > 0:
+            with where.open("rb") as f:
+                if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                    raise StoreError(f"{where} is not a SQLite database")
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            with self.connect() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(SCHEMA)
+                columns = {row["name"] for row in db.execute("PRAGMA table_info(job_groups)")}
+                if "not_before" not in columns:  # a database from before group backoff
+                    db.execute("ALTER TABLE job_groups ADD COLUMN not_before REAL NOT NULL DEFAULT 0")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot use database {where}: {exc}") from None
 
     @contextmanager
     def connect(self):
@@ -64,8 +96,7 @@ class Store:
     # --- keys --------------------------------------------------------------------------------
     def create_key(self, name: str) -> tuple[str, str]:
         """A new key (shown once) and its id."""
-        if not name or not name.strip():
-            raise ValueError("a key needs a name")
+        check_key_name(name)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = uuid.uuid4().hex[:12]
         with self.connect() as db:
@@ -111,32 +142,50 @@ class Store:
         return {**dict(job), "groups": [dict(g) for g in groups]}
 
     def cancel_job(self, job_id: str, key_id: str) -> bool:
+        """Cancel a pending or running job: every group not yet finished becomes 'cancelled' (the worker stops
+        those being judged; a result that arrives later is not written)."""
+        now = time.time()
         with self.connect() as db:
             db.execute("BEGIN IMMEDIATE")
             cur = db.execute("UPDATE jobs SET status = 'cancelled', updated = ? WHERE id = ? AND key_id = ? "
-                             "AND status IN ('pending', 'running')", (time.time(), job_id, key_id))
+                             "AND status IN ('pending', 'running')", (now, job_id, key_id))
             if cur.rowcount:
                 db.execute("UPDATE job_groups SET status = 'cancelled', updated = ? WHERE job_id = ? "
-                           "AND status = 'pending'", (time.time(), job_id))
+                           "AND status IN ('pending', 'running')", (now, job_id))
             db.execute("COMMIT")
             return cur.rowcount == 1
 
-    def pending_groups(self, limit: int = 100) -> list[dict]:
-        """Groups still to judge (after a restart: everything not done, including those that were running)."""
+    def pending_groups(self, limit: int = 100, max_attempts: int = 3) -> list[dict]:
+        """Groups to judge now: waiting (backoff passed) or left running by a stopped process, within their
+        attempt budget, of jobs not cancelled."""
         with self.connect() as db:
-            rows = db.execute("SELECT g.job_id, g.idx, g.request, j.options FROM job_groups g JOIN jobs j "
-                              "ON j.id = g.job_id WHERE g.status IN ('pending', 'running') "
-                              "ORDER BY j.created, g.idx LIMIT ?", (limit,)).fetchall()
+            rows = db.execute("SELECT g.job_id, g.idx, g.request, g.attempts, j.options FROM job_groups g JOIN jobs j "
+                              "ON j.id = g.job_id WHERE g.status IN ('pending', 'running') AND j.status != 'cancelled' "
+                              "AND g.attempts < ? AND g.not_before <= ? ORDER BY j.created, g.idx LIMIT ?",
+                              (max_attempts, time.time(), limit)).fetchall()
         return [dict(r) for r in rows]
 
-    def mark_running(self, job_id: str, idx: int) -> bool:
+    def mark_running(self, job_id: str, idx: int, max_attempts: int = 3) -> bool:
+        """Take a group up for judging (one more attempt), unless its budget is spent or its job was cancelled."""
+        now = time.time()
         with self.connect() as db:
+            db.execute("BEGIN IMMEDIATE")
             cur = db.execute("UPDATE job_groups SET status = 'running', attempts = attempts + 1, updated = ? "
-                             "WHERE job_id = ? AND idx = ? AND status IN ('pending', 'running')",
-                             (time.time(), job_id, idx))
-            db.execute("UPDATE jobs SET status = 'running', updated = ? WHERE id = ? AND status = 'pending'",
-                       (time.time(), job_id))
+                             "WHERE job_id = ? AND idx = ? AND status IN ('pending', 'running') AND attempts < ? "
+                             "AND (SELECT status FROM jobs WHERE id = ?) != 'cancelled'",
+                             (now, job_id, idx, max_attempts, job_id))
+            if cur.rowcount:
+                db.execute("UPDATE jobs SET status = 'running', updated = ? WHERE id = ? AND status = 'pending'",
+                           (now, job_id))
+            db.execute("COMMIT")
             return cur.rowcount == 1
+
+    def retry_later(self, job_id: str, idx: int, error: str, not_before: float) -> None:
+        """Put a running group back in the queue, held until `not_before` (its judge was unavailable)."""
+        with self.connect() as db:
+            db.execute("UPDATE job_groups SET status = 'pending', error = ?, not_before = ?, updated = ? "
+                       "WHERE job_id = ? AND idx = ? AND status = 'running'",
+                       (error[:MAX_ERROR_CHARS], not_before, time.time(), job_id, idx))
 
     def finish_group(self, job_id: str, idx: int, result: dict | None, error: str | None) -> None:
         """Commit one group's result (or error) and close the job when its last group is done."""
@@ -146,12 +195,36 @@ class Store:
             db.execute("UPDATE job_groups SET status = ?, result = ?, error = ?, updated = ? "
                        "WHERE job_id = ? AND idx = ? AND status = 'running'",
                        ("done" if error is None else "error", json.dumps(result) if result is not None else None,
-                        error, now, job_id, idx))
-            left = db.execute("SELECT COUNT(*) FROM job_groups WHERE job_id = ? AND status IN ('pending', 'running')",
-                              (job_id,)).fetchone()[0]
-            if left == 0:
-                db.execute("UPDATE jobs SET status = 'done', updated = ? WHERE id = ? AND status = 'running'", (now, job_id))
+                        error[:MAX_ERROR_CHARS] if error is not None else None, now, job_id, idx))
+            self._close_job_if_finished(db, job_id, now)
             db.execute("COMMIT")
+
+    def give_up_exhausted(self, max_attempts: int) -> list[dict]:
+        """At start: groups left unfinished at their attempt budget become 'error' instead of being resumed."""
+        now = time.time()
+        with self.connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            rows = [dict(r) for r in db.execute(
+                "SELECT job_id, idx, status, attempts, error FROM job_groups WHERE status IN ('pending', 'running') "
+                "AND attempts >= ?", (max_attempts,))]
+            for r in rows:
+                why = ("the last attempt never finished (the service stopped while judging it)"
+                       if r["status"] == "running" else f"last error: {r['error']}")
+                db.execute("UPDATE job_groups SET status = 'error', error = ?, updated = ? WHERE job_id = ? AND idx = ?",
+                           (f"gave up after {r['attempts']} attempt(s): {why}"[:MAX_ERROR_CHARS], now,
+                            r["job_id"], r["idx"]))
+            for job_id in {r["job_id"] for r in rows}:
+                self._close_job_if_finished(db, job_id, now)
+            db.execute("COMMIT")
+        return rows
+
+    @staticmethod
+    def _close_job_if_finished(db, job_id: str, now: float) -> None:
+        left = db.execute("SELECT COUNT(*) FROM job_groups WHERE job_id = ? AND status IN ('pending', 'running')",
+                          (job_id,)).fetchone()[0]
+        if left == 0:
+            db.execute("UPDATE jobs SET status = 'done', updated = ? WHERE id = ? AND status IN ('pending', 'running')",
+                       (now, job_id))
 
     def queue_depth(self) -> int:
         with self.connect() as db:

@@ -1,9 +1,14 @@
 """The job worker: judges the groups of accepted jobs in the background, committing each result.
 
-It reads unfinished groups from the database, so after a crash or restart it simply picks up where
-the last process stopped (groups that were running are judged again; their first result was never
-committed). On shutdown it stops taking work and waits up to `grace_s` for groups in flight; any still
-running then stay unfinished in the database and are resumed by the next process.
+It reads unfinished groups from the database, so after a crash or restart it picks up where the last
+process stopped (a group that was running is judged again; its first result was never committed).
+Every group ends: whatever goes wrong while judging it makes it `error` with the message, except a
+judge that is unavailable (timeouts, 429/5xx after the call's own retries), which puts the group back
+with a backoff (`group_retry_s`, doubling, at most `MAX_BACKOFF_S`) until `max_group_attempts` attempts
+are spent. An attempt is counted when a group is taken up, so a process that dies while judging it
+spends one too, and at start groups at their budget are given up (`error`), never resumed. Cancelling
+a job stops its groups in flight. On shutdown the worker stops taking work and waits up to `grace_s`
+for groups in flight; any still running then are left for the next process.
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
-from judges.errors import JudgeError
-from ruler.trajectory import TrajectoryGroup
+from judges.errors import JudgeConfigError, JudgeError, JudgeUnavailableError
+from ruler.trajectory import TrajectoryGroup, validate_trajectories
 
 log = logging.getLogger("ruler.service")
+MAX_BACKOFF_S = 300.0
 
 
 class JobWorker:
@@ -25,13 +32,30 @@ class JobWorker:
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._inflight: dict[tuple[str, int], asyncio.Task] = {}
+        self._cancelled: set[str] = set()  # jobs cancelled while this process runs: nothing more starts for them
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._wake = asyncio.Event()
+        for row in await asyncio.to_thread(self.store.give_up_exhausted, self.cfg.max_group_attempts):
+            log.warning(json.dumps({"event": "group_given_up", "job": row["job_id"], "index": row["idx"],
+                                    "attempts": row["attempts"]}))
         self._task = asyncio.create_task(self._loop())
 
     def wake(self) -> None:
         self._wake.set()
+
+    def backoff(self, attempts: int) -> float:
+        """Seconds before a group's next attempt after `attempts` found its judge unavailable."""
+        return min(MAX_BACKOFF_S, self.cfg.group_retry_s * 2 ** (attempts - 1))
+
+    async def cancel_job(self, job_id: str) -> None:
+        """Stop the groups of `job_id` being judged now (the job is already marked cancelled)."""
+        self._cancelled.add(job_id)
+        tasks = [t for (j, _), t in list(self._inflight.items()) if j == job_id]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -40,20 +64,23 @@ class JobWorker:
             await self._task
         if self._inflight:
             done, pending = await asyncio.wait(list(self._inflight.values()), timeout=self.grace_s)
-            for t in pending:  # left 'running' in the database: the next process resumes them
+            for t in pending:  # left 'running' in the database: the next process resumes them (within budget)
                 t.cancel()
 
     async def _loop(self) -> None:
+        budget = self.cfg.max_group_attempts
         while not self._stopping:
             free = self.cfg.worker_concurrency - len(self._inflight)
             if free > 0:
-                for row in await asyncio.to_thread(self.store.pending_groups, free + len(self._inflight)):
+                for row in await asyncio.to_thread(self.store.pending_groups, free + len(self._inflight), budget):
                     key = (row["job_id"], row["idx"])
                     if key in self._inflight or len(self._inflight) >= self.cfg.worker_concurrency:
                         continue
-                    if not await asyncio.to_thread(self.store.mark_running, *key):
+                    if not await asyncio.to_thread(self.store.mark_running, *key, budget):
                         continue
-                    task = asyncio.create_task(self._judge(row))
+                    if row["job_id"] in self._cancelled:  # cancelled while it was being taken up
+                        continue
+                    task = asyncio.create_task(self._judge(row, row["attempts"] + 1))
                     self._inflight[key] = task
                     task.add_done_callback(lambda _t, k=key: (self._inflight.pop(k, None), self._wake.set()))
             self._wake.clear()
@@ -62,23 +89,41 @@ class JobWorker:
             except asyncio.TimeoutError:
                 pass
 
-    async def _judge(self, row: dict) -> None:
+    async def _judge(self, row: dict, attempt: int) -> None:
         from ruler.service.app import group_result, judge_with_config
 
-        options = json.loads(row["options"])
-        result, error = None, None
+        result, error, retry = None, None, False
         try:
+            options = json.loads(row["options"])
+            if not isinstance(options, dict):
+                raise JudgeConfigError("the job's stored options are not an object")
             group = TrajectoryGroup.model_validate(json.loads(row["request"]))
+            validate_trajectories(group, limits=self.cfg.limits)  # the same check the endpoints ran
             scored = await judge_with_config(self.cfg, group, options)
             result = group_result(scored, self.metrics)
-        except asyncio.TimeoutError:
-            error = f"timeout: the judge did not answer within {self.cfg.judge_timeout_s:g} s"
-            self.metrics.errors.labels("timeout").inc()
-        except (JudgeError, ValueError, TypeError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            self.metrics.errors.labels("judge").inc()
         except asyncio.CancelledError:
-            raise  # shutting down: leave the group unfinished for the next process
+            raise  # a cancelled job, or shutting down: the database already says what happens next
+        except asyncio.TimeoutError:
+            error, retry = f"timeout: the judge did not answer within {self.cfg.judge_timeout_s:g} s", True
+            self.metrics.errors.labels("timeout").inc()
+        except JudgeUnavailableError as exc:
+            error, retry = f"{type(exc).__name__}: {exc}", True
+            self.metrics.errors.labels("judge").inc()
+        except (JudgeError, ValueError, TypeError) as exc:  # bad input or a judge that cannot work: retrying won't help
+            error = f"{type(exc).__name__}: {exc}"
+            self.metrics.errors.labels("bad_request" if isinstance(exc, ValueError) else "judge").inc()
+        except Exception as exc:  # a bug: the group ends with the message instead of being picked up again
+            log.exception("job %s group %s: unexpected error", row["job_id"], row["idx"])
+            error = f"internal error: {type(exc).__name__}: {exc}"
+            self.metrics.errors.labels("internal").inc()
+        if retry and attempt < self.cfg.max_group_attempts:
+            wait = self.backoff(attempt)
+            await asyncio.to_thread(self.store.retry_later, row["job_id"], row["idx"], error, time.time() + wait)
+            log.info(json.dumps({"event": "group", "job": row["job_id"], "index": row["idx"], "status": "retry",
+                                 "attempt": attempt, "retry_in_s": round(wait, 3)}))
+            return
+        if retry:
+            error = f"gave up after {attempt} attempt(s): {error}"
         await asyncio.to_thread(self.store.finish_group, row["job_id"], row["idx"], result, error)
-        log.info(json.dumps({"event": "group", "job": row["job_id"], "index": row["idx"],
+        log.info(json.dumps({"event": "group", "job": row["job_id"], "index": row["idx"], "attempt": attempt,
                              "status": "done" if error is None else "error"}))
