@@ -326,6 +326,17 @@ async def test_the_server_speaks_vllms_shapes_and_refuses_what_it_cannot_do(serv
             assert res.status_code in (400, 404) and fragment in res.json()["error"]["message"], (bad, res.text)
 
 
+def test_malformed_trajectories_are_refused_by_the_one_validation_naming_group_trajectory_and_field():
+    from ruler.trajectory import TrajectoryError
+
+    ok = Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                    reward=1.0)
+    bad = Trajectory(messages_and_choices=[{"role": "user", "content": "hi"},
+                                           {"role": "tool", "content": "[]"}], reward=0.0)
+    with pytest.raises(TrajectoryError, match=r"group 1, trajectory 2, message 2: .*tool_call_id"):
+        prepare([TrajectoryGroup([ok, ok]), TrajectoryGroup([ok, bad])], None, TrainConfig(), 512)
+
+
 def test_tool_call_parsers_follow_vllms():
     content, calls = parse_tool_calls('Let me look.<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
     assert content == "Let me look." and calls[0]["function"] == {"name": "f", "arguments": '{"x": 1}'}

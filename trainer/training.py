@@ -13,7 +13,7 @@ import time
 from collections import Counter
 
 from ruler.advantages import group_advantages, group_has_signal
-from ruler.trajectory import TrajectoryGroup
+from ruler.trajectory import Problem, TrajectoryError, TrajectoryGroup, validate_trajectories
 from trainer.config import TrainConfig
 from trainer.loss import policy_loss, token_weights
 from trainer.sequences import AbortedTurnError, SequenceReport, TrainingSequence, training_sequences
@@ -104,8 +104,9 @@ def verify_logprob_path(model, *, length: int = 24) -> float:
 def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_seq_length: int):
     """(sequences, stats): the batch a step trains on, and what was skipped and why.
 
-    Raises `MissingTokenIdsError` (naming the group and trajectory) for a generated turn without served
-    token ids, unless `config.allow_off_policy_text`.
+    Raises `TrajectoryError` for malformed trajectories (ruler's one validation, naming group, trajectory
+    and field), and `MissingTokenIdsError` (naming the group and trajectory) for a generated turn without
+    served token ids, unless `config.allow_off_policy_text`.
     """
     skipped: Counter = Counter()
     report = SequenceReport()
@@ -115,6 +116,10 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
     for g, group in enumerate(groups):
         if not isinstance(group, TrajectoryGroup):
             raise TypeError(f"group {g} is a {type(group).__name__}, not a TrajectoryGroup")
+        try:
+            validate_trajectories(group)  # the check every surface runs (ruler.trajectory)
+        except TrajectoryError as exc:
+            raise TrajectoryError([Problem((), f"group {g}, {exc}")]) from None
         trajs = list(group)
         values = [t.reward for t in trajs]
         if len(trajs) < 2:
