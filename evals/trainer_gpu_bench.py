@@ -1,15 +1,20 @@
-"""GPU benchmarks of the trainer against raw vLLM and TRL's GRPOTrainer, one command per part.
+"""GPU benchmarks of the trainer (rollouts through vLLM's own OpenAI server) against raw vLLM and TRL's
+GRPOTrainer, one command per part.
 
-    python evals/trainer_gpu_bench.py ours --model /tmp/models/SmolLM2-135M-Instruct --out $OUT
-    python evals/trainer_gpu_bench.py trl  --model /tmp/models/SmolLM2-135M-Instruct --out $OUT
-    python evals/trainer_gpu_bench.py report --out DIR         # the comparison table from both JSON files
+    python evals/trainer_gpu_bench.py ours --out DIR --mailboxes ENRON_DIR
+    python evals/trainer_gpu_bench.py trl  --out DIR
+    python evals/trainer_gpu_bench.py report --out DIR      # the comparison table from the JSON files
 
-`ours`: (a) rollout tokens/s through our server + vLLM engine vs raw `vllm.LLM.generate` on the same
-prompts and sampling parameters in the same process; then the tiny task (`evals/tiny_task.py`) for
-`--steps` GRPO steps: seconds per step, reward, (c) sleep/wake and adapter hot-swap seconds per step,
-(d) peak GPU memory (NVML, whole device, sampled every 50 ms).
-`trl`: the same task, model, LoRA, group size, questions per step, learning rate and steps with TRL's
-`GRPOTrainer` (vLLM colocate, LoRA): seconds per step, reward, peak GPU memory.
+`ours`, in one registration of SmolLM2 behind vLLM's server: (1) 32 multi-turn ART·E rollouts (ART's
+litellm parameters, native tools, 3 turns) checked turn by turn — training context == served
+`prompt_token_ids`, trained ids == sampled `token_ids`, old logprobs == sampled — then one training step,
+whose importance ratios (before the update) compare vLLM's bf16 logprobs with the trainer's; requests sent
+during that step must come back whole; (2) the tiny task (`evals/tiny_task.py`) for `--steps` GRPO steps:
+seconds per step, reward, sleep/wake and adapter-load seconds; (3) rollout tokens/s through the served
+path vs raw `vllm.LLM.generate` on the same prompt tokens, fixed length (`ignore_eos`), after the server
+is closed; (4) peak GPU memory (NVML, whole device, sampled every 50 ms). `--steps 0 --art-e-groups 0`
+measures only (3). `trl`: the tiny task with TRL's `GRPOTrainer` (vLLM colocate, LoRA), same model,
+LoRA, group size, questions per step, learning rate and steps.
 """
 
 from __future__ import annotations
@@ -342,31 +347,43 @@ def trl(args) -> dict:
 
 
 def report(out: Path) -> str:
+    """The markdown table of `ours.json` and `trl.json` (and `rollout.json`, a throughput-only rerun, if any)."""
     a = json.loads((out / "ours.json").read_text())
     b = json.loads((out / "trl.json").read_text()) if (out / "trl.json").is_file() else None
+    r = json.loads((out / "rollout.json").read_text()) if (out / "rollout.json").is_file() else None
     tail = 5
 
     def steady(xs):
         xs = [x for x in xs[1:] if x is not None] or xs  # step 1 includes warm-up; untrained steps have None
         return statistics.median(xs)
 
-    lines = ["| measure | ours | TRL GRPOTrainer | ratio |", "|---|---|---|---|"]
-    ours_step, ours_reward = steady(a["step_s"]), statistics.mean(a["rewards"][-tail:])
-    if b:
-        trl_step, trl_reward = steady(b["step_s"]), statistics.mean(b["rewards"][-tail:])
-        lines += [f"| seconds per step (median, steps 2..{a['steps']}) | {ours_step:.2f} | {trl_step:.2f} | "
+    lines = ["| measure | ours | TRL GRPOTrainer / raw vLLM | ratio |", "|---|---|---|---|"]
+    if "art_e_turns" in a:
+        n = a["art_e_turns"]
+        lines += [f"| ART·E turns (of {a['art_e_rollouts']} rollouts) whose training context is the served prompt "
+                  f"| {a['art_e_context_equal']}/{n} | | |",
+                  f"| ... whose trained tokens are the sampled ids / old logprobs the sampled ones "
+                  f"| {a['art_e_tokens_equal']}/{n} / {a['art_e_logprobs_equal']}/{n} | | |",
+                  f"| sequences (turns sharing a forward pass; new sequences at context breaks) "
+                  f"| {a['art_e_sequences']} ({a['art_e_context_breaks']} breaks) | | |",
+                  f"| mean / max abs(ratio - 1) before the first update (vLLM bf16 vs trainer bf16) "
+                  f"| {a['ratio_dev_mean_before_update']:.3f} / {a['ratio_dev_max_before_update']:.3f} | | |"]
+    if b and a.get("step_s"):
+        ours_step, trl_step = steady(a["step_s"]), steady(b["step_s"])
+        lines += [f"| tiny task: seconds per step (median, steps 2..{a['steps']}) | {ours_step:.2f} | {trl_step:.2f} | "
                   f"{ours_step / trl_step:.2f}x |",
-                  f"| reward, first step | {a['rewards'][0]:.3f} | {b['rewards'][0]:.3f} | |",
-                  f"| reward, mean of last {tail} steps | {ours_reward:.3f} | {trl_reward:.3f} | |",
-                  f"| peak GPU memory (GiB, NVML) | {a['peak_gpu_gib']:.1f} | {b['peak_gpu_gib']:.1f} | "
-                  f"{a['peak_gpu_gib'] / b['peak_gpu_gib']:.2f}x |"]
-    lines += [f"| first registration incl. vLLM start (s) | {a['register_s']:.0f} | {b['setup_s']:.0f} (trainer init) | |"
-              if b else "",
-              f"| rollout tokens/s, ours vs raw vllm.LLM.generate | {a['ours_tokens_per_s']:.0f} | "
-              f"raw {a['raw_tokens_per_s']:.0f} | {a['rollout_ratio']:.2f}x |",
-              f"| sleep + wake per step (s, median) | {steady(a['sleep_wake_s']):.3f} | | |",
-              f"| adapter hot swap per step (s, median) | {steady(a['adapter_swap_s']):.3f} | | |",
-              f"| train part of a step (s, median) | {steady(a['train_s']):.3f} | | |"]
+                  f"| reward, mean of first {tail} steps | {statistics.mean(a['rewards'][:tail]):.3f} | "
+                  f"{statistics.mean(b['rewards'][:tail]):.3f} | |",
+                  f"| reward, mean of last {tail} steps | {statistics.mean(a['rewards'][-tail:]):.3f} | "
+                  f"{statistics.mean(b['rewards'][-tail:]):.3f} | |",
+                  f"| peak GPU memory (GiB, NVML, whole device) | {a['peak_gpu_gib']:.1f} | {b['peak_gpu_gib']:.1f} | "
+                  f"{a['peak_gpu_gib'] / b['peak_gpu_gib']:.2f}x |",
+                  f"| sleep + wake / adapter load / training part per step (s, median) | "
+                  f"{steady(a['sleep_wake_s']):.3f} / {steady(a['adapter_swap_s']):.3f} / {steady(a['train_s']):.3f} | | |"]
+    for label, src in (("first run, standard logprobs objects", a), ("rerun, compact token_logprobs", r)):
+        if src and "rollout_ratio" in src:
+            lines.append(f"| rollout tokens/s through vLLM's server vs raw vllm.LLM.generate ({label}) | "
+                         f"{src['ours_tokens_per_s']:.0f} | {src['raw_tokens_per_s']:.0f} | {src['rollout_ratio']:.2f}x |")
     return "\n".join(lines)
 
 
