@@ -50,7 +50,6 @@ async def main() -> None:
                            ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=8192)))
     backend = LocalBackend(args.out)
     await model.register(backend)
-    target = model.litellm_completion_params()  # ART's shape: hosted_vllm/<name>@<step> at the model's server
     rng = random.Random(0)
 
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
@@ -59,9 +58,9 @@ async def main() -> None:
     try:
         for step in range(await model.get_step(), args.steps):
             picked = rng.sample(scenarios, args.questions)
+            target = model.litellm_completion_params()  # ART's shape: hosted_vllm/<name>@<step> at the model's server
             groups = await gather_trajectory_groups(
-                [TrajectoryGroup(run_agent(s, args.db, model.litellm_completion_params()["model"],
-                                           params={**target, "model": None, "max_tokens": args.max_tokens},
+                [TrajectoryGroup(run_agent(s, args.db, target.pop("model"), params={**target, "max_tokens": args.max_tokens},
                                            max_turns=args.max_turns, tool_mode="native")
                                  for _ in range(args.group_size)) for s in picked],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)

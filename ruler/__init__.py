@@ -10,11 +10,12 @@ from ruler.advantages import group_advantages, group_has_signal
 from ruler.parse import TrajectoryScore
 from ruler.scoring import RulerResult, default_judge_model, ruler, ruler_score_group, score_group_messages
 from ruler.trajectory import (History, Limits, PydanticException, Trajectory, TrajectoryError, TrajectoryGroup,
-                              validate_trajectories)
+                              convert_litellm_choice_to_openai, validate_trajectories)
 
 __all__ = [
     "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "History", "JudgeConfigError", "JudgeError", "JudgeOutputError", "JudgePanel",
     "JudgeUnavailableError", "Limits", "PydanticException", "RetryPolicy", "RulerResult", "Trajectory",
-    "TrajectoryError", "TrajectoryGroup", "TrajectoryScore", "default_judge_model", "group_advantages",
+    "TrajectoryError", "TrajectoryGroup", "TrajectoryScore", "convert_litellm_choice_to_openai",
+    "default_judge_model", "group_advantages",
     "group_has_signal", "ruler", "ruler_score_group", "score_group_messages", "validate_trajectories",
 ]

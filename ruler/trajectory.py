@@ -58,14 +58,51 @@ class History(pydantic.BaseModel):
     messages_and_choices: list[MessageOrChoice]
     tools: list[dict[str, Any]] | None = None
 
+    @pydantic.field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _accept_litellm_choices(cls, items: Any) -> Any:
+        return _openai_choices(items)
+
 
 def choice_to_message(choice: Choice) -> dict[str, Any]:
-    """An assistant message dict with the content and tool calls of a generated `Choice`."""
+    """An assistant message dict with the content, tool calls and (when the server parsed some) reasoning of
+    a generated `Choice`. Reasoning goes back as `reasoning`, which vLLM hands to chat templates that show
+    it (Qwen3 keeps the think block of turns after the last user message), so the next prompt extends this
+    turn exactly."""
     msg = choice.message
     out: dict[str, Any] = {"role": "assistant", "content": msg.content}
     if msg.tool_calls:
         out["tool_calls"] = [tc.model_dump(exclude_none=True) for tc in msg.tool_calls]
+    extra = msg.model_extra or {}
+    nested = extra.get("provider_specific_fields") if isinstance(extra.get("provider_specific_fields"), dict) else {}
+    reasoning = extra.get("reasoning") or extra.get("reasoning_content") or nested.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        out["reasoning"] = reasoning
     return out
+
+
+def _openai_choices(items: Any) -> Any:
+    """litellm response choices in a conversation become OpenAI `Choice`s (their server fields kept)."""
+    if not isinstance(items, list):
+        return items
+    return [convert_litellm_choice_to_openai(i) if not isinstance(i, (dict, Choice)) and hasattr(i, "message")
+            and hasattr(i, "finish_reason") and hasattr(i, "model_dump") else i for i in items]
+
+
+def convert_litellm_choice_to_openai(choice: Any) -> Choice:
+    """An OpenAI `Choice` from a litellm response choice, keeping what the server sent beside the standard
+    fields (`prompt_token_ids`, `token_ids`, `token_logprobs`, which litellm keeps in
+    `provider_specific_fields`): training needs them. Same name and use as ART's helper."""
+    if isinstance(choice, Choice):
+        return choice
+    if not hasattr(choice, "model_dump") or not hasattr(choice, "message"):
+        raise TypeError(f"expected a litellm or OpenAI choice, got {type(choice).__name__}")
+    data = choice.model_dump()
+    nested = data.get("provider_specific_fields") or {}
+    for key in ("prompt_token_ids", "token_ids", "token_logprobs"):
+        if data.get(key) is None and isinstance(nested, dict) and nested.get(key) is not None:
+            data[key] = nested[key]
+    return Choice.model_validate(data)
 
 
 ART_ONLY_FIELDS = ("initial_policy_version", "final_policy_version", "auto_metrics", "start_time")
@@ -88,6 +125,11 @@ class Trajectory(pydantic.BaseModel):
     metrics: dict[str, float | int | bool] = {}
     metadata: dict[str, MetadataValue] = {}
     logs: list[str] = []
+
+    @pydantic.field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _accept_litellm_choices(cls, items: Any) -> Any:
+        return _openai_choices(items)
 
     @pydantic.model_validator(mode="before")
     @classmethod

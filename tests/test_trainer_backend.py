@@ -52,16 +52,21 @@ async def test_server_serves_the_freshly_trained_adapter_and_resumes_from_checkp
             # through litellm with ART's parameters (as ART's rollout code talks), the served tokens still
             # reach the trainer
             import litellm
-            from openai.types.chat.chat_completion import Choice
-
             from trainer.sequences import served_turn
 
+            from ruler import convert_litellm_choice_to_openai
+            from trainer.sequences import training_sequences
+
             params = model.litellm_completion_params()
-            assert params["model"] == "hosted_vllm/m@0" and params["temperature"] == 1
+            assert params["model"] == "hosted_vllm/m@0" and params["temperature"] == 1 and model.trainable
             via = await litellm.acompletion(messages=MSGS, max_tokens=4, **params)
-            turn = served_turn(Choice.model_validate(via.choices[0].model_dump()))
+            turn = served_turn(convert_litellm_choice_to_openai(via.choices[0]))
             assert len(turn.completion) == len(turn.logprobs) == via.usage.completion_tokens
             assert turn.prompt == group.trajectories[0].messages_and_choices[-1].model_extra["prompt_token_ids"]
+            # a litellm choice kept as it is in a trajectory is converted with its served tokens
+            (seq,) = training_sequences(Trajectory(messages_and_choices=[*MSGS, via.choices[0]]))
+            assert seq.token_ids == turn.prompt + turn.completion and sum(seq.trained) == len(turn.completion)
+            assert model.openai_client() is model.openai_client()  # one client, as ART keeps one
             row = await model.train([group], TrainConfig(learning_rate=1e-3))
             assert row["trained"] and row["step"] == 1 and await model.get_step() == 1
             assert row["sequences"] == 4 and row["trained_tokens"] > 0 and row["grad_norm"] > 0

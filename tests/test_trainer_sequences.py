@@ -337,6 +337,46 @@ def test_malformed_trajectories_are_refused_by_the_one_validation_naming_group_t
         prepare([TrajectoryGroup([ok, ok]), TrajectoryGroup([ok, bad])], None, TrainConfig(), 512)
 
 
+def test_messages_reach_the_template_as_vllm_hands_them_over(served):
+    from ruler.trajectory import choice_to_message
+    from trainer.chat import template_messages
+
+    msgs = template_messages([
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "u"},
+        {"role": "assistant", "content": None, "tool_calls": None},
+        {"role": "assistant", "content": "x", "tool_calls": [], "reasoning": "think"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "f", "arguments": '{"k": [1]}'}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"}])
+    assert msgs[0] == {"role": "user", "content": "a\nb"}                 # parts joined, other fields dropped
+    assert msgs[1] == {"role": "assistant", "content": ""}                 # tool_calls None: not shown at all
+    assert msgs[2] == {"role": "assistant", "content": "x", "reasoning": "think", "reasoning_content": "think"}
+    assert msgs[3]["tool_calls"][0]["function"]["arguments"] == {"k": [1]}  # an object, for `| tojson`
+    assert msgs[4] == {"role": "tool", "content": "ok", "tool_call_id": "c"}
+    # a template that tests `'tool_calls' in message` (Llama-3.1's way) renders a plain assistant turn
+    _, tokenizer, _ = served
+    strict = ("{% for m in messages %}{% if 'tool_calls' in m %}{{ m.tool_calls | length }} calls"
+              "{% else %}{{ m.role }}: {{ m.content }}|{% endif %}{% endfor %}")
+    ids = prompt_ids(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo",
+                                                                      "tool_calls": None}], chat_template=strict)
+    assert tokenizer.decode(ids) == "user: hi|assistant: yo|"
+    # the reasoning a server parsed goes back into history
+    choice = Choice.model_validate({"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "42", "reasoning": "six times seven"}})
+    assert choice_to_message(choice) == {"role": "assistant", "content": "42", "reasoning": "six times seven"}
+
+
+def test_tool_and_reasoning_parsers_default_by_model_family():
+    from trainer.vllm_server import default_parsers
+
+    assert default_parsers("qwen3", "<|im_start|>") == ("hermes", "qwen3")
+    assert default_parsers("qwen2", None) == ("hermes", None)
+    assert default_parsers("llama", "<|start_header_id|>{{ m }}") == ("llama3_json", None)
+    assert default_parsers("llama", "<|im_start|>") == ("hermes", None)       # a Hermes fine-tune of Llama
+    assert default_parsers("llama", "[INST] {{ m }}") == ("mistral", None)     # no <|python_tag|>: not llama3_json
+    assert default_parsers("mistral", None) == ("mistral", None)
+
+
 def test_tool_call_parsers_follow_vllms():
     content, calls = parse_tool_calls('Let me look.<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
     assert content == "Let me look." and calls[0]["function"] == {"name": "f", "arguments": '{"x": 1}'}

@@ -50,8 +50,10 @@ def client(monkeypatch):
 async def test_every_completion_carries_what_training_needs_and_the_bare_name_follows_the_adapters(client):
     async with client:
         msgs = [{"role": "user", "content": "hi"}]
-        r = (await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs, "n": 2})).json()
+        r = (await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs, "n": 2,
+                                                              "top_logprobs": None})).json()
         assert seen[-1]["return_token_ids"] is True and seen[-1]["logprobs"] is True and seen[-1]["model"] == "agent"
+        assert seen[-1]["top_logprobs"] == 0  # vLLM computes logprobs only when top_logprobs is a number
         for c in r["choices"]:  # prompt ids on each choice; logprobs not asked for: one compact list
             assert c["prompt_token_ids"] == [1, 2, 3] and c["token_ids"] == [7, 8]
             assert c["token_logprobs"] == [-0.5, -1.5] and c["logprobs"] is None

@@ -173,6 +173,7 @@ class LocalBackend:
 
             kind = "vllm" if vllm_available() else "transformers"
         _check_lora(cfg, kind)
+        end_of_turn = end_of_turn_ids(tokenizer, getattr(hf, "generation_config", None))
         template, tools_ok = pick_chat_template(tokenizer, cfg.engine.chat_template)
         from trainer.vllm_server import default_parsers
 
@@ -204,11 +205,10 @@ class LocalBackend:
             if tool_parser not in TOOL_PARSERS:
                 raise ValueError(f"the CPU engine parses tool calls with {sorted(TOOL_PARSERS)}; {base} defaults to "
                                  f"{tool_parser!r}: set EngineConfig.tool_call_parser")
-            generation_config = getattr(hf, "generation_config", None)
-            engine = TransformersEngine(peft_model, tokenizer, lock,
-                                        stop_token_ids=end_of_turn_ids(tokenizer, generation_config))
+            engine = TransformersEngine(peft_model, tokenizer, lock, stop_token_ids=end_of_turn)
         served = Served(model.name, engine, tokenizer, cfg.engine.max_seq_length, step, chat_template=template,
-                        renders_tools=tools_ok, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
+                        renders_tools=tools_ok, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+                        end_of_turn=end_of_turn)
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward)
 
     def _run(self, model) -> _Run:
@@ -228,7 +228,8 @@ class LocalBackend:
         started = time.perf_counter()
         rollout_s = started - run.last_train_end
         seqs, prep = await asyncio.to_thread(prepare, list(groups), run.tokenizer, config,
-                                             run.served.max_seq_length)
+                                             run.served.max_seq_length, chat_template=run.served.chat_template,
+                                             end_of_turn=run.served.end_of_turn)
         row: dict[str, Any] = {"step": run.served.step, "time": time.time(), "loss_kind": config.loss,
                                "rollout_s": rollout_s, **prep}
         if not seqs:

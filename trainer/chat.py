@@ -108,39 +108,51 @@ def pick_chat_template(tokenizer, override: str | None = None) -> tuple[str | No
 
 
 def _text(content: Any) -> str | None:
-    if isinstance(content, list):  # OpenAI content parts: the text ones, joined (as vLLM does for text-only)
+    if isinstance(content, list):  # OpenAI content parts: the text ones, joined (as vLLM's "string" format)
         return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     return content
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as the template sees them: content parts joined, tool-call arguments as JSON objects."""
+    """Messages as vLLM's chat path hands them to the template: each becomes `role` + text `content` (None
+    → "", text parts joined by newlines); assistant `tool_calls` kept unless None or empty, their
+    `arguments` parsed to JSON objects; assistant `reasoning` kept, also as `reasoning_content`; a tool
+    message's `tool_call_id` kept. Other fields are not shown to the template."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
-        msg = {**m, "content": _text(m.get("content"))}
-        calls = m.get("tool_calls")
-        if calls:
-            if not isinstance(calls, list):
+        role, content = m["role"], _text(m.get("content"))
+        msg: dict[str, Any] = {"role": role, "content": "" if content is None else content}
+        if role == "assistant":
+            calls = m.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
                 raise ValueError(f"messages[{i}].tool_calls must be a list")
-            fixed = []
-            for j, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise ValueError(f"messages[{i}].tool_calls[{j}] needs function.name")
-                args = fn.get("arguments")
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args) if args.strip() else {}
-                    except ValueError:
-                        raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments is not JSON") from None
-                fixed.append({**call, "function": {**fn, "arguments": args if args is not None else {}}})
-            msg["tool_calls"] = fixed
+            if calls:
+                msg["tool_calls"] = [_template_call(call, f"messages[{i}].tool_calls[{j}]")
+                                     for j, call in enumerate(calls)]
+            reasoning = m.get("reasoning", m.get("reasoning_content"))
+            if reasoning is not None:
+                msg["reasoning"] = msg["reasoning_content"] = reasoning
+        elif role == "tool" and "tool_call_id" in m:
+            msg["tool_call_id"] = m["tool_call_id"]
         out.append(msg)
     return out
+
+
+def _template_call(call: Any, where: str) -> dict:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or call.get("type", "function") != "function":
+        raise ValueError(f"{where} must be a function call with function.name")
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise ValueError(f"{where}.function.arguments is not JSON") from None
+    return {**call, "function": {**fn, "arguments": args if args is not None else {}}}
 
 
 def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None, *,

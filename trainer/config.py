@@ -60,7 +60,7 @@ class ModelConfig(_Strict):
 class TrainConfig(_Strict):
     """One training step.
 
-    loss: `grpo` (PPO-clip at ±epsilon, each sequence's tokens averaged, then sequences averaged),
+    loss: `grpo` (PPO-clip at ±epsilon, each trajectory's trained tokens averaged, then trajectories averaged),
     `dr_grpo` (no length normalisation: token sums over a constant, advantages not divided by the std),
     `dapo` (clip-higher: 1-epsilon .. 1+epsilon_high, one mean over all tokens of the batch).
     """

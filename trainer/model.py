@@ -24,6 +24,9 @@ class TrainableModel:
         self.name, self.project, self.base_model = name, project, base_model
         self.config = config or ModelConfig()
         self._backend = None
+        self._client = None
+
+    trainable = True  # ART's flag: rollout code branches on it (e.g. no response caching for trainable models)
 
     @property
     def backend(self):
@@ -61,11 +64,17 @@ class TrainableModel:
         return f"{self.name}@{self.backend.current_step(self) if step is None else step}"
 
     def openai_client(self, **kwargs):
-        """An `AsyncOpenAI` for this model's server; use `model=model.get_inference_name()` (or `model.name`)."""
+        """An `AsyncOpenAI` for this model's server (one client, reused, unless `kwargs` ask for another); use
+        `model=model.get_inference_name()` (or `model.name`)."""
         from openai import AsyncOpenAI
 
-        return AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key,
-                           **{"max_retries": 2, **kwargs})
+        if kwargs or self._client is None or str(self._client.base_url).rstrip("/") != self.inference_base_url:
+            client = AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key,
+                                 **{"max_retries": 2, **kwargs})
+            if kwargs:
+                return client
+            self._client = client
+        return self._client
 
     def litellm_completion_params(self, step: int | None = None) -> dict:
         """Keyword arguments for `litellm.acompletion` (as ART's): `hosted_vllm/<name>@<step>` at this model's

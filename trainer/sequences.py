@@ -119,27 +119,28 @@ def end_of_turn_ids(tokenizer, generation_config=None) -> list[int]:
     return ids
 
 
-def _text_turn(tokenizer, before: list[dict], choice: Choice, tools) -> _Turn:
-    """Off-policy text: the turn re-rendered with the chat template (only with allow_off_policy_text)."""
+def _text_turn(tokenizer, before: list[dict], choice: Choice, tools, chat_template: str | None,
+               end_of_turn: list[int] | None) -> _Turn:
+    """Off-policy text: the turn re-rendered with the served chat template (only with allow_off_policy_text)."""
     from trainer.chat import prompt_ids, template_messages
 
-    prompt = prompt_ids(tokenizer, before, tools)
+    prompt = prompt_ids(tokenizer, before, tools, chat_template=chat_template)
     full_text = tokenizer.apply_chat_template(template_messages([*before, choice_to_message(choice)]),
-                                              tools=tools or None, tokenize=False)
+                                              tools=tools or None, chat_template=chat_template, tokenize=False)
     full = tokenizer(full_text, add_special_tokens=False)["input_ids"]
-    ends = set(end_of_turn_ids(tokenizer))
+    ends = list(end_of_turn or end_of_turn_ids(tokenizer))
     if full[:len(prompt)] == prompt:
         rest = full[len(prompt):]
         cut = next((i + 1 for i, t in enumerate(rest) if t in ends), len(rest))
         completion = rest[:cut]
     else:  # the template renders history differently from a generation prompt (e.g. think blocks)
         completion = tokenizer(choice.message.content or "", add_special_tokens=False)["input_ids"]
-        completion += [next(iter(ends))] if ends else []
+        completion += ends[:1]
     return _Turn(prompt, completion, None)
 
 
 def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: bool, where: str,
-                       report: SequenceReport) -> list[TrainingSequence]:
+                       report: SequenceReport, render: dict) -> list[TrainingSequence]:
     seqs: list[TrainingSequence] = []
     current: TrainingSequence | None = None
     before: list[dict] = []
@@ -155,11 +156,13 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
                 raise MissingTokenIdsError(
                     f"{where}: messages_and_choices[{i}] has no served token ids (prompt_token_ids and "
                     "token_ids), so what the model saw is unknown. Sample through the model's server "
-                    "(model.openai_client() / model.litellm_completion_params()), or pass "
-                    "TrainConfig(allow_off_policy_text=True) to train re-rendered text with ratio 1")
+                    "(model.openai_client() / model.litellm_completion_params()) and keep its choices whole "
+                    "(a converter that rebuilds a Choice from message and logprobs alone drops them: use "
+                    "ruler.convert_litellm_choice_to_openai), or pass TrainConfig(allow_off_policy_text=True) "
+                    "to train re-rendered text with ratio 1")
             if tokenizer is None:
                 raise ValueError("a tokenizer is needed to re-render off-policy text")
-            turn = _text_turn(tokenizer, before, item, tools)
+            turn = _text_turn(tokenizer, before, item, tools, **render)
             report.off_policy_turns += 1
         elif turn.logprobs is None:
             report.turns_without_logprobs += 1
@@ -182,12 +185,15 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
 
 
 def training_sequences(trajectory: Trajectory, tokenizer=None, *, allow_off_policy_text: bool = False,
-                       report: SequenceReport | None = None, where: str = "trajectory") -> list[TrainingSequence]:
+                       report: SequenceReport | None = None, where: str = "trajectory",
+                       chat_template: str | None = None, end_of_turn: list[int] | None = None,
+                       ) -> list[TrainingSequence]:
     """The training sequences of one trajectory (its `messages_and_choices` and each of its
     `additional_histories`), each with `token_ids`, `trained` (same length) and `old_logprobs`.
 
     Raises `MissingTokenIdsError` for a choice without served ids (unless `allow_off_policy_text`, which
-    needs `tokenizer`), `AbortedTurnError` for an aborted one.
+    needs `tokenizer` and renders with `chat_template` — the served one — ending the turn with the first of
+    `end_of_turn`), `AbortedTurnError` for an aborted one.
     """
     if not isinstance(trajectory, Trajectory):
         raise TypeError(f"{where} is a {type(trajectory).__name__}, not a Trajectory")
@@ -197,6 +203,7 @@ def training_sequences(trajectory: Trajectory, tokenizer=None, *, allow_off_poli
     seqs = []
     for h, (items, tools) in enumerate(histories):
         label = where if h == 0 else f"{where}.additional_histories[{h - 1}]"
-        seqs += _history_sequences(list(items), tools, tokenizer, allow_off_policy_text, label, report)
+        seqs += _history_sequences(list(items), tools, tokenizer, allow_off_policy_text, label, report,
+                                   {"chat_template": chat_template, "end_of_turn": end_of_turn})
     report.sequences += len(seqs)
     return seqs

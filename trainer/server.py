@@ -45,6 +45,7 @@ class Served:
     renders_tools: bool = True
     tool_parser: str = "hermes"
     reasoning_parser: str | None = None   # "qwen3": text before </think> becomes message.reasoning
+    end_of_turn: list[int] | None = None  # the ids that end an assistant turn (generation config + tokenizer)
 
 
 class ChatRequest(pydantic.BaseModel):

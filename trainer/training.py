@@ -101,7 +101,8 @@ def verify_logprob_path(model, *, length: int = 24) -> float:
     return float((ours - theirs).abs().max())
 
 
-def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_seq_length: int):
+def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_seq_length: int, *,
+            chat_template: str | None = None, end_of_turn: list[int] | None = None):
     """(sequences, stats): the batch a step trains on, and what was skipped and why.
 
     Raises `TrajectoryError` for malformed trajectories (ruler's one validation, naming group, trajectory
@@ -139,7 +140,8 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                 continue
             try:
                 found = training_sequences(traj, tokenizer, allow_off_policy_text=config.allow_off_policy_text,
-                                           report=report, where=f"group {g} trajectory {t}")
+                                           report=report, where=f"group {g} trajectory {t}",
+                                           chat_template=chat_template, end_of_turn=end_of_turn)
             except AbortedTurnError:
                 skipped["trajectory with an aborted turn"] += 1
                 continue

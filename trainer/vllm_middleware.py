@@ -10,7 +10,9 @@ rollout carries what token-exact training needs without the rollout code asking 
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
 - `POST /v1/load_lora_adapter`: passed through; once vLLM has loaded `<name>@<step>`, the bare name means
-  that adapter.
+  that adapter. A request is routed when it arrives: one that arrives while the server sleeps for a
+  training step is queued for the adapter that was latest on arrival (its tokens and logprobs are that
+  adapter's, so training on it stays exact, one step off-policy). `model.get_inference_name()` names a step.
 
 Nothing else is touched: generation, tool and reasoning parsing, adapters, sleep/wake all stay vLLM's.
 This module imports nothing heavy: vLLM's server process imports it by path.
@@ -87,6 +89,8 @@ class TrainingDataMiddleware:
         asked = bool(body.get("logprobs"))
         if not asked:
             body["logprobs"] = True
+        if body.get("top_logprobs") is None:  # vLLM builds logprobs only when top_logprobs is a number
+            body["top_logprobs"] = 0
         raw = _dumps(body)
         scope = {**scope, "headers": _with_length(scope["headers"], len(raw))}
         if body.get("stream"):

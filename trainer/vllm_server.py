@@ -8,7 +8,8 @@
   completion carry `prompt_token_ids`, `token_ids` and sampled logprobs, and routes the bare name to the
   latest adapter.
 - Each step's adapter is loaded from its checkpoint folder through `/v1/load_lora_adapter` as
-  `NAME@<step>` (vLLM's runtime LoRA loading); adapters more than `keep_adapters` steps old are unloaded.
+  `NAME@<step>` (vLLM's runtime LoRA loading); names of adapters more than `keep_adapters` steps old are
+  unregistered (`/v1/unload_lora_adapter`; vLLM's engine then drops them from its LoRA cache as it fills).
 - Around training the server sleeps: `/sleep?level=1&mode=wait` lets in-flight requests finish, queues new
   ones, offloads the weights and frees the KV cache; `/wake_up` restores them and runs the queued requests.
   No request is aborted, so none is trained as if it had finished.
@@ -55,15 +56,17 @@ def vllm_available() -> bool:
 def default_parsers(model_type: str, chat_template: str | None) -> tuple[str, str | None]:
     """(tool-call parser, reasoning parser) for a model family, by vLLM's parser names.
 
-    Qwen3 → hermes + qwen3; Qwen2.5 and other ChatML/Hermes templates → hermes; Llama-3.x → llama3_json;
-    Mistral → mistral. Anything else → hermes (set `EngineConfig.tool_call_parser` to override).
+    Qwen3 → hermes + qwen3; Qwen2.5 and other ChatML/Hermes templates → hermes; Llama-3.x (a template with
+    `<|start_header_id|>`) → llama3_json; Mistral → mistral. Anything else → hermes (other Llama-architecture
+    models such as Llama-2 or R1 distills lack `<|python_tag|>`, which vLLM's llama3_json parser requires).
+    Set `EngineConfig.tool_call_parser` to override.
     """
     template = chat_template or ""
     model_type = (model_type or "").lower()
     reasoning = "qwen3" if model_type.startswith("qwen3") else None
     if "<|im_start|>" in template or model_type.startswith(("qwen2", "qwen3")):
         return "hermes", reasoning
-    if "<|start_header_id|>" in template or model_type == "llama":
+    if "<|start_header_id|>" in template:
         return "llama3_json", reasoning
     if "[INST]" in template or model_type in ("mistral", "mixtral"):
         return "mistral", reasoning
@@ -184,7 +187,7 @@ class VLLMServer:
         return r
 
     async def load_adapter(self, step: int, path: str | Path) -> None:
-        """Serve the adapter saved at `path` as `NAME@step`, make it the bare name's, unload old ones."""
+        """Serve the adapter saved at `path` as `NAME@step`, make it the bare name's, unregister old names."""
         await self._post("/v1/load_lora_adapter", json={"lora_name": f"{self.served_name}@{step}",
                                                         "lora_path": str(path)})
         self.loaded.append(step)
