@@ -248,8 +248,7 @@ async def ours(args) -> dict:
                 started = time.perf_counter()
                 groups = await gather_trajectory_groups(
                     [group(q, a) for q, a in questions_for_step(step, args.questions_per_step)], pbar_desc=None)
-                row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss="grpo",
-                                                              micro_batch_size=args.group_size * args.questions_per_step))
+                row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss="grpo"))
                 row["wall_s"] = time.perf_counter() - started
                 rows.append(row)
                 print(f"ours step {row['step']}: reward {row['reward_mean']:.3f} in {row['wall_s']:.2f}s "

@@ -58,9 +58,10 @@ async def main() -> None:
     try:
         for step in range(await model.get_step(), args.steps):
             picked = rng.sample(scenarios, args.questions)
-            target = model.litellm_completion_params()  # ART's shape: hosted_vllm/<name>@<step> at the model's server
+            params = model.litellm_completion_params()  # ART's shape: hosted_vllm/<name>@<step> at the model's server
+            name = params.pop("model")
             groups = await gather_trajectory_groups(
-                [TrajectoryGroup(run_agent(s, args.db, target.pop("model"), params={**target, "max_tokens": args.max_tokens},
+                [TrajectoryGroup(run_agent(s, args.db, name, params={**params, "max_tokens": args.max_tokens},
                                            max_turns=args.max_turns, tool_mode="native")
                                  for _ in range(args.group_size)) for s in picked],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)

@@ -272,7 +272,7 @@ class LocalBackend:
                 run.optimizer.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
                 raise MemoryError("out of memory in the training step (nothing applied; the last checkpoint is "
-                                  "intact): lower micro_batch_size or max_seq_length, or enable "
+                                  "intact): lower max_tokens_per_micro_batch or max_seq_length, or enable "
                                   "gradient_checkpointing") from None
 
     async def delete_checkpoints(self, model, metric: str = "reward_mean") -> list[int]:

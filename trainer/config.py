@@ -70,7 +70,12 @@ class TrainConfig(_Strict):
     epsilon_high: float = pydantic.Field(0.28, gt=0)
     kl_coef: float = pydantic.Field(0.0, ge=0)
     scale_advantages: bool | None = None  # None: yes, except for dr_grpo
-    micro_batch_size: int = pydantic.Field(4, ge=1)
+    # A forward pass holds whole sequences packed up to this many tokens (one longer sequence gets a pass
+    # of its own); each group's shared prompt is computed once when `share_prefix` and it is at least
+    # `min_shared_prefix` tokens (trainer/packing.py).
+    max_tokens_per_micro_batch: int = pydantic.Field(8192, ge=16)
+    share_prefix: bool = True
+    min_shared_prefix: int = pydantic.Field(32, ge=1)
     max_grad_norm: float = pydantic.Field(1.0, gt=0)
     weight_decay: float = pydantic.Field(0.0, ge=0)
     logprob_chunk_size: int = pydantic.Field(256, ge=1)

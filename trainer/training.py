@@ -1,9 +1,10 @@
 """One GRPO step on LoRA: groups → advantages → served token sequences → chunked logprobs → loss → step.
 
 Where advantages come from: `ruler.group_advantages` on each group's rewards (zero-signal groups dropped).
-Log-probabilities are computed from the last hidden state one chunk of positions at a time, each chunk
-under activation checkpointing, so the full [tokens × vocabulary] logits never exist at once, not even
-for the backward pass. The reference model for KL is the same model with the adapter disabled.
+Sequences are packed into padding-free rows, each group's shared prompt computed once (`trainer/packing.py`).
+Log-probabilities are computed from the last hidden state at the positions that predict a trained token,
+one chunk at a time under activation checkpointing, so the full [tokens × vocabulary] logits never exist
+at once, not even for the backward pass. The reference model for KL is the model with the adapter disabled.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ruler.advantages import group_advantages, group_has_signal
 from ruler.trajectory import Problem, TrajectoryError, TrajectoryGroup, validate_trajectories
 from trainer.config import TrainConfig
 from trainer.loss import policy_loss, token_weights
+from trainer.packing import MASKABLE_ATTENTION, Row, pack
 from trainer.sequences import AbortedTurnError, SequenceReport, TrainingSequence, training_sequences
 
 
@@ -52,50 +54,22 @@ def _chunk_logprobs(lm_head, hidden, targets, transform=None):
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-def sequence_logprobs(model, input_ids, attention_mask, chunk_size: int, *, full_forward: bool = False):
-    """log p(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1].
-
-    By default from the last hidden state, one chunk of positions at a time under activation checkpointing
-    (no [tokens × vocabulary] logits at once), with the architecture's own logit transform
-    (`logit_transform`); `verify_logprob_path` proves it equal to the model's forward at register.
-    `full_forward`: the model's own forward, for architectures where that proof fails.
-    """
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    targets = input_ids[:, 1:]
-    if full_forward:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-        return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    body, lm_head = base.get_decoder(), base.get_output_embeddings()
-    transform = logit_transform(base.config)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
-    parts = []
-    for s in range(0, hidden.shape[1], chunk_size):
-        h, t = hidden[:, s:s + chunk_size], targets[:, s:s + chunk_size]
-        if torch.is_grad_enabled():
-            parts.append(checkpoint(_chunk_logprobs, lm_head, h, t, transform, use_reentrant=False))
-        else:
-            parts.append(_chunk_logprobs(lm_head, h, t, transform))
-    return torch.cat(parts, dim=1)
-
-
 def verify_logprob_path(model, *, length: int = 24) -> float:
     """Max |chunked − model forward| logprob on a fixed input (eval mode, no grad). The backend uses the
     chunked path only when this is within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
     import torch
 
-    device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
-    ids = (torch.arange(length, device=device)[None] * 7919 + 11) % vocab
-    attn = torch.ones_like(ids)
+    ids = [(t * 7919 + 11) % vocab for t in range(length)]
+    seq = TrainingSequence(ids, [False] + [True] * (length - 1), [math.nan] * length)
+    rows, _ = pack([seq], capacity=length)
+    masked = attention_takes_masks(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            ours = sequence_logprobs(model, ids, attn, chunk_size=7)
-            theirs = sequence_logprobs(model, ids, attn, chunk_size=7, full_forward=True)
+            ours = _row_logprobs(model, rows[0], 7, full_forward=False, masked=masked)
+            theirs = _row_logprobs(model, rows[0], 7, full_forward=True, masked=masked)
     finally:
         model.train(was_training)
     return float((ours - theirs).abs().max())
@@ -155,7 +129,7 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                 if not any(seq.trained[1:]):  # the first token is never predicted
                     skipped["sequence without trained tokens within max_seq_length"] += 1
                     continue
-                seq.advantage, seq.trajectory = float(adv), n_trajectories
+                seq.advantage, seq.trajectory, seq.group = float(adv), n_trajectories, g
                 kept.append(seq)
             if not found:
                 skipped["no generated tokens"] += 1
@@ -173,62 +147,82 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                   "skipped": dict(skipped)}
 
 
-def _pad(seqs: list[TrainingSequence], device):
+def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, masked: bool):
+    """log p of each trained token of `row` ([N]), read at the position that predicts it."""
     import torch
+    from torch.utils.checkpoint import checkpoint
 
-    width = max(len(s.token_ids) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    attn = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width)
-    old = torch.full((len(seqs), width), math.nan)
-    for i, s in enumerate(seqs):
-        n = len(s.token_ids)
-        ids[i, :n] = torch.tensor(s.token_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(s.trained, dtype=torch.float)
-        old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float)
-    adv = torch.tensor([s.advantage for s in seqs])
-    # position t of the logprobs predicts token t+1
-    return ids.to(device), attn.to(device), mask[:, 1:].to(device), old[:, 1:].to(device), adv.to(device)
+    device = next(model.parameters()).device
+    ids = torch.tensor([row.token_ids], device=device)
+    inputs = {"input_ids": ids, "position_ids": torch.tensor([row.position_ids], device=device),
+              "attention_mask": row.attention_mask().to(device)[None, None] if masked else None}
+    predict = torch.tensor(row.predict_at, device=device)
+    targets = torch.tensor(row.targets, device=device)
+    if full_forward:
+        logits = model(**inputs).logits[0, predict].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body, lm_head = base.get_decoder(), base.get_output_embeddings()
+    transform = logit_transform(base.config)
+    hidden = body(**inputs).last_hidden_state[0, predict]  # [N, H]: only the positions that predict a token
+    parts = []
+    for s in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[None, s:s + chunk_size], targets[None, s:s + chunk_size]
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chunk_logprobs, lm_head, h, t, transform, use_reentrant=False)[0])
+        else:
+            parts.append(_chunk_logprobs(lm_head, h, t, transform)[0])
+    return torch.cat(parts)
 
 
-def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *, max_seq_length: int,
-               full_forward: bool = False) -> dict:
-    """Accumulate the loss over micro-batches, clip, step. Returns the step's training stats.
+def attention_takes_masks(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base.config, "_attn_implementation", "eager") in MASKABLE_ATTENTION
+
+
+def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *, max_seq_length: int,
+                    full_forward: bool = False) -> tuple[float, dict]:
+    """Pack `seqs` into rows (`trainer.packing`), run each row forward and backward, and return the summed
+    loss and the stats; gradients are left on the parameters (no optimizer step).
 
     Losses normalise per trajectory (a trajectory split into several sequences still counts once): the
-    `grpo` mean is over all of a trajectory's trained tokens; the batch has `n` trajectories.
-    """
+    `grpo` mean is over all of a trajectory's trained tokens; the batch has `n` trajectories."""
     import torch
 
-    started = time.perf_counter()
-    device = next(model.parameters()).device
+    masked = attention_takes_masks(model)
+    rows, packed = pack(seqs, capacity=config.max_tokens_per_micro_batch, share_prefix=config.share_prefix,
+                        min_prefix=config.min_shared_prefix, maskable=masked)
     per_traj: Counter = Counter()
-    for s in seqs:
-        per_traj[s.trajectory] += sum(s.trained[1:])
-    total_tokens = sum(per_traj.values())
-    n_traj = len(per_traj)
-    model.train()
-    stats = Counter()
-    ratio_dev_max = 0.0
-    loss_sum = 0.0
-    for start in range(0, len(seqs), config.micro_batch_size):
-        micro = seqs[start:start + config.micro_batch_size]
-        ids, attn, mask, old, adv = _pad(micro, device)
+    for row in rows:
+        for i in row.sequence_of:
+            per_traj[seqs[i].trajectory] += 1
+    total_tokens, n_traj = sum(per_traj.values()), len(per_traj)
+    device = next(model.parameters()).device
+    stats: Counter = Counter()
+    ratio_dev_max, loss_sum = 0.0, 0.0
+    for row in rows:
+        if not row.targets:
+            continue
+        old = torch.tensor([seqs[i].old_logprobs[k] for i, k in zip(row.sequence_of, row.token_index)],
+                           device=device, dtype=torch.float32)
+        adv = torch.tensor([seqs[i].advantage for i in row.sequence_of], device=device)
+        traj_tokens = torch.tensor([per_traj[seqs[i].trajectory] for i in row.sequence_of], device=device)
         ref = None
         with torch.no_grad():
-            if torch.isnan(old[mask > 0]).any():  # no sampled logprobs: the current policy's (ratio 1)
-                current = sequence_logprobs(model, ids, attn, config.logprob_chunk_size, full_forward=full_forward)
+            if torch.isnan(old).any():  # no sampled logprobs: the current policy's (ratio 1)
+                current = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward,
+                                        masked=masked)
                 old = torch.where(torch.isnan(old), current, old)
             if config.kl_coef > 0:
                 with model.disable_adapter():
-                    ref = sequence_logprobs(model, ids, attn, config.logprob_chunk_size, full_forward=full_forward)
-        old = torch.nan_to_num(old, nan=0.0)
-        new = sequence_logprobs(model, ids, attn, config.logprob_chunk_size, full_forward=full_forward)
-        row_tokens = torch.tensor([per_traj[s.trajectory] for s in micro], device=device, dtype=torch.float)
-        weights = token_weights(mask, config.loss, n_seqs=n_traj, total_tokens=max(1, total_tokens),
-                                norm_len=max_seq_length, row_tokens=row_tokens)
-        loss, part = policy_loss(new, old, adv, weights, kind=config.loss, epsilon=config.epsilon,
+                    ref = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward,
+                                        masked=masked)[:, None]
+        new = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward, masked=masked)
+        # each trained token as a row of one: the weights of `token_weights`, per trajectory
+        ones = torch.ones(len(row.targets), 1, device=device)
+        weights = token_weights(ones, config.loss, n_seqs=n_traj, total_tokens=max(1, total_tokens),
+                                norm_len=max_seq_length, row_tokens=traj_tokens)
+        loss, part = policy_loss(new[:, None], old[:, None], adv, weights, kind=config.loss, epsilon=config.epsilon,
                                  epsilon_high=config.epsilon_high, ref_logprobs=ref, kl_coef=config.kl_coef)
         loss.backward()
         loss_sum += loss.item()
@@ -236,6 +230,23 @@ def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConf
             stats[key] += part[key] * part["tokens"]
         stats["tokens"] += part["tokens"]
         ratio_dev_max = max(ratio_dev_max, part["ratio_dev_max"])
+    n = max(1, stats["tokens"])
+    return loss_sum, {"clip_fraction": stats["clip_fraction"] / n, "kl": stats["kl"] / n,
+                      "ratio_mean": stats["ratio_mean"] / n, "ratio_dev_mean": stats["ratio_dev_mean"] / n,
+                      "ratio_dev_max": ratio_dev_max, "trained_tokens": int(stats["tokens"]),
+                      "sequence_tokens": packed.sequence_tokens, "forward_tokens": packed.forward_tokens,
+                      "rows": packed.rows, "shared_prefix_groups": packed.shared_groups,
+                      "unshared_groups": packed.no_shared_prefix, "unmaskable_fallback": packed.unmaskable_fallback}
+
+
+def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *, max_seq_length: int,
+               full_forward: bool = False) -> dict:
+    """`accumulate_loss` over packed rows, clip, step. Returns the step's training stats."""
+    import torch
+
+    started = time.perf_counter()
+    model.train()
+    loss_sum, stats = accumulate_loss(model, seqs, config, max_seq_length=max_seq_length, full_forward=full_forward)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
     if not math.isfinite(grad_norm):
@@ -244,12 +255,7 @@ def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConf
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - started
-    n = max(1, stats["tokens"])
     advs = [s.advantage for s in seqs]
-    sequence_tokens = sum(len(s.token_ids) for s in seqs)
-    return {"loss": loss_sum, "grad_norm": grad_norm, "clip_fraction": stats["clip_fraction"] / n,
-            "kl": stats["kl"] / n, "ratio_mean": stats["ratio_mean"] / n,
-            "ratio_dev_mean": stats["ratio_dev_mean"] / n, "ratio_dev_max": ratio_dev_max,
-            "trained_tokens": int(stats["tokens"]), "sequence_tokens": sequence_tokens,
+    return {"loss": loss_sum, "grad_norm": grad_norm, **stats,
             "advantage_mean": sum(advs) / len(advs), "advantage_abs_mean": sum(abs(a) for a in advs) / len(advs),
-            "train_s": seconds, "train_tokens_per_s": sequence_tokens / seconds}
+            "train_s": seconds, "train_tokens_per_s": stats["sequence_tokens"] / seconds}

@@ -1,0 +1,113 @@
+"""Packed rows with shared prefixes give the loss and LoRA gradients of running every sequence alone (fp32,
+a tiny random Llama): long, short and no shared prefix, multi-turn trajectories, mixed group sizes, every
+loss; and the fallbacks are taken and counted where they must be."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from trainer.config import TrainConfig
+from trainer.packing import common_untrained_prefix, pack
+from trainer.sequences import TrainingSequence
+from trainer import training
+
+
+@pytest.fixture(scope="module")
+def model():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512, attn_implementation="sdpa")
+    base = LlamaForCausalLM(cfg).float()
+    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    for name, p in peft.named_parameters():  # LoRA B starts at zero: make the adapter matter
+        if "lora_B" in name:
+            p.data.normal_(0, 0.05)
+    return peft
+
+
+def seq(tokens, trained_from, *, gaps=(), group, trajectory, advantage, rng):
+    trained = [i >= trained_from and i not in gaps for i in range(len(tokens))]
+    old = [rng.uniform(-4, -0.5) if t and rng.random() < 0.7 else math.nan for t in trained]
+    return TrainingSequence(tokens, trained, old, advantage=advantage, trajectory=trajectory, group=group)
+
+
+def batch():
+    rng = random.Random(1)
+    tok = lambda n: [rng.randrange(97) for _ in range(n)]  # noqa: E731
+    long_prefix, short_prefix = tok(40), tok(6)
+    seqs = []
+    # group 0: a 40-token shared prompt, three answers; one is multi-turn (a gap of untrained tool output)
+    for t, n in enumerate((5, 9, 13)):
+        seqs.append(seq(long_prefix + tok(n), 40, gaps={44, 45, 46} if n == 13 else (), group=0, trajectory=t,
+                        advantage=(-1.0, 0.2, 0.8)[t], rng=rng))
+    # group 1: a prefix too short to share
+    for t, n in enumerate((7, 4)):
+        seqs.append(seq(short_prefix + tok(n), 6, group=1, trajectory=3 + t, advantage=(1.0, -1.0)[t], rng=rng))
+    # group 2: one trajectory whose history was edited: two sequences, same trajectory; a second trajectory
+    first = tok(30)
+    seqs.append(seq(first + tok(6), 30, group=2, trajectory=5, advantage=0.5, rng=rng))
+    seqs.append(seq(tok(20), 12, group=2, trajectory=5, advantage=0.5, rng=rng))
+    seqs.append(seq(first + tok(8), 30, group=2, trajectory=6, advantage=-0.5, rng=rng))
+    # group 3: no common prefix at all
+    seqs.append(seq(tok(15), 5, group=3, trajectory=7, advantage=0.3, rng=rng))
+    seqs.append(seq(tok(11), 3, group=3, trajectory=8, advantage=-0.3, rng=rng))
+    return seqs
+
+
+def loss_and_grads(model, seqs, config):
+    model.zero_grad(set_to_none=True)
+    loss, stats = training.accumulate_loss(model, seqs, config, max_seq_length=128)
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return loss, grads, stats
+
+
+@pytest.mark.parametrize("kind,kl", [("grpo", 0.0), ("dr_grpo", 0.0), ("dapo", 0.0), ("grpo", 0.1)])
+def test_shared_prefixes_and_packing_give_the_one_by_one_loss_and_gradients(model, kind, kl):
+    seqs = batch()
+    alone = TrainConfig(loss=kind, kl_coef=kl, max_tokens_per_micro_batch=16, share_prefix=False)  # a row each
+    packed = TrainConfig(loss=kind, kl_coef=kl, max_tokens_per_micro_batch=4096, min_shared_prefix=20)
+    loss_a, grads_a, stats_a = loss_and_grads(model, seqs, alone)
+    loss_b, grads_b, stats_b = loss_and_grads(model, seqs, packed)
+    assert stats_a["rows"] == len(seqs) and stats_a["forward_tokens"] == stats_a["sequence_tokens"]
+    assert stats_b["rows"] == 1 and stats_b["shared_prefix_groups"] == 2 and stats_b["unshared_groups"] == 2
+    # group 0 saves 2 x 40 tokens, group 2 saves 30 (its two first-turn sequences share 30 tokens)
+    assert stats_b["sequence_tokens"] - stats_b["forward_tokens"] == 2 * 40 + 30
+    assert stats_a["trained_tokens"] == stats_b["trained_tokens"] > 0
+    assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
+    assert any(g.abs().max().item() > 1e-4 for g in grads_a.values())  # the comparison is not of zeros
+
+
+def test_rows_respect_the_token_budget_and_split_big_groups(model):
+    seqs = batch()
+    rows, report = pack(seqs, capacity=60, min_prefix=20)
+    assert all(len(r) <= 60 for r in rows)
+    trained = sorted((i, k) for r in rows for i, k in zip(r.sequence_of, r.token_index))
+    assert trained == sorted((i, k) for i, s in enumerate(seqs) for k in range(1, len(s.token_ids)) if s.trained[k])
+    # group 0's tree (40 + 13 + 9 + 5 tokens) is over 60: split in two trees, each with the prefix; so
+    # the rows hold 8 blocks without a parent: 5 unshared sequences, group 2's prefix, group 0's prefix twice
+    assert sum(r.parents.count(-1) for r in rows) == 8 and report.shared_groups == 2
+    with pytest.raises(ValueError):
+        pack(seqs, capacity=0)
+
+
+def test_the_fallbacks_are_taken_and_counted(model, monkeypatch):
+    seqs = batch()
+    # an attention implementation that takes no mask: a row per sequence, the same loss
+    loss_a, grads_a, _ = loss_and_grads(model, seqs, TrainConfig(max_tokens_per_micro_batch=16, share_prefix=False))
+    monkeypatch.setattr(training, "attention_takes_masks", lambda m: False)
+    loss_b, grads_b, stats = loss_and_grads(model, seqs, TrainConfig())
+    assert stats["unmaskable_fallback"] == len(seqs) and stats["rows"] == len(seqs)
+    assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    # a prefix below the minimum is not shared, and counted
+    _, report = pack(seqs, capacity=4096, min_prefix=41)
+    assert report.shared_groups == 0 and report.no_shared_prefix == 4
+    # the shared prefix stops at the first trained token of any sequence
+    a = TrainingSequence([1, 2, 3, 4], [False, False, True, True], [math.nan] * 4)
+    b = TrainingSequence([1, 2, 3, 5], [False, False, False, True], [math.nan] * 4)
+    assert common_untrained_prefix([a, b]) == 2

@@ -1,0 +1,175 @@
+"""Training sequences → packed rows: padding-free micro-batches by token budget, each group's shared prefix
+computed once.
+
+A row is one forward pass (batch of one, so nothing is padded). It holds *blocks* of tokens: a plain
+sequence is one block; a group whose sequences start with the same tokens (the served prompt: system
+prompt, tool schemas, task) becomes one *prefix* block followed by one *suffix* block per sequence. The
+attention mask lets each token see the earlier tokens of its own block and, for a suffix, the whole prefix;
+position ids continue from the prefix. Forward outputs are therefore those of the sequences run one by one
+(Prefix Grouper, Liu et al. 2025, arXiv 2506.05433), and so are the loss and its gradients.
+
+Each trained token is read at the position that predicts it: inside its block, or — for the first token of
+a suffix — the prefix's last position. The shared prefix stops at the first trained token of any sequence
+of the group, so every trained token lies in a suffix and is scored once per trajectory.
+
+The mask is a boolean [T × T] given to the model as a 4-D attention mask (SDPA and eager attention take it).
+Attention implementations that cannot take one (e.g. flash_attention_2) get one sequence per row, counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainer.sequences import TrainingSequence
+
+MASKABLE_ATTENTION = ("sdpa", "eager")
+
+
+@dataclass
+class Row:
+    """One forward pass: tokens, their position ids, each token's block, each block's parent (-1: none),
+    and for every trained token the position that predicts it, its id, its sequence's index in the batch."""
+    token_ids: list[int] = field(default_factory=list)
+    position_ids: list[int] = field(default_factory=list)
+    block_of: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    predict_at: list[int] = field(default_factory=list)
+    targets: list[int] = field(default_factory=list)
+    sequence_of: list[int] = field(default_factory=list)
+    token_index: list[int] = field(default_factory=list)  # the trained token's index in its sequence
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def add_block(self, tokens: list[int], start_position: int, parent: int = -1) -> int:
+        block = len(self.parents)
+        self.parents.append(parent)
+        self.token_ids += tokens
+        self.position_ids += range(start_position, start_position + len(tokens))
+        self.block_of += [block] * len(tokens)
+        return block
+
+    def add_trained(self, seq: TrainingSequence, index: int, offset: int, prefix_len: int = 0,
+                    prefix_end: int = -1) -> None:
+        """Record `seq`'s trained tokens; its tokens from `prefix_len` on start at row position `offset`
+        (those before are the shared prefix ending at row position `prefix_end`)."""
+        for k in range(max(1, prefix_len), len(seq.token_ids)):
+            if seq.trained[k]:
+                self.predict_at.append(prefix_end if k == prefix_len and prefix_len else offset + k - 1 - prefix_len)
+                self.targets.append(seq.token_ids[k])
+                self.sequence_of.append(index)
+                self.token_index.append(k)
+
+    def attention_mask(self):
+        """[T, T] bool: query t sees key s when both are in one block and s <= t, or s is in t's parent."""
+        import torch
+
+        block = torch.tensor(self.block_of)
+        parent_of_block = torch.tensor(self.parents)
+        idx = torch.arange(len(block))
+        same = (block[:, None] == block[None, :]) & (idx[None, :] <= idx[:, None])
+        return same | (parent_of_block[block][:, None] == block[None, :])
+
+
+@dataclass
+class PackReport:
+    sequence_tokens: int = 0       # tokens of the sequences as they are
+    forward_tokens: int = 0        # tokens run forward after sharing prefixes
+    rows: int = 0
+    shared_groups: int = 0         # shared prefixes (a group's sequences that begin alike), each computed once
+    no_shared_prefix: int = 0      # groups of 2+ sequences with nothing shared: no common prefix of the minimum
+    unmaskable_fallback: int = 0   # sequences given a row each: the attention implementation takes no mask
+
+
+def common_untrained_prefix(seqs: list[TrainingSequence]) -> int:
+    """Length of the longest common token prefix of `seqs` that holds no trained token."""
+    first = seqs[0]
+    n = min(len(s.token_ids) for s in seqs)
+    k = 0
+    while k < n and not any(s.trained[k] for s in seqs) and all(s.token_ids[k] == first.token_ids[k] for s in seqs):
+        k += 1
+    return k
+
+
+def pack(seqs: list[TrainingSequence], *, capacity: int, share_prefix: bool = True, min_prefix: int = 32,
+         maskable: bool = True) -> tuple[list[Row], PackReport]:
+    """Rows of at most `capacity` tokens (a longer unit gets a row of its own), largest first."""
+    if capacity < 1:
+        raise ValueError("capacity must be >= 1 token")
+    report = PackReport(sequence_tokens=sum(len(s.token_ids) for s in seqs))
+    if not maskable:  # one plain sequence per row: the model's own causal mask is right for it
+        rows = []
+        for i, s in enumerate(seqs):
+            row = Row()
+            row.add_block(s.token_ids, 0)
+            row.add_trained(s, i, 0)
+            rows.append(row)
+        report.unmaskable_fallback = len(seqs)
+        report.rows, report.forward_tokens = len(rows), report.sequence_tokens
+        return rows, report
+
+    # units: (prefix length, [sequence indices]); prefix 0 means plain sequences
+    units: list[tuple[int, list[int]]] = []
+    by_group: dict[int, list[int]] = {}
+    for i, s in enumerate(seqs):
+        by_group.setdefault(s.group, []).append(i)
+    for members in by_group.values():
+        # sequences of a group that begin alike (their first `min_prefix` tokens) may share a prefix; a
+        # multi-turn trajectory's later sequence or an edited history simply starts its own bucket
+        buckets: dict[tuple, list[int]] = {}
+        for i in members:
+            key = tuple(seqs[i].token_ids[:min_prefix]) if share_prefix else (i,)
+            buckets.setdefault(key if len(key) == min_prefix else (i,), []).append(i)
+        shared = False
+        for bucket in buckets.values():
+            prefix = common_untrained_prefix([seqs[i] for i in bucket]) if len(bucket) > 1 else 0
+            if prefix < min_prefix:
+                units += [(0, [i]) for i in bucket]
+                continue
+            shared = True
+            report.shared_groups += 1
+            # split the suffixes so that each tree fits (the prefix is repeated in each part)
+            part: list[int] = []
+            size = prefix
+            for i in sorted(bucket, key=lambda j: -len(seqs[j].token_ids)):
+                extra = len(seqs[i].token_ids) - prefix
+                if part and size + extra > capacity:
+                    units.append((prefix, part))
+                    part, size = [], prefix
+                part.append(i)
+                size += extra
+            units.append((prefix, part))
+        if share_prefix and len(members) > 1 and not shared:
+            report.no_shared_prefix += 1
+
+    def unit_size(unit):
+        prefix, members = unit
+        return prefix + sum(len(seqs[i].token_ids) - prefix for i in members)
+
+    rows: list[Row] = []
+    room: list[int] = []
+    for unit in sorted(units, key=unit_size, reverse=True):  # first fit, largest first
+        size = unit_size(unit)
+        slot = next((r for r, free in enumerate(room) if free >= size), None)
+        if slot is None:
+            rows.append(Row())
+            room.append(capacity)
+            slot = len(rows) - 1
+        row = rows[slot]
+        room[slot] -= size
+        prefix, members = unit
+        if prefix:
+            start = len(row)
+            parent = row.add_block(seqs[members[0]].token_ids[:prefix], 0)
+            for i in members:
+                offset = len(row)
+                row.add_block(seqs[i].token_ids[prefix:], prefix, parent)
+                row.add_trained(seqs[i], i, offset, prefix_len=prefix, prefix_end=start + prefix - 1)
+        else:
+            (i,) = members
+            offset = len(row)
+            row.add_block(seqs[i].token_ids, 0)
+            row.add_trained(seqs[i], i, offset)
+    report.rows = len(rows)
+    report.forward_tokens = sum(len(r) for r in rows)
+    return rows, report
