@@ -61,7 +61,7 @@ def batch():
 
 def loss_and_grads(model, seqs, config):
     model.zero_grad(set_to_none=True)
-    loss, stats = training.accumulate_loss(model, seqs, config, max_seq_length=128)
+    loss, stats = training.accumulate_loss(model, seqs, config)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     return loss, grads, stats
 
@@ -111,3 +111,18 @@ def test_the_fallbacks_are_taken_and_counted(model, monkeypatch):
     a = TrainingSequence([1, 2, 3, 4], [False, False, True, True], [math.nan] * 4)
     b = TrainingSequence([1, 2, 3, 5], [False, False, False, True], [math.nan] * 4)
     assert common_untrained_prefix([a, b]) == 2
+
+
+@pytest.mark.parametrize("budget", [50, None])
+def test_dr_grpo_divides_each_trajectorys_token_sum_by_the_completion_budget(model, budget):
+    """At ratio 1 (no sampled logprobs), dr_grpo's loss is -sum_i A_i * tokens_i / (budget * n)."""
+    seqs = [TrainingSequence(s.token_ids, s.trained, [math.nan] * len(s.token_ids), advantage=s.advantage,
+                             trajectory=s.trajectory, group=s.group) for s in batch()]
+    tokens: dict[int, int] = {}
+    for s in seqs:
+        tokens[s.trajectory] = tokens.get(s.trajectory, 0) + sum(s.trained[1:])
+    adv = {s.trajectory: s.advantage for s in seqs}
+    constant = budget or max(tokens.values())  # None: the longest trajectory's trained tokens
+    expected = -sum(adv[t] * n for t, n in tokens.items()) / (constant * len(tokens))
+    loss, _, _ = loss_and_grads(model, seqs, TrainConfig(loss="dr_grpo", completion_budget=budget))
+    assert loss == pytest.approx(expected, abs=1e-6)

@@ -147,7 +147,10 @@ class LocalBackend:
         tokenizer = AutoTokenizer.from_pretrained(base)
         hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16 if cuda else torch.float32)
         hf.to("cuda" if cuda else "cpu")
-        if cfg.gradient_checkpointing:
+        checkpointing = cfg.gradient_checkpointing
+        if checkpointing is None:  # on for 1B+ models on a GPU
+            checkpointing = cuda and sum(p.numel() for p in hf.parameters()) >= 1_000_000_000
+        if checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             hf.enable_input_require_grads()
         lora = LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
@@ -266,8 +269,7 @@ class LocalBackend:
 
         with run.lock:
             try:
-                return train_step(run.peft_model, run.optimizer, seqs, config,
-                                  max_seq_length=run.served.max_seq_length, full_forward=run.full_forward)
+                return train_step(run.peft_model, run.optimizer, seqs, config, full_forward=run.full_forward)
             except torch.OutOfMemoryError:
                 run.optimizer.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()

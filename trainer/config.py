@@ -53,7 +53,9 @@ class EngineConfig(_Strict):
 class ModelConfig(_Strict):
     lora: LoRAConfig = pydantic.Field(default_factory=LoRAConfig)
     engine: EngineConfig = pydantic.Field(default_factory=EngineConfig)
-    gradient_checkpointing: bool = False
+    # None: on for models of 1B parameters or more on a GPU (activations of long agent sequences dominate
+    # memory there), off otherwise
+    gradient_checkpointing: bool | None = None
     seed: int = 0
 
 
@@ -61,8 +63,9 @@ class TrainConfig(_Strict):
     """One training step.
 
     loss: `grpo` (PPO-clip at ±epsilon, each trajectory's trained tokens averaged, then trajectories averaged),
-    `dr_grpo` (no length normalisation: token sums over a constant, advantages not divided by the std),
-    `dapo` (clip-higher: 1-epsilon .. 1+epsilon_high, one mean over all tokens of the batch).
+    `dr_grpo` (no length normalisation: each trajectory's token sum divided by `completion_budget`, then
+    averaged over trajectories; advantages not divided by the std),
+    `dapo` (clip-higher: 1-epsilon .. 1+epsilon_high, one mean over all trained tokens of the batch).
     """
     learning_rate: float = pydantic.Field(5e-5, gt=0)
     loss: LossKind = "grpo"
@@ -74,6 +77,9 @@ class TrainConfig(_Strict):
     # of its own); each group's shared prompt is computed once when `share_prefix` and it is at least
     # `min_shared_prefix` tokens (trainer/packing.py).
     max_tokens_per_micro_batch: int = pydantic.Field(8192, ge=16)
+    # dr_grpo's constant: the most tokens a trajectory may generate (TRL's max_completion_length). None: the
+    # largest count of trained tokens of any trajectory in the batch.
+    completion_budget: int | None = pydantic.Field(None, ge=1)
     share_prefix: bool = True
     min_shared_prefix: int = pydantic.Field(32, ge=1)
     max_grad_norm: float = pydantic.Field(1.0, gt=0)

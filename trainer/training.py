@@ -180,7 +180,7 @@ def attention_takes_masks(model) -> bool:
     return getattr(base.config, "_attn_implementation", "eager") in MASKABLE_ATTENTION
 
 
-def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *, max_seq_length: int,
+def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                     full_forward: bool = False) -> tuple[float, dict]:
     """Pack `seqs` into rows (`trainer.packing`), run each row forward and backward, and return the summed
     loss and the stats; gradients are left on the parameters (no optimizer step).
@@ -197,6 +197,7 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
         for i in row.sequence_of:
             per_traj[seqs[i].trajectory] += 1
     total_tokens, n_traj = sum(per_traj.values()), len(per_traj)
+    budget = config.completion_budget or max(per_traj.values(), default=1)  # dr_grpo's constant
     device = next(model.parameters()).device
     stats: Counter = Counter()
     ratio_dev_max, loss_sum = 0.0, 0.0
@@ -221,7 +222,7 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
         # each trained token as a row of one: the weights of `token_weights`, per trajectory
         ones = torch.ones(len(row.targets), 1, device=device)
         weights = token_weights(ones, config.loss, n_seqs=n_traj, total_tokens=max(1, total_tokens),
-                                norm_len=max_seq_length, row_tokens=traj_tokens)
+                                norm_len=budget, row_tokens=traj_tokens)
         loss, part = policy_loss(new[:, None], old[:, None], adv, weights, kind=config.loss, epsilon=config.epsilon,
                                  epsilon_high=config.epsilon_high, ref_logprobs=ref, kl_coef=config.kl_coef)
         loss.backward()
@@ -239,14 +240,14 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                       "unshared_groups": packed.no_shared_prefix, "unmaskable_fallback": packed.unmaskable_fallback}
 
 
-def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *, max_seq_length: int,
+def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *,
                full_forward: bool = False) -> dict:
     """`accumulate_loss` over packed rows, clip, step. Returns the step's training stats."""
     import torch
 
     started = time.perf_counter()
     model.train()
-    loss_sum, stats = accumulate_loss(model, seqs, config, max_seq_length=max_seq_length, full_forward=full_forward)
+    loss_sum, stats = accumulate_loss(model, seqs, config, full_forward=full_forward)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
     if not math.isfinite(grad_norm):
