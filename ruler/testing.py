@@ -5,8 +5,9 @@
 
 It answers RULER prompts by reading the `<trajectory id="N">` blocks of the user message and scoring
 each by a marker in its text (GOOD -> 0.9, OK -> 0.5, BAD -> 0.1, else 0.3). `script` is a list of
-fault modes consumed one per request ("ok" when empty); `latency_s` delays every answer. Every
-request body is recorded. Loopback only.
+fault modes consumed one per request ("ok" when empty); an item that is a dict is sent back as the
+assistant message itself (`{"content": ...}` or `{"tool_calls": [...]}`: a scripted agent). `latency_s`
+delays every answer. Every request body is recorded. Loopback only.
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ class FakeJudge:
                     judge.requests.append(body)
                     judge.times.append(time.monotonic())
                     mode = judge.script.pop(0) if judge.script else "ok"
+                if isinstance(mode, dict):  # a scripted assistant message
+                    message = {"role": "assistant", "content": None, **mode}
+                    return self._send(200, {
+                        "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+                        "model": body.get("model", "fake"),
+                        "choices": [{"index": 0, "message": message,
+                                     "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+                        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}})
                 if mode in ("500", "503"):
                     return self._send(int(mode), {"error": {"message": "judge exploded", "type": "server_error"}})
                 if mode == "429":
