@@ -19,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BLOCK = re.compile(r'<trajectory id="(\d+)">(.*?)</trajectory>', re.S)
-MODES = {"ok", "500", "503", "429", "slow", "malformed", "prose", "fenced", "out_of_range_10", "out_of_range_100",
+MODES = {"ok", "400", "500", "503", "429", "slow", "malformed", "prose", "fenced", "out_of_range_10", "out_of_range_100",
          "negative", "shuffled", "missing_id", "extra_id", "duplicate_id", "string_scores", "nan", "empty", "bare_list"}
 
 
@@ -60,6 +60,8 @@ class FakeJudge:
                         "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}})
                 if mode in ("500", "503"):
                     return self._send(int(mode), {"error": {"message": "judge exploded", "type": "server_error"}})
+                if mode == "400":
+                    return self._send(400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
                 if mode == "429":
                     return self._send(429, {"error": {"message": "rate limited", "type": "rate_limit"}},
                                       {"Retry-After": judge.retry_after})
