@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from evals.art_e.harness import (ModelSpec, SharedMeter, load_results, render_transcript, run_benchmark, run_cost,
-                                 summarize, wilson_interval)
+from evals.art_e.harness import (ModelSpec, SharedMeter, compare_runs, load_results, render_transcript,
+                                 run_benchmark, run_cost, summarize, wilson_interval)
 from evals.art_e.question_writer import write_questions
 from evals.art_e.questions import Scenario, save_scenarios
 from evals.art_e.tools import InboxTools
@@ -26,6 +26,10 @@ def test_model_specs_name_local_endpoints_and_reject_bad_ones():
     assert ModelSpec.parse("openai/o3").params() is None and ModelSpec.parse("openai/o3").hardware is None
     assert ModelSpec.parse(EMBEDDED_JUDGE).hardware == "cpu" and spec.hardware == "gpu"
     assert ModelSpec.parse("vllm-engine//m").hardware == "gpu"
+    cpu_server = ModelSpec("hosted_vllm/agent@0", "agent", "http://127.0.0.1:9/v1", extra={"temperature": 0}, on="cpu")
+    assert cpu_server.hardware == "cpu" and cpu_server.params()["temperature"] == 0
+    with pytest.raises(ValueError):
+        ModelSpec("m", "m", on="tpu").hardware
     for bad in ("", "openai/o3@gpu-box", "@http://x/v1", None):
         with pytest.raises(ValueError):
             ModelSpec.parse(bad)
@@ -72,6 +76,27 @@ def test_summary_of_hand_made_runs():
     assert wilson_interval(0, 10)[0] == 0 and wilson_interval(10, 10)[1] == 1
     with pytest.raises(ValueError):
         summarize(df.iloc[0:0])
+
+
+def _runs(label, correct, reward):
+    return pd.DataFrame([{"model": label, "scenario_id": f"q{i}", "correct": c, "sources_correct": c, "reward": r,
+                          "turns": 3, "failed_format_validation": 0} for i, (c, r) in enumerate(zip(correct, reward))])
+
+
+def test_before_and_after_are_compared_on_the_same_questions_with_a_paired_interval():
+    n = 200
+    before = _runs("before", [i % 10 == 0 for i in range(n)], [-1.0] * n)          # 10% right
+    after = _runs("after", [i % 10 < 4 for i in range(n)], [0.5] * n)              # 40% right
+    row = compare_runs(before, after).set_index("measure").loc["correct"]
+    assert row["questions"] == n and row["difference"] == pytest.approx(0.3) and 0.2 < row["low"] < 0.3 < row["high"]
+    same = compare_runs(before, before).set_index("measure").loc["correct"]
+    assert same["difference"] == 0 and same["low"] == same["high"] == 0  # no change, no interval
+    noise = _runs("after", [i % 10 == 1 for i in range(n)], [-1.0] * n)            # other questions, same rate
+    row = compare_runs(before, noise).set_index("measure").loc["correct"]
+    assert row["low"] < 0 < row["high"]  # not beyond noise
+    assert compare_runs(before, after.iloc[:50]).set_index("measure").loc["reward", "questions"] == 50
+    with pytest.raises(ValueError):
+        compare_runs(before, pd.concat([after, after]))
 
 
 def _scenarios(db, n=2):

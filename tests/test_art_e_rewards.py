@@ -133,6 +133,7 @@ async def test_format_errors_end_the_episode_with_arts_tiers(judge, inbox_db, sc
     await grade(traj, scenario, max_turns=10)
     assert traj.metrics[flag] == 1 and traj.metrics["turns"] == 1 and traj.metrics["failed_format_validation"] == 1
     assert traj.reward == pytest.approx(reward)
+    assert traj.metrics["prompt_tokens"] == 100  # the turn that ended the episode is counted too
     if "tool_calls" in script[0]:  # the bad call is answered with the error, so the conversation stays well formed
         assert traj.messages()[-1]["role"] == "tool" and "error" in json.loads(traj.messages()[-1]["content"])
 

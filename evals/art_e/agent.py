@@ -132,6 +132,8 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
             if mode == "native":
                 reply = await complete(model, history, params={"tools": TOOL_SCHEMAS, "tool_choice": "auto",
                                                                **(params or {})}, retry=retry)
+                rubric.prompt_tokens += reply.prompt_tokens
+                rubric.completion_tokens += reply.completion_tokens
                 choice = Choice.model_validate(reply.response.choices[0].model_dump())
                 messages.append(choice)
                 calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
@@ -148,13 +150,13 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
                 reply = await complete(model, history, params={"max_tokens": TEXT_TURN_MAX_TOKENS, **(params or {})},
                                        retry=retry, response_format={
                     "type": "json_schema", "json_schema": {"name": "tool_call", "schema": _text_schema()}})
+                rubric.prompt_tokens += reply.prompt_tokens
+                rubric.completion_tokens += reply.completion_tokens
                 messages.append({"role": "assistant", "content": reply.content})
                 name, args, problem = _parse_text_call(reply.content)
                 if problem is None:
                     problem, result = _run(tools, name, args, rubric, right)
                     messages.append({"role": "user", "content": f"Result of {name}: {result}"})
-            rubric.prompt_tokens += reply.prompt_tokens
-            rubric.completion_tokens += reply.completion_tokens
             if problem in ("cant_parse_tool_call", "bad_tool_call_name", "bad_tool_call_args"):
                 setattr(rubric, problem, True)
                 break

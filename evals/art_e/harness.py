@@ -47,10 +47,14 @@ RUBRIC_COLUMNS = ("ever_found_right_email", "ever_read_right_email", "ever_tried
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model under test: the litellm string, its label in tables, and its endpoint if local."""
+    """A model under test: the litellm string, its label in tables, its endpoint if local, any other litellm
+    parameters for its calls (`extra`, e.g. {"temperature": 0}), and `on` ("cpu" or "gpu") when the machine
+    behind `api_base` is known (by default a server at a URL is taken to be a GPU)."""
     model: str
     label: str
     api_base: str | None = None
+    extra: dict | None = None
+    on: str | None = None
 
     @classmethod
     def parse(cls, spec: str) -> "ModelSpec":
@@ -79,11 +83,16 @@ class ModelSpec:
 
     @property
     def hardware(self) -> str | None:
-        """"cpu" (the embedded model), "gpu" (any other local model) or None (priced by litellm)."""
+        """"cpu" (the embedded model, or `on="cpu"`), "gpu" (any other local model) or None (priced by litellm)."""
+        if self.on is not None:
+            if self.on not in ("cpu", "gpu"):
+                raise ValueError(f"on must be cpu or gpu, got {self.on!r}")
+            return self.on
         return "cpu" if self.embedded else "gpu" if self.local else None
 
     def params(self) -> dict | None:
-        return {"api_base": self.api_base, "api_key": "local"} if self.api_base else None
+        params = {**({"api_base": self.api_base, "api_key": "local"} if self.api_base else {}), **(self.extra or {})}
+        return params or None
 
 
 class SharedMeter:
@@ -274,6 +283,41 @@ def summarize(df):
             "cost_per_1000_runs_usd": 1000 * g["cost_usd"].mean(),
             "priced_by": g["priced_by"].mode().iat[0] if g["priced_by"].astype(bool).any() else "",
             "runs_per_s": len(g) / wall[label] if wall.get(label) else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def compare_runs(before, after, *, resamples: int = 2000, seed: int = 0):
+    """Before vs after on the same questions: per measure the two means, their difference and its 95% interval
+    (a paired bootstrap over questions), so "beyond noise" means the interval excludes 0.
+
+    `before` and `after` are results tables of one model each (run_benchmark's rows); questions are paired
+    by scenario_id and those missing from either side are left out (counted in `questions`).
+    """
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
+        raise ValueError("resamples must be an integer >= 100")
+    for name, df in (("before", before), ("after", after)):
+        if df["model"].nunique() != 1 or df["scenario_id"].duplicated().any():
+            raise ValueError(f"{name} must hold one model's runs, one per scenario")
+    pair = before.merge(after, on="scenario_id", suffixes=("_before", "_after"))
+    if pair.empty:
+        raise ValueError("before and after share no questions")
+    rows = []
+    for measure in ("correct", "sources_correct", "reward", "turns", "failed_format_validation"):
+        b = pair[f"{measure}_before"].astype(float).to_numpy()
+        a = pair[f"{measure}_after"].astype(float).to_numpy()
+        ok = ~(np.isnan(a) | np.isnan(b))  # a run whose reward is unknown (its judge failed) is left out
+        b, a = b[ok], a[ok]
+        row = {"measure": measure, "questions": len(a), "before": np.nan, "after": np.nan, "difference": np.nan,
+               "low": np.nan, "high": np.nan}
+        if len(a):
+            d = a - b
+            boot = d[np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
+            row.update(before=b.mean(), after=a.mean(), difference=d.mean(), low=float(np.quantile(boot, 0.025)),
+                       high=float(np.quantile(boot, 0.975)))
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

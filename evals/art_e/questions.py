@@ -208,7 +208,8 @@ LINK = r"\s*(?P<link>is|was|are|were|of|at|:|=|totals?|totaled|totaling|will be|
 FIGURE_CONTEXT = re.compile(r"(?P<np>(?:[A-Za-z0-9&'/-]+\s+){0,5}[A-Za-z][A-Za-z0-9&'/-]*)" + LINK)
 EVENTS = r"meeting|conference call|call|lunch|dinner|presentation|training|party|offsite|off-site|interview|review|class|" \
          r"seminar|workshop|session|luncheon|reception|conference"
-EVENT = re.compile(r"\b(?P<np>(?:(?:[A-Z][A-Za-z0-9&'-]*|[A-Z0-9]{2,})\s+){1,3}(?:" + EVENTS + r")s?)\b")
+EVENT = re.compile(r"\b(?P<np>(?:(?:[A-Z][A-Za-z0-9&'-]*|[A-Z0-9]{2,})\s+){1,3}(?:" + EVENTS + r")s?)\b"
+                   r"|\b(?:the|our|your|a|an)\s+(?P<lower>(?:[a-z][a-z-]{2,}\s+){1,2}(?:" + EVENTS + r")s?)\b")
 ROOM = re.compile(r"\b(?:EB|ECS|ECN|3AC)\s?-?\d{2,4}[A-Z]?\d*\b|\b(?:[Cc]onference [Rr]oom|[Rr]oom)\s+[A-Z0-9-]*\d[A-Z0-9-]*\b"
                   r"|\bat the (?:[A-Z][a-z]+\s){0,2}(?:Club|Hotel|Grill|Restaurant|Cafe|Center|Centre|Inn|Hyatt|Hilton|"
                   r"Marriott|Four Seasons|Warwick|Doubletree)\b")
@@ -218,7 +219,7 @@ NOT_NP = set("""i we you he she they it me us him her them will would can could 
 be been being do does did and but or if that which who whom this these those there here what when where why how not
 please thanks thank let at to in on with by from into per as than about over under after before via all while
 whereas although because so then also just only is was are were am a an instead currently vs versus mmbtu
-mmbtus dth mw mcfd mcf bcf volumes""".split())
+mmbtus dth mw mcfd mcf bcf volumes few several many some same other such subject third""".split())
 CALENDAR = set("""january february march april may june july august september october november december jan feb mar apr
 jun jul aug sep sept oct nov dec monday tuesday wednesday thursday friday saturday sunday today tomorrow yesterday week
 month year""".split())
@@ -379,7 +380,7 @@ def _candidates(email: sqlite3.Row, owner: str, recipients: list[str], first_nam
         events = list(EVENT.finditer(sentence))
         if len(events) != 1:
             continue
-        np = _clean_np(events[0].group("np"))
+        np = _clean_np(events[0].group("np") or events[0].group("lower"))
         if not np:
             continue
         dates = [d for p in DATE_PATTERNS for d in p.finditer(sentence.lower())]

@@ -9,7 +9,7 @@
 Correctness is decided by `answer_matches` (evals.art_e.matching) first. Only an answer it does not accept goes to an LLM
 correctness judge, and only when one is given (its verdicts cached with the RULER cache's key rules).
 
-`art_reward` is ART·E's `calculate_reward` (examples/art-e in OpenPipe/ART), branch for branch:
+`art_reward` is ART·E's `calculate_reward` (the ART·E project's rollout.py in OpenPipe/ART), branch for branch:
 
     partial credit: 0.1 each for having found the right email in a search, read it, never read an email
                     that does not exist, and cited it (ART sums these; at most 0.4)
