@@ -52,8 +52,8 @@ def main(argv=None) -> None:
               "| split | kind | questions | mean how_realistic | mean source emails |", "|---|---|---|---|---|"]
     for r in mix.itertuples(index=False):
         lines.append(f"| {r.split} | {r.kind} | {r.questions} | {r.how_realistic:.2f} | {r.sources:.2f} |")
-    lines += ["", f"Total: {len(scenarios)} generated ({sum(s.split == 'test' for s in scenarios)} test), "
-              f"{len(annotated)} annotated.", "", "## Dropped by the generator", "",
+    lines += ["", (f"Total: {len(scenarios)} generated ({sum(s.split == 'test' for s in scenarios)} test), "
+                   f"{len(annotated)} annotated."), "", "## Dropped by the generator", "",
               "| reason | candidates |", "|---|---|"]
     lines += [f"| {why} | {n} |" for why, n in sorted(report.dropped.items())]
     lines += ["", "## Dropped from the annotated set (563 answerable of 674)", "", "| reason | questions |", "|---|---|"]

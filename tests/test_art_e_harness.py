@@ -7,8 +7,17 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from evals.art_e.harness import (ModelSpec, SharedMeter, compare_runs, load_results, render_transcript,
-                                 run_benchmark, run_cost, summarize, wilson_interval)
+from evals.art_e.harness import (
+    ModelSpec,
+    SharedMeter,
+    compare_runs,
+    load_results,
+    render_transcript,
+    run_benchmark,
+    run_cost,
+    summarize,
+    wilson_interval,
+)
 from evals.art_e.question_writer import write_questions
 from evals.art_e.questions import Scenario, save_scenarios
 from evals.art_e.tools import InboxTools
@@ -29,7 +38,7 @@ def test_model_specs_name_local_endpoints_and_reject_bad_ones():
     cpu_server = ModelSpec("hosted_vllm/agent@0", "agent", "http://127.0.0.1:9/v1", extra={"temperature": 0}, on="cpu")
     assert cpu_server.hardware == "cpu" and cpu_server.params()["temperature"] == 0
     with pytest.raises(ValueError):
-        ModelSpec("m", "m", on="tpu").hardware
+        _ = ModelSpec("m", "m", on="tpu").hardware
     for bad in ("", "openai/o3@gpu-box", "@http://x/v1", None):
         with pytest.raises(ValueError):
             ModelSpec.parse(bad)

@@ -48,6 +48,7 @@ WRONG = [
     ("I believe it is Camp Pine Tree", "Camp Pine Tree"),
     ("I don't know", "Sally Beck"),
     ("I do not know", "Sally Beck"),
+    ("i dont know", "Sally Beck"),
     ("", "Sally Beck"),
     (None, "Sally Beck"),
     ("Sallye Beck", "Sally Beck"),                          # token boundaries

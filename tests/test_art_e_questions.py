@@ -10,8 +10,16 @@ import pytest
 
 from evals.art_e.inbox import build_inbox_db
 from evals.art_e.matching import facts
-from evals.art_e.questions import (GenerationReport, Scenario, generate_scenarios, hub_records_to_scenarios,
-                                   load_scenarios, map_scenarios, question_mix, save_scenarios)
+from evals.art_e.questions import (
+    GenerationReport,
+    Scenario,
+    generate_scenarios,
+    hub_records_to_scenarios,
+    load_scenarios,
+    map_scenarios,
+    question_mix,
+    save_scenarios,
+)
 from evals.art_e.tools import InboxTools
 
 SALLY = "sally.beck@enron.com"

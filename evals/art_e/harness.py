@@ -57,7 +57,7 @@ class ModelSpec:
     on: str | None = None
 
     @classmethod
-    def parse(cls, spec: str) -> "ModelSpec":
+    def parse(cls, spec: str) -> ModelSpec:
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"model must be a non-empty litellm model string, got {spec!r}")
         model, sep, base = spec.strip().partition("@")
@@ -340,8 +340,8 @@ def render_transcript(row) -> str:
     judged = row.get("judged")
     judged = "not asked" if judged is None or (isinstance(judged, float) and math.isnan(judged)) else bool(judged)
     lines += ["", f"answer: {row['answer']!r}  sources: {row['sources']}",
-              f"matched: {bool(row['matched'])}  judged: {judged}  "
-              f"correct: {bool(row['correct'])}  reward: {row['reward']:.3f}  turns: {row['turns']}"]
+              (f"matched: {bool(row['matched'])}  judged: {judged}  "
+               f"correct: {bool(row['correct'])}  reward: {row['reward']:.3f}  turns: {row['turns']}")]
     if row.get("error"):
         lines.append(f"error: {row['error']}")
     return "\n".join(lines)

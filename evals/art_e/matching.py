@@ -50,7 +50,7 @@ STOPWORDS = set("""a an the of to in on at for by with from as is was were are b
 those and i you he she we they me him her us them my your his our their mine yours there here which what who whom
 whose when where why how do does did has have had will would shall should can could s""".split())
 NEGATIONS = set("""not no never none neither nor nobody nothing nowhere isn't wasn't weren't aren't didn't don't doesn't
-hasn't haven't hadn't won't wouldn't can't cannot couldn't shouldn't""".split())
+hasn't haven't hadn't won't wouldn't can't cannot couldn't shouldn't isnt wasnt didnt dont doesnt cant wont""".split())
 HEDGES = set("""or either maybe perhaps possibly probably likely unlikely might unsure unclear uncertain guess think
 believe seems seem assume somewhere sometime roughly approximately""".split())
 
@@ -196,17 +196,14 @@ def answer_matches(answer: str | None, reference: str) -> bool:
         return False
     a, r = facts(answer), facts(reference)
     a_words, r_words = set(a.words), set(r.words)
-    if any((a_words & cues) - r_words for cues in (NEGATIONS, HEDGES)):
-        return False
-    if {"know"} <= a_words and a_words & {"don't", "dont"} and not {"know"} <= r_words:
+    if any((a_words & cues) - r_words for cues in (NEGATIONS, HEDGES)):  # "I don't know" in other words too
         return False
     have = {_stem(w) for w in a.words}
     for addr in a.emails:  # "Sally Beck" is given by sally.beck@enron.com
         have |= _local_words(addr)
-    if r.emails and a.emails != r.emails:
-        # the reference's addresses may be given by name instead (each name in full), but not by other addresses
-        if a.emails - r.emails or not all(_local_words(addr) <= have for addr in r.emails - a.emails):
-            return False
+    # the reference's addresses may be given by name instead (each name in full), but not by other addresses
+    if r.emails and (a.emails - r.emails or not all(_local_words(addr) <= have for addr in r.emails - a.emails)):
+        return False
     for kind in ("amounts", "percents", "times", "numbers"):
         ref_values = getattr(r, kind)
         if ref_values and getattr(a, kind) != ref_values:

@@ -32,14 +32,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from evals.art_e.matching import IDK, answer_matches
+from evals.art_e.questions import Scenario
 from judges.completion import RetryPolicy, complete
 from judges.local_provider import LOCAL_PROVIDER
 from ruler.cache import cache_key, open_cache
 
-from evals.art_e.matching import IDK, answer_matches
-from evals.art_e.questions import Scenario
-
-__all__ = ["IDK", "REWARDS", "Rubric", "Grade", "answer_matches", "art_reward", "grade", "judge_answer"]
+__all__ = ["IDK", "REWARDS", "Grade", "Rubric", "answer_matches", "art_reward", "grade", "judge_answer"]
 
 REWARDS = ("art",)
 
@@ -75,7 +74,7 @@ class Rubric:
         return out
 
     @classmethod
-    def from_metrics(cls, metrics: dict) -> "Rubric":
+    def from_metrics(cls, metrics: dict) -> Rubric:
         fields = cls.__dataclass_fields__
         return cls(**{k: (type(f.default)(metrics[k])) for k, f in fields.items() if k in metrics})
 
