@@ -89,19 +89,26 @@ def load_annotated(path: str | Path, db_path: str | Path) -> tuple[list[Scenario
             skipped["asked of several emails, with different answers"] += len(members)
             continue
         inbox = (fields["to"] or [fields["from_address"]])[0]
-        ids = list(dict.fromkeys(kept_as[f["message_id"]][0] for _, _, _, f in members
-                                 if inbox in f["to"] + f["cc"] + f["bcc"] + [f["from_address"]]))
         newest = max(datetime.fromisoformat(kept_as[f["message_id"]][1]) for _, _, _, f in members)
         query_date = (newest + timedelta(days=1)).date().isoformat()
         words = _question_words(question)
         if not words:
             skipped["does not say what it is about"] += len(members)
             continue
-        tools = InboxTools(db_path, inbox, query_date)
         try:
+            tools = InboxTools(db_path, inbox, query_date)
+        except ValueError:  # its email was kept as a copy filed for other people
+            skipped["its email is not in its recipient's inbox"] += len(members)
+            continue
+        try:
+            ids = [i for i in dict.fromkeys(kept_as[f["message_id"]][0] for _, _, _, f in members)
+                   if tools.read_email(i) is not None]
             hits = [h["message_id"] for h in tools.search_emails(words)]
         finally:
             tools.close()
+        if not ids:
+            skipped["its email is not in its recipient's inbox"] += len(members)
+            continue
         if not set(hits) & set(ids):
             skipped["a search with its words does not find its email"] += len(members)
             continue

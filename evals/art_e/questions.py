@@ -10,7 +10,8 @@ query_date (YYYY-MM-DD; the agent sees mail sent before it) and split, plus `kin
                                                              unit, and the words that name it)
 - date:    "What date did Mary give for the PRC meeting?"    (an event and the day it is set for)
 - place:   "Where is the SAP reporting meeting?"            (an event and its room or venue)
-- phone:   "What is Shirley Crenshaw's phone number?"        (a person or desk and the number after the name)
+- phone:   "What is Shirley Crenshaw's phone number?"        (a person, by a first name the corpus's addresses
+                                                             use, and the number right after the name)
 - reply:   "Who replied to my email about the Q3 forecast?"  (two emails: mine and the one answer to it)
 
 Each candidate is kept only when it checks out against the inbox as the agent will see it: the answer is
