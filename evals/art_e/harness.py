@@ -10,8 +10,8 @@
 A model is a litellm string; `MODEL@URL` sends it to an OpenAI-compatible server at URL (a local vLLM).
 Correctness: `answer_matches` (evals.art_e.matching) decides first; an attempted answer it does not accept
 goes to the correctness judge only when one is given. Without one, `accuracy` is match-only and the summary
-says so (`accuracy_by`); the embedded 135M model is refused as a correctness judge (it is near chance and
-accepted six of six wrong answers in a probe). The reward is ART's rubric (`evals.art_e.rewards.art_reward`).
+says so (`accuracy_by`); the embedded 135M model is refused as a correctness judge (it is near chance as a
+judge: evals/reports/judge_meta_smollm2_*.csv). The reward is ART's rubric (`evals.art_e.rewards.art_reward`).
 Cost per 1,000 runs: litellm's prices for API models; a local model's machine time is shared by the runs
 in flight on it (each run is charged its wall time divided by how many runs of that model were running,
 moment by moment), at `gpu_hour_price` for a GPU server (`MODEL@URL`, hosted_vllm, vllm-engine) and
@@ -148,8 +148,8 @@ def check_judge(judge_model: str | None) -> None:
     if not isinstance(judge_model, str) or not judge_model.strip():
         raise ValueError(f"the correctness judge must be a litellm model string, got {judge_model!r}")
     if ModelSpec.parse(judge_model).embedded:
-        raise ValueError(f"{judge_model} is near chance as a correctness judge (it accepted six of six wrong "
-                         "answers in a probe); leave the judge out for match-only accuracy, or give a capable model")
+        raise ValueError(f"{judge_model} is near chance as a judge, so its verdicts cannot be accuracy; leave the "
+                         "correctness judge out for match-only accuracy, or give a capable model")
 
 
 async def run_one(spec: ModelSpec, scenario: Scenario, db_path, *, max_turns: int, hour_price: float,

@@ -317,15 +317,13 @@ def _figure_np(before: str) -> tuple[str, str] | None:
 
 
 def _values(kind: str, text: str) -> set:
-    """Normalised answer values of one kind in a piece of text (for the uniqueness check)."""
+    """Normalised answer values of one kind ("figure", "date" or "phone") in a piece of text."""
     found = facts(text)
     if kind == "figure":
         return {("$", v) for v in found.amounts} | {("%", v) for v in found.percents} | {("n", v) for v in found.numbers}
     if kind == "date":
         return {(m, d) for _, m, d in found.dates}
-    if kind == "phone":
-        return found.phones
-    return {re.sub(r"\s+", " ", text.strip().lower())}
+    return found.phones
 
 
 def _near(key: str, kind: str):

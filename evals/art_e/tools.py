@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -229,11 +229,3 @@ class InboxTools:
                                "invalid_email")
         return ToolOutcome(json.dumps(result, ensure_ascii=False))
 
-
-def visible_until(query_date: str) -> str:
-    """The first instant the agent cannot see on `query_date` (`YYYY-MM-DD HH:MM:SS`)."""
-    return _day_start(date.fromisoformat(query_date[:10]))
-
-
-def next_day(day: str) -> str:
-    return (date.fromisoformat(day[:10]) + timedelta(days=1)).isoformat()
