@@ -13,8 +13,12 @@ again on the same questions, and write the comparison.
     # a smoke run on the CPU (embedded SmolLM2-135M, transformers)
     python examples/email_agent.py --steps 1 --groups-per-step 1 --group-size 2 --max-turns 2 --eval-questions 2
 
-The report folder gets before.parquet and after.parquet (every test run, messages included: `ruler eval
-art-e --out DIR --show RUN_ID` does not apply, but `evals.art_e.harness.render_transcript` does),
+With native tool calls the untrained SmolLM2-135M made no tool call in 12 of 12 CPU rollouts at temperature 1,
+so ART's rubric gives every rollout the same -1.7 and GRPO has nothing to learn from; `--tool-mode text` asks
+for ART's JSON protocol under a JSON schema, which vLLM's server enforces (the CPU server refuses it).
+
+The report folder gets before.parquet and after.parquet (every test run, messages included; `ruler eval art-e
+--out DIR/before.parquet --show RUN_ID` prints one),
 summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, before and after), compare.csv
 (after minus before per measure, paired bootstrap 95% interval over the same questions), history.jsonl
 and curves.png (the training curves), questions.csv (the mix of question kinds), and run.json (the
