@@ -65,29 +65,41 @@ def eval_art_e(
     split: str = typer.Option("test", "--split", help="train or test (splits are by inbox)."),
     question_set: str = typer.Option("generated", "--set", help="generated (offline, from the inbox database), "
                                      "annotated (enron_annotated.json) or hub (ART·E's questions; needs the "
-                                     "internet and the full corpus)."),
-    scenarios_file: Optional[Path] = typer.Option(None, "--scenarios", help="A JSONL/parquet scenarios file instead."),
+                                     "internet; only those whose inbox and emails are in the database are asked)."),
+    scenarios_file: Optional[Path] = typer.Option(None, "--scenarios", help="A JSONL/parquet scenarios file (ours or "
+                                                  "ART's format) instead."),
     db: Path = typer.Option(Path("out/art-e/inbox.db"), "--db", help="Inbox database (built if missing)."),
     mailbox: list[Path] = typer.Option(None, "--mailbox", help="Maildir tarballs/folders to build the database from "
                                        "(default: the four shared Enron mailboxes)."),
-    judge: Optional[str] = typer.Option(None, "--judge", help="Answer-correctness judge (default: RULER's default)."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="Correctness judge for answers the matcher does not "
+                                        "accept (default: none; accuracy is then match-only)."),
     concurrency: int = typer.Option(4, "--concurrency", help="Runs in flight at once."),
     max_turns: int = typer.Option(10, "--max-turns"),
     tool_mode: str = typer.Option("auto", "--tool-mode", help="auto, native (tool calls) or text (JSON protocol)."),
-    gpu_hour_price: float = typer.Option(3.5, "--gpu-hour-price", help="USD per GPU hour, to price local models."),
+    gpu_hour_price: float = typer.Option(3.5, "--gpu-hour-price", help="USD per GPU hour, to price GPU-served models."),
+    cpu_hour_price: float = typer.Option(0.1, "--cpu-hour-price", help="USD per CPU-machine hour, to price the "
+                                         "embedded model."),
     seed: int = typer.Option(0, "--seed", help="Which questions are drawn."),
     out: Path = typer.Option(Path("out/art-e"), "--out", help="Where results.parquet, summary.csv/png go."),
+    show: Optional[str] = typer.Option(None, "--show", help="Print the transcript of one run (its run_id) from the "
+                                       "results in --out, and stop."),
 ) -> None:
-    """ART·E: models answer questions about real Enron inboxes; accuracy, turns, latency, cost."""
+    """ART·E: models answer questions about real Enron inboxes; accuracy, reward, turns, latency, cost."""
     import random
 
     from evals.art_e import harness
     from evals.art_e.annotated import load_annotated
     from evals.art_e.inbox import ENRON_DIR, build_inbox_db
-    from evals.art_e.questions import download_scenarios, generate_scenarios, load_scenarios
+    from evals.art_e.questions import download_scenarios, generate_scenarios, load_scenarios, map_scenarios
     from judges import EMBEDDED_JUDGE
-    from ruler import default_judge_model
 
+    if show is not None:
+        df = harness.load_results(out)
+        rows = df[df["run_id"] == show.strip()] if "run_id" in df else df.iloc[0:0]
+        if rows.empty:
+            raise ValueError(f"no run {show!r} in {out}; run ids are in the run_id column of results.parquet")
+        console.print(harness.render_transcript(rows.iloc[0]), soft_wrap=True, markup=False, highlight=False)
+        return
     if split not in ("train", "test") or question_set not in ("generated", "annotated", "hub"):
         raise ValueError("--split is train or test; --set is generated, annotated or hub")
     if tool_mode not in ("auto", "native", "text"):
@@ -95,7 +107,8 @@ def eval_art_e(
     if questions < 1:
         raise ValueError("--questions must be >= 1")
     if judge is not None and not judge.strip():
-        raise ValueError("--judge must not be empty (leave it out for the default judge)")
+        raise ValueError("--judge must not be empty (leave it out for match-only accuracy)")
+    harness.check_judge(judge)
     specs = [harness.ModelSpec.parse(m) for m in (model or [EMBEDDED_JUDGE])]
     if db.is_dir():
         raise ValueError(f"--db {db} is a folder; give the inbox database's file path (built if missing)")
@@ -109,23 +122,29 @@ def eval_art_e(
             raise ValueError(f"no mailboxes to build {db} from: pass --mailbox")
         db.parent.mkdir(parents=True, exist_ok=True)
         report = build_inbox_db(sources, db)
-        console.print(f"built {db}: {report.emails} emails in {report.seconds:.0f} s", soft_wrap=True)
+        skipped = ", ".join(f"{n} {why}" for why, n in report.skipped.most_common())
+        console.print(f"built {db}: {report.emails} emails in {report.seconds:.0f} s (skipped: {skipped or 'none'})",
+                      soft_wrap=True)
+    skipped = None
     if scenarios_file is not None:
-        pool = load_scenarios(scenarios_file, split)
+        pool, skipped = map_scenarios(load_scenarios(scenarios_file, split), db)
     elif question_set == "annotated":
         pool, _, _ = load_annotated(ENRON_DIR / "enron_annotated.json", db)
     elif question_set == "hub":
-        pool = download_scenarios(split)
+        pool, skipped = map_scenarios(download_scenarios(split), db)
     else:
-        pool = [s for s in generate_scenarios(db, per_inbox=50) if s.split == split]
+        pool = [s for s in generate_scenarios(db, per_inbox=200) if s.split == split]
+    if skipped:
+        console.print("not asked (not in this database): " + ", ".join(f"{n} {why}" for why, n in skipped.items()),
+                      soft_wrap=True)
     if not pool:
         raise ValueError(f"no {split} questions in the chosen set")
     picked = random.Random(seed).sample(pool, min(questions, len(pool)))
     df = asyncio.run(harness.run_benchmark(
-        specs, picked, db, judge_model=judge or default_judge_model(), concurrency=concurrency,
-        max_turns=max_turns, gpu_hour_price=gpu_hour_price, tool_mode=tool_mode))
+        specs, picked, db, judge_model=judge, concurrency=concurrency, max_turns=max_turns,
+        gpu_hour_price=gpu_hour_price, cpu_hour_price=cpu_hour_price, tool_mode=tool_mode))
     summary = harness.summarize(df)
-    print_frame(summary, f"ART·E, {len(picked)} {split} questions")
+    print_frame(summary, f"ART·E, {len(picked)} {split} questions (accuracy: {df.attrs['accuracy_by']})")
     paths = harness.save_benchmark(df, summary, out)
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
 

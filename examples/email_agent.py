@@ -1,75 +1,213 @@
-"""The ART·E email agent trained with RULER rewards: no reward function, one judge call per group.
+"""Train the ART·E email agent (GRPO on LoRA) on training inboxes and measure it on inboxes it never saw.
 
-Each step: for a few training questions, a group of agent rollouts against our server (native tool calls,
-Hermes-style for models whose template lacks tools), scored relative to each other by `ruler_score_group`
-inside `gather_trajectory_groups(after_each=...)`, then one GRPO step.
+One run: build the inbox database (ART's filters), generate checked questions (train and test splits are
+different inboxes), measure the untrained model on the test questions, train for --steps steps, measure
+again on the same questions, and write the comparison.
 
-    python examples/email_agent.py --steps 2 --questions 2 --group-size 3 --max-turns 3   # CPU, embedded
-    python examples/email_agent.py --base-model Qwen/Qwen2.5-7B-Instruct --engine vllm \\
-        --judge openai/o4-mini --steps 50                                               # the real thing
+    # (a) ART's rubric as the reward (correctness by the matcher; --correctness-judge adds an LLM judge)
+    python examples/email_agent.py --reward art --base-model HuggingFaceTB/SmolLM2-135M-Instruct --engine vllm \\
+        --steps 40 --report evals/reports/art_e/smollm2-art
+    # (b) RULER: a judge ranks each group of rollouts (here one served by vLLM at :8001)
+    python examples/email_agent.py --reward ruler --judge hosted_vllm/judge@http://127.0.0.1:8001/v1 \\
+        --base-model HuggingFaceTB/SmolLM2-135M-Instruct --engine vllm --steps 40 --report evals/reports/art_e/smollm2-ruler
+    # a smoke run on the CPU (embedded SmolLM2-135M, transformers)
+    python examples/email_agent.py --steps 1 --groups-per-step 1 --group-size 2 --max-turns 2 --eval-questions 2
+
+With native tool calls the untrained SmolLM2-135M made no tool call in 12 of 12 CPU rollouts at temperature 1,
+so ART's rubric gives every rollout the same -1.7 and GRPO has nothing to learn from; `--tool-mode text` asks
+for ART's JSON protocol under a JSON schema, which vLLM's server enforces (the CPU server refuses it).
+
+The report folder gets before.parquet and after.parquet (every test run, messages included; `ruler eval art-e
+--out DIR/before.parquet --show RUN_ID` prints one),
+summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, before and after), compare.csv
+(after minus before per measure, paired bootstrap 95% interval over the same questions), history.jsonl
+and curves.png (the training curves), questions.csv (the mix of question kinds), and run.json (the
+arguments). Accuracy is the matcher's (plus the correctness judge's, if given); the RULER judge's scores
+are rewards for training, never accuracy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from evals.art_e import harness  # noqa: E402
 from evals.art_e.agent import run_agent  # noqa: E402
+from evals.art_e.annotated import load_annotated  # noqa: E402
 from evals.art_e.inbox import ENRON_DIR, build_inbox_db  # noqa: E402
-from evals.art_e.questions import generate_scenarios  # noqa: E402
+from evals.art_e.questions import generate_scenarios, question_mix  # noqa: E402
+from evals.art_e.rewards import grade  # noqa: E402
+from judges.errors import JudgeError  # noqa: E402
 from ruler import TrajectoryGroup, ruler_score_group  # noqa: E402
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig  # noqa: E402
 from trainer import gather_trajectory_groups  # noqa: E402
+from trainer.runlog import plot_train_report  # noqa: E402
 
 
-
-async def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reward", default="art", choices=["art", "ruler"], help="ART's rubric, or RULER's ranking")
+    ap.add_argument("--judge", default=None, help="RULER judge, a litellm model or MODEL@http://host/v1 "
+                    "(--reward ruler; default: RULER's default judge)")
+    ap.add_argument("--correctness-judge", default=None, help="LLM judge for answers the matcher does not accept "
+                    "(default: none, match only); MODEL or MODEL@http://host/v1")
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--questions", type=int, default=2, help="groups per step")
-    ap.add_argument("--group-size", type=int, default=3)
-    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--groups-per-step", type=int, default=2, help="training questions per step")
+    ap.add_argument("--group-size", type=int, default=4, help="rollouts per question")
+    ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--tool-mode", default="native", choices=["native", "text"], help="native tool calls, or ART's "
+                    "JSON text protocol (constrained by a JSON schema where the server supports it)")
     ap.add_argument("--max-tokens", type=int, default=256, help="per agent turn")
-    ap.add_argument("--judge", default=None, help="RULER judge (default: RULER's default judge)")
-    ap.add_argument("--mailbox", type=Path, default=ENRON_DIR / "beck-s.tar.gz")
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--loss", default="grpo", choices=["grpo", "dr_grpo", "dapo"])
+    ap.add_argument("--eval-questions", type=int, default=200, help="test questions measured before and after")
+    ap.add_argument("--eval-set", default="generated", choices=["generated", "annotated", "both"],
+                    help="test questions: generated ones from the test inboxes, the human-written annotated set, "
+                         "or both")
+    ap.add_argument("--eval-temperature", type=float, default=0.0)
+    ap.add_argument("--concurrency", type=int, default=16, help="evaluation runs in flight")
+    ap.add_argument("--per-inbox", type=int, default=400, help="questions generated per inbox (at most)")
+    ap.add_argument("--test-inboxes", nargs="*", default=None, help="addresses or mailbox names of the test split "
+                    "(default: the second half of the mailboxes)")
+    ap.add_argument("--mailbox", type=Path, nargs="*", default=None, help="default: every shared Enron mailbox")
     ap.add_argument("--db", type=Path, default=Path("./runs/art-e-inbox.db"))
     ap.add_argument("--base-model", default="local/smollm2-135m-instruct")
     ap.add_argument("--engine", default="auto", choices=["auto", "transformers", "vllm"])
-    ap.add_argument("--out", default="./runs")
-    args = ap.parse_args()
+    ap.add_argument("--name", default=None, help="model name (default: email-agent-<reward>)")
+    ap.add_argument("--out", default="./runs", help="checkpoints and the run log go under OUT/art-e/NAME")
+    ap.add_argument("--report", type=Path, default=None, help="report folder (default: the run folder's report/)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    for name in ("steps", "groups_per_step", "group_size", "max_turns", "max_tokens", "eval_questions",
+                 "concurrency", "per_inbox"):
+        if getattr(args, name) < (0 if name == "steps" else 1):
+            ap.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'steps' else 1}")
+    if args.judge and args.reward != "ruler":
+        ap.error("--judge is the RULER judge: use it with --reward ruler")
+    if args.correctness_judge:
+        harness.check_judge(harness.ModelSpec.parse(args.correctness_judge).model)
+    return args
+
+
+def spec_params(spec: str | None) -> tuple[str | None, dict | None]:
+    """A MODEL or MODEL@URL as (litellm model, its litellm parameters)."""
+    if spec is None:
+        return None, None
+    parsed = harness.ModelSpec.parse(spec)
+    return parsed.model, parsed.params()
+
+
+async def evaluate(model: TrainableModel, scenarios, db: Path, args, label: str, correctness):
+    """The model's current adapter on every test question (no training): the results table."""
+    import torch
+
+    step = await model.get_step()
+    on_gpu = args.engine == "vllm" or (args.engine == "auto" and torch.cuda.is_available())
+    spec = harness.ModelSpec(model=f"hosted_vllm/{model.get_inference_name(step)}", label=f"{label} (step {step})",
+                             api_base=model.inference_base_url, on="gpu" if on_gpu else "cpu",
+                             extra={"temperature": args.eval_temperature, "max_tokens": args.max_tokens})
+    judge_model, judge_params = correctness
+    return await harness.run_benchmark([spec], scenarios, db, judge_model=judge_model, judge_params=judge_params,
+                                       concurrency=args.concurrency, max_turns=args.max_turns,
+                                       tool_mode=args.tool_mode)
+
+
+async def main(argv=None) -> None:
+    args = parse_args(argv)
+    rng = random.Random(args.seed)
     if not args.db.is_file():
         args.db.parent.mkdir(parents=True, exist_ok=True)
-        build_inbox_db([args.mailbox], args.db)
-    scenarios = generate_scenarios(args.db, per_inbox=200, seed=1)
-    model = TrainableModel("email-agent", "art-e", args.base_model,
-                           ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=8192)))
+        report = build_inbox_db(args.mailbox or sorted(ENRON_DIR.glob("*.tar.gz")), args.db)
+        print(f"built {args.db}: {report.emails} emails, skipped {dict(report.skipped)}", flush=True)
+    annotated = []
+    if args.eval_set in ("annotated", "both"):  # adds its emails to the database, so before generating
+        annotated, _, skipped = load_annotated(ENRON_DIR / "enron_annotated.json", args.db)
+        print(f"annotated questions: {len(annotated)} kept, skipped {dict(skipped)}", flush=True)
+    scenarios = generate_scenarios(args.db, per_inbox=args.per_inbox, test_inboxes=args.test_inboxes, seed=args.seed)
+    train = [s for s in scenarios if s.split == "train"]
+    test = (annotated if args.eval_set != "generated" else []) + \
+           ([s for s in scenarios if s.split == "test"] if args.eval_set != "annotated" else [])
+    if not train or not test:
+        raise SystemExit(f"{len(train)} training and {len(test)} test questions: nothing to train or measure on")
+    test = rng.sample(test, min(args.eval_questions, len(test)))
+    print(f"{len(train)} training questions; measuring on {len(test)} test questions", flush=True)
+
+    name = args.name or f"email-agent-{args.reward}"
+    model = TrainableModel(name, "art-e", args.base_model,
+                           ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=8192), seed=args.seed))
     backend = LocalBackend(args.out)
     await model.register(backend)
-    rng = random.Random(0)
+    report_dir = args.report or model.run_dir / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "run.json").write_text(json.dumps({k: str(v) if isinstance(v, Path) else v
+                                                     for k, v in vars(args).items()}, indent=2))
+    question_mix(train + test).to_csv(report_dir / "questions.csv", index=False)
+    correctness = spec_params(args.correctness_judge)
+    ruler_judge, ruler_params = spec_params(args.judge)
 
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
-        return await ruler_score_group(group, args.judge, swallow_exceptions=True)  # None when the judge fails
+        if not group.trajectories:  # every rollout raised (they are counted against --max-exceptions)
+            return None
+        scenario = by_id[group.trajectories[0].metadata["scenario_id"]]
+        for traj in group.trajectories:  # ART's reward and correctness, recorded in every run (RULER's too)
+            try:
+                g = await grade(traj, scenario, max_turns=args.max_turns, judge_model=correctness[0],
+                                judge_params=correctness[1])
+            except JudgeError as exc:  # no reward can be trusted for this group: it is not trained on
+                print(f"group dropped, the correctness judge failed: {exc}", flush=True)
+                return None
+            traj.metrics["art_reward"], traj.metrics["correct"] = g.reward, int(g.correct)
+        if args.reward == "ruler":  # None (the group is dropped) when the judge fails
+            return await ruler_score_group(group, ruler_judge, ruler_params, swallow_exceptions=True)
+        return group
 
+    by_id = {s.id: s for s in train}
     try:
-        for step in range(await model.get_step(), args.steps):
-            picked = rng.sample(scenarios, args.questions)
-            params = model.litellm_completion_params()  # ART's shape: hosted_vllm/<name>@<step> at the model's server
-            name = params.pop("model")
+        start = await model.get_step()
+        if not (report_dir / "before.parquet").is_file():
+            if start > 0:
+                raise SystemExit(f"{model.run_dir} is at step {start} and {report_dir} has no before.parquet: the "
+                                 "untrained model can no longer be measured in this run; start a new --name")
+            before = await evaluate(model, test, args.db, args, "before", correctness)
+            before.to_parquet(report_dir / "before.parquet", index=False)
+        for step in range(start, args.steps):
+            picked = rng.sample(train, min(args.groups_per_step, len(train)))
+            target = model.litellm_completion_params()
+            agent_model = target.pop("model")
             groups = await gather_trajectory_groups(
-                [TrajectoryGroup(run_agent(s, args.db, name, params={**params, "max_tokens": args.max_tokens},
-                                           max_turns=args.max_turns, tool_mode="native")
+                [TrajectoryGroup(run_agent(s, args.db, agent_model, params={**target, "max_tokens": args.max_tokens},
+                                           max_turns=args.max_turns, tool_mode=args.tool_mode)
                                  for _ in range(args.group_size)) for s in picked],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)
-            row = await model.train(groups, TrainConfig(learning_rate=5e-5))
-            print(f"step {row['step']}: RULER score {row['reward_mean']:.3f}, trained on {row['sequences']} "
-                  f"rollouts", flush=True)
+            row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))
+            print(f"step {row['step']}: reward {row['reward_mean']:.3f} ({args.reward}), trained on "
+                  f"{row['sequences']} sequences", flush=True)
+        after = await evaluate(model, test, args.db, args, "after", correctness)
+        after.to_parquet(report_dir / "after.parquet", index=False)
     finally:
         await backend.close()
+
+    import pandas as pd
+
+    before = pd.read_parquet(report_dir / "before.parquet")
+    summary = pd.concat([harness.summarize(before), harness.summarize(after)], ignore_index=True)
+    summary.to_csv(report_dir / "summary.csv", index=False)
+    compare = harness.compare_runs(before, after)
+    compare.to_csv(report_dir / "compare.csv", index=False)
+    if (model.run_dir / "history.jsonl").is_file():
+        shutil.copy(model.run_dir / "history.jsonl", report_dir / "history.jsonl")
+        plot_train_report(model.run_dir, report_dir / "curves.png")
+    print(summary[["model", "runs", "accuracy", "accuracy_low", "accuracy_high", "accuracy_by", "sources_correct",
+                   "mean_reward", "reward_ci95", "mean_turns"]].to_string(index=False))
+    print(compare.to_string(index=False))
+    print(f"report: {report_dir}")
 
 
 if __name__ == "__main__":

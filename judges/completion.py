@@ -75,6 +75,7 @@ class JudgeReply:
     latency_s: float = 0.0
     attempts: int = 1
     raw: dict = field(default_factory=dict, repr=False)
+    response: object = field(default=None, repr=False)  # litellm's ModelResponse (choices, tool calls)
 
 
 def _retry_after_seconds(exc: BaseException) -> float | None:
@@ -208,5 +209,5 @@ async def complete(
     prompt, completion, cost = _usage_and_cost(response, model)
     return JudgeReply(
         content=content, model=model, prompt_tokens=prompt, completion_tokens=completion, cost=cost,
-        latency_s=time.perf_counter() - started, attempts=attempts,
+        latency_s=time.perf_counter() - started, attempts=attempts, response=response,
     )

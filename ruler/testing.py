@@ -5,8 +5,9 @@
 
 It answers RULER prompts by reading the `<trajectory id="N">` blocks of the user message and scoring
 each by a marker in its text (GOOD -> 0.9, OK -> 0.5, BAD -> 0.1, else 0.3). `script` is a list of
-fault modes consumed one per request ("ok" when empty); `latency_s` delays every answer. Every
-request body is recorded. Loopback only.
+fault modes consumed one per request ("ok" when empty); an item that is a dict is sent back as the
+assistant message itself (`{"content": ...}` or `{"tool_calls": [...]}`: a scripted agent). `latency_s`
+delays every answer. Every request body is recorded. Loopback only.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BLOCK = re.compile(r'<trajectory id="(\d+)">(.*?)</trajectory>', re.S)
-MODES = {"ok", "500", "503", "429", "slow", "malformed", "prose", "fenced", "out_of_range_10", "out_of_range_100",
+MODES = {"ok", "400", "500", "503", "429", "slow", "malformed", "prose", "fenced", "out_of_range_10", "out_of_range_100",
          "negative", "shuffled", "missing_id", "extra_id", "duplicate_id", "string_scores", "nan", "empty", "bare_list"}
 
 
@@ -49,8 +50,18 @@ class FakeJudge:
                     judge.requests.append(body)
                     judge.times.append(time.monotonic())
                     mode = judge.script.pop(0) if judge.script else "ok"
+                if isinstance(mode, dict):  # a scripted assistant message
+                    message = {"role": "assistant", "content": None, **mode}
+                    return self._send(200, {
+                        "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+                        "model": body.get("model", "fake"),
+                        "choices": [{"index": 0, "message": message,
+                                     "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+                        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}})
                 if mode in ("500", "503"):
                     return self._send(int(mode), {"error": {"message": "judge exploded", "type": "server_error"}})
+                if mode == "400":
+                    return self._send(400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
                 if mode == "429":
                     return self._send(429, {"error": {"message": "rate limited", "type": "rate_limit"}},
                                       {"Retry-After": judge.retry_after})

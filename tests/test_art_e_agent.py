@@ -1,9 +1,10 @@
-"""A full ART·E rollout with the real embedded model, recorded as a Trajectory."""
+"""A full ART·E rollout with the real embedded model, recorded as a Trajectory and graded with ART's rubric."""
 
 import pytest
 
 from evals.art_e.agent import run_agent
 from evals.art_e.questions import generate_scenarios
+from evals.art_e.rewards import Rubric, art_reward, grade
 from judges import EMBEDDED_JUDGE
 from ruler import TrajectoryGroup
 
@@ -19,7 +20,12 @@ async def test_embedded_model_rollout_is_recorded_as_a_trajectory(inbox_db, embe
     assert m["prompt_tokens"] > 100 and m["completion_tokens"] > 0 and m["latency_s"] > 0
     assert traj.messages()[0]["role"] == "system" and traj.messages()[1]["content"] == scenario.question
     assert any(msg["role"] == "assistant" for msg in traj.messages())
-    assert m["ran_out_of_turns"] == (traj.metadata["answer"] is None)
+    # the episode ended one of ART's ways, and the rubric says which
+    ended = [m["attempted_answer"], m["returned_i_dont_know"], m["ran_out_of_turns"], m["failed_format_validation"]]
+    assert sum(ended[:3]) == 1 or ended[3] == 1
+    assert m["ran_out_of_turns"] == (traj.metadata["answer"] is None and not m["failed_format_validation"])
+    g = await grade(traj, scenario, max_turns=2)
+    assert traj.reward == g.reward == art_reward(Rubric.from_metrics(traj.metrics), 2)
     # the trajectory is ready for RULER and the trainer: it round-trips as JSON in a group
     group = TrajectoryGroup([traj])
-    assert TrajectoryGroup.model_validate_json(group.model_dump_json()).trajectories[0].metrics == m
+    assert TrajectoryGroup.model_validate_json(group.model_dump_json()).trajectories[0].metrics == traj.metrics

@@ -86,3 +86,9 @@ def test_train_report_command_plots_a_run(tmp_path):
     assert (run / "train-report.png").stat().st_size > 10_000 and "0.5" in res.output
     res = CliRunner().invoke(app, ["train-report", str(tmp_path / "none")])
     assert res.exit_code == 2 and "no run log" in res.output
+    # a run whose steps had no learning signal trained nothing and logged no loss: still plotted
+    flat = tmp_path / "proj" / "flat"
+    append_row(flat, {"step": 0, "reward_mean": -1.7, "reward_std": 0.0, "trained": False})
+    res = CliRunner().invoke(app, ["train-report", str(flat)])
+    assert res.exit_code == 0, res.output
+    assert (flat / "train-report.png").stat().st_size > 5_000

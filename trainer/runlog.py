@@ -60,12 +60,14 @@ def plot_train_report(run_dir: str | Path, out: str | Path | None = None) -> Pat
         a.fill_between(df["step"], df["reward_mean"] - std, df["reward_mean"] + std, alpha=0.2, color="#4C72B0")
     a.set_title("reward (mean ± std of the step's rollouts)")
     a.set_xlabel("step")
-    b.plot(df["step"], df["loss"], marker="o", color="#C44E52", label="loss")
+    if "loss" in df:  # a step without a learning signal trains nothing and logs no loss
+        b.plot(df["step"], df["loss"], marker="o", color="#C44E52", label="loss")
     if "kl" in df and df["kl"].fillna(0).abs().sum() > 0:
         b.plot(df["step"], df["kl"], marker=".", color="#55A868", label="KL")
-    b.set_title("loss")
+    b.set_title("loss" if "loss" in df else "loss (no step trained yet)")
     b.set_xlabel("step")
-    b.legend()
+    if b.lines:
+        b.legend()
     fig.suptitle(str(Path(run_dir).name))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

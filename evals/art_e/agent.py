@@ -1,10 +1,21 @@
-"""The ART·E agent loop: answer a question about an inbox with search_inbox / read_email, recorded as a
-`Trajectory` (messages, tools, final answer and metrics).
+"""The ART·E agent loop: answer a question about an inbox with search_emails / read_email, recorded as a
+`Trajectory` whose metrics are ART's rubric (`evals.art_e.rewards.Rubric`).
+
+The loop is ART·E's rollout:
+
+- each turn is one model call; the first tool call of the reply is run (a reply's further calls are
+  answered "not run", so the conversation stays well formed for the next turn and for training);
+- the episode ends at `return_final_answer`, at the first tool call that cannot be parsed (text mode),
+  names no tool that exists, or has bad arguments (a reply without a tool call counts as bad arguments,
+  as in ART), and after `max_turns` turns (ran out of turns);
+- reading a message id that is not in the inbox is answered with an error and the episode goes on;
+- found/read the right email means the scenario's first message id, as in ART.
 
 Models with native tool calling get the OpenAI tool schemas. Others (the embedded SmolLM2, many small
-local models) use a text protocol: each turn the model answers with one JSON object
-`{"tool": name, "arguments": {...}}`, constrained to that shape by a JSON schema where the provider
-supports it, and the tool's result comes back as a user message.
+local models) use ART's text protocol: each turn the model answers with one JSON object
+`{"tool_name": name, "tool_args": {...}}` (constrained to that shape by a JSON schema where the provider
+supports it), and the tool's result comes back as a user message. Every model call goes through
+`judges.complete`, so 429s, 5xx and timeouts are retried in both modes.
 """
 
 from __future__ import annotations
@@ -17,8 +28,10 @@ from typing import Literal
 import litellm
 from openai.types.chat.chat_completion import Choice
 
+from evals.art_e.matching import IDK
 from evals.art_e.questions import Scenario
-from evals.art_e.tools import TOOL_SCHEMAS, InboxTools, inbox_for_address
+from evals.art_e.rewards import Rubric
+from evals.art_e.tools import TOOL_SCHEMAS, InboxTools
 from judges.completion import RetryPolicy, complete
 from ruler.trajectory import Trajectory, choice_to_message
 
@@ -26,14 +39,15 @@ ToolMode = Literal["auto", "native", "text"]
 TEXT_MAX_CHARS = 200
 TEXT_TURN_MAX_TOKENS = 256  # text protocol: one tool call per turn never needs more
 
-SYSTEM = """You are an email search agent. You answer the user's question by searching their inbox and reading emails.
-The user's email address is {address}. Today's date is {date}. You may take up to {max_turns} turns.
-Search with short keyword lists; read the most promising emails; then give the final answer with
-return_final_answer(answer, sources), citing the message_ids you used. If the inbox does not hold the
-answer, answer "I don't know"."""
+SYSTEM = """You are an email search agent. Answer the user's question by searching their inbox with the tools and reading
+the emails you find. You may take up to {max_turns} turns; if a search finds nothing useful, search again with other
+keywords. When you know the answer, call return_final_answer with a short answer and the message_ids of the emails it
+comes from. If you cannot find it, answer exactly "I don't know" with no sources.
+
+The user's email address is {address}. Today's date is {date}."""
 
 TEXT_PROTOCOL = """
-Reply with exactly one JSON object per turn: {{"tool": "<name>", "arguments": {{...}}}}. Tools:
+Reply with exactly one JSON object per turn: {{"tool_name": "<name>", "tool_args": {{...}}}}. The tools:
 {tools}"""
 
 
@@ -52,13 +66,15 @@ def _bounded(schema: dict) -> dict:
 
 
 def _text_schema() -> dict:
-    variants = [{"type": "object", "properties": {"tool": {"const": t["function"]["name"]},
-                                                  "arguments": _bounded(t["function"]["parameters"])},
-                 "required": ["tool", "arguments"], "additionalProperties": False} for t in TOOL_SCHEMAS]
+    variants = [{"type": "object", "properties": {"tool_name": {"const": t["function"]["name"]},
+                                                  "tool_args": _bounded(t["function"]["parameters"])},
+                 "required": ["tool_name", "tool_args"], "additionalProperties": False} for t in TOOL_SCHEMAS]
     return {"anyOf": variants}
 
 
 def _mode(model: str, tool_mode: ToolMode) -> str:
+    if tool_mode not in ("auto", "native", "text"):
+        raise ValueError(f"tool_mode must be auto, native or text, got {tool_mode!r}")
     if tool_mode != "auto":
         return tool_mode
     try:
@@ -67,79 +83,110 @@ def _mode(model: str, tool_mode: ToolMode) -> str:
         return "text"
 
 
+def _parse_text_call(content: str | None) -> tuple[str | None, object, str | None]:
+    """(tool name, arguments, problem) from a text-protocol reply, as ART reads it: the outermost {...}."""
+    if not content or content.find("{") == -1 or content.rfind("}") < content.find("{"):
+        return None, None, "cant_parse_tool_call"
+    try:
+        call = json.loads(content[content.find("{"): content.rfind("}") + 1])
+    except ValueError:
+        return None, None, "cant_parse_tool_call"
+    if not isinstance(call, dict) or "tool_args" not in call:
+        return None, None, "bad_tool_call_args"
+    return call.get("tool_name"), call["tool_args"], None
+
+
 async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | None = None, max_turns: int = 10,
                     tool_mode: ToolMode = "auto", retry: RetryPolicy | None = None) -> Trajectory:
-    """One rollout of the email agent on `scenario`; never raises for the agent's own mistakes."""
-    if max_turns < 1:
-        raise ValueError("max_turns must be >= 1")
+    """One rollout of the email agent on `scenario`; never raises for the agent's own mistakes.
+
+    The trajectory's reward is 0 until it is graded (`evals.art_e.rewards.grade`); its metrics are ART's
+    rubric (`answer_correct` too is only set by grading) plus `turns` (model calls made), `latency_s`.
+    A model endpoint that keeps failing raises (`judges.JudgeError`).
+    """
+    if not isinstance(scenario, Scenario):
+        raise TypeError(f"run_agent takes a Scenario, not {type(scenario).__name__}")
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
+    if params is not None and not isinstance(params, dict):
+        raise TypeError(f"params must be a dict of litellm parameters, got {type(params).__name__}")
     mode = _mode(model, tool_mode)
-    tools = InboxTools(db_path, scenario.inbox or inbox_for_address(db_path, scenario.inbox_address), scenario.query_date)
+    tools = InboxTools(db_path, scenario.inbox_address, scenario.query_date)
     system = SYSTEM.format(address=scenario.inbox_address, date=scenario.query_date, max_turns=max_turns)
     if mode == "text":
         system += TEXT_PROTOCOL.format(tools="\n".join(
-            f"- {t['function']['name']}: {t['function']['description']} arguments: "
+            f"- {t['function']['name']}: {t['function']['description']} Arguments: "
             f"{json.dumps(t['function']['parameters']['properties'])}" for t in TOOL_SCHEMAS))
     messages: list = [{"role": "system", "content": system}, {"role": "user", "content": scenario.question}]
-    metrics = {"turns": 0, "tool_errors": 0, "found_right_email": False, "read_right_email": False,
-               "attempted_answer": False,
-               "ran_out_of_turns": False, "prompt_tokens": 0, "completion_tokens": 0, "format_errors": 0}
+    rubric, turns = Rubric(), 0
+    right = scenario.message_ids[0]
     started = time.perf_counter()
-    for turn in range(max_turns):
-        metrics["turns"] = turn + 1
-        history = [m if isinstance(m, dict) else choice_to_message(m) for m in messages]
-        if mode == "native":
-            reply = await litellm.acompletion(model=model, messages=history, tools=TOOL_SCHEMAS, tool_choice="auto",
-                                              **(params or {}))
-            metrics["prompt_tokens"] += reply.usage.prompt_tokens
-            metrics["completion_tokens"] += reply.usage.completion_tokens
-            choice = Choice.model_validate(reply.choices[0].model_dump())
-            messages.append(choice)
-            calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
-            if not calls:
-                metrics["format_errors"] += 1
-                messages.append({"role": "user", "content": "Use a tool: search_inbox, read_email or return_final_answer."})
-                continue
-            for call_id, name, args in calls:
-                result = _run_tool(tools, name, args, scenario, metrics)
+    try:
+        while True:
+            rubric.num_turns += 1
+            if rubric.num_turns > max_turns:
+                rubric.ran_out_of_turns = True
+                break
+            turns += 1
+            history = [m if isinstance(m, dict) else choice_to_message(m) for m in messages]
+            if mode == "native":
+                reply = await complete(model, history, params={"tools": TOOL_SCHEMAS, "tool_choice": "auto",
+                                                               **(params or {})}, retry=retry)
+                rubric.prompt_tokens += reply.prompt_tokens
+                rubric.completion_tokens += reply.completion_tokens
+                choice = Choice.model_validate(reply.response.choices[0].model_dump())
+                messages.append(choice)
+                calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+                if not calls:  # ART: no tool call is bad arguments, and the episode ends
+                    rubric.bad_tool_call_args = True
+                    break
+                call_id, name, args = calls[0]
+                problem, result = _run(tools, name, args, rubric, right)
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
-        else:
-            reply = await complete(model, history, params={"max_tokens": TEXT_TURN_MAX_TOKENS, **(params or {})},
-                                   retry=retry, response_format={
-                "type": "json_schema", "json_schema": {"name": "tool_call", "schema": _text_schema()}})
-            metrics["prompt_tokens"] += reply.prompt_tokens
-            metrics["completion_tokens"] += reply.completion_tokens
-            messages.append({"role": "assistant", "content": reply.content})
-            try:
-                call = json.loads(reply.content)
-                name, args = call["tool"], call.get("arguments", {})
-            except (ValueError, KeyError, TypeError):
-                metrics["format_errors"] += 1
-                messages.append({"role": "user", "content": 'Reply with one JSON object: {"tool": ..., "arguments": {...}}'})
-                continue
-            messages.append({"role": "user", "content": f"Result of {name}: " + _run_tool(tools, name, args, scenario, metrics)})
-        if tools.final_answer is not None:
-            break
-    else:
-        metrics["ran_out_of_turns"] = tools.final_answer is None
-    metrics["latency_s"] = time.perf_counter() - started
+                for extra_id, _, _ in calls[1:]:
+                    messages.append({"role": "tool", "tool_call_id": extra_id,
+                                     "content": json.dumps({"error": "not run: one tool call per turn"})})
+            else:
+                reply = await complete(model, history, params={"max_tokens": TEXT_TURN_MAX_TOKENS, **(params or {})},
+                                       retry=retry, response_format={
+                    "type": "json_schema", "json_schema": {"name": "tool_call", "schema": _text_schema()}})
+                rubric.prompt_tokens += reply.prompt_tokens
+                rubric.completion_tokens += reply.completion_tokens
+                messages.append({"role": "assistant", "content": reply.content})
+                name, args, problem = _parse_text_call(reply.content)
+                if problem is None:
+                    problem, result = _run(tools, name, args, rubric, right)
+                    messages.append({"role": "user", "content": f"Result of {name}: {result}"})
+            if problem in ("cant_parse_tool_call", "bad_tool_call_name", "bad_tool_call_args"):
+                setattr(rubric, problem, True)
+                break
+            if tools.final_answer is not None:
+                break
+    finally:
+        tools.close()
     final = tools.final_answer or {}
-    return Trajectory(messages_and_choices=messages, tools=TOOL_SCHEMAS, reward=0.0, metrics=metrics,
+    if final:
+        rubric.num_sources = len(final["sources"])
+        if final["answer"] == IDK:
+            rubric.returned_i_dont_know = True
+        else:
+            rubric.attempted_answer = True
+            rubric.sources_correct = right in final["sources"]
+    metrics = {**rubric.to_metrics(), "turns": turns, "latency_s": time.perf_counter() - started}
+    return Trajectory(messages_and_choices=messages, tools=TOOL_SCHEMAS if mode == "native" else None, reward=0.0,
+                      metrics=metrics,
                       metadata={"scenario_id": scenario.id, "model": model, "tool_mode": mode,
-                                "answer": final.get("answer"), "sources": json.dumps(final.get("sources", []))})
+                                "inbox_address": scenario.inbox_address, "answer": final.get("answer"),
+                                "sources": json.dumps(final.get("sources", []))})
 
 
-def _run_tool(tools: InboxTools, name: str, args, scenario: Scenario, metrics: dict) -> str:
-    result = tools.call(name, args)
-    if '"error"' in result[:12]:
-        metrics["tool_errors"] += 1
-    if name == "search_inbox":
-        metrics["found_right_email"] = metrics["found_right_email"] or any(m in result for m in scenario.message_ids)
-    if name == "read_email":
-        try:
-            read = (json.loads(args) if isinstance(args, str) else args).get("message_id")
-        except (ValueError, AttributeError):
-            read = None
-        metrics["read_right_email"] = metrics["read_right_email"] or read in scenario.message_ids
-    if name == "return_final_answer" and tools.final_answer is not None:
-        metrics["attempted_answer"] = tools.final_answer["answer"].strip().lower() not in ("", "i don't know")
-    return result
+def _run(tools: InboxTools, name, args, rubric: Rubric, right: str) -> tuple[str | None, str]:
+    """Run one tool call; mark what ART's rubric marks. (problem, the result text the agent reads)."""
+    outcome = tools.call(name, args)
+    if name == "search_emails" and outcome.problem is None:
+        rubric.ever_found_right_email |= any(hit["message_id"] == right for hit in json.loads(outcome.content))
+    if name == "read_email" and outcome.problem in (None, "invalid_email"):
+        read = (json.loads(args) if isinstance(args, str) else args).get("message_id")
+        rubric.ever_read_right_email |= read == right
+        rubric.ever_tried_to_read_invalid_email |= outcome.problem == "invalid_email"
+    return outcome.problem, outcome.content

@@ -1,7 +1,7 @@
 """The LLM question writer, as ART·E built its questions: show a model a batch of one inbox's emails and
 have it write realistic questions that those emails answer, each naming its source message ids.
 
-    scenarios = await write_questions("inbox.db", "openai/gpt-4.1", inbox="beck-s", batches=10)
+    scenarios = await write_questions("inbox.db", "openai/gpt-4.1", inbox="sally.beck@enron.com", batches=10)
 
 Any litellm model works (the embedded one too, if weakly). The reply is constrained by a JSON schema whose
 message ids can only be the batch's own, and each question is checked again after parsing: a source id
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from evals.art_e.inbox import open_readonly
+from evals.art_e.inbox import IN_INBOX, mailbox_owners, normal_address, open_readonly
 from evals.art_e.questions import Scenario
 from judges.completion import RetryPolicy, complete
 
@@ -53,8 +53,8 @@ def _render(rows, body_chars: int) -> str:
     parts = []
     for r in rows:
         body = (r["body"] or "").strip()
-        parts.append(json.dumps({"message_id": r["message_id"], "date": r["date"], "from": r["from_addr"],
-                                 "to": r["to_addrs"], "subject": r["subject"], "body": body[:body_chars]},
+        parts.append(json.dumps({"message_id": r["message_id"], "date": r["date"], "from": r["from_address"],
+                                 "subject": r["subject"], "body": body[:body_chars]},
                                 ensure_ascii=False))
     return "\n".join(parts)
 
@@ -62,16 +62,21 @@ def _render(rows, body_chars: int) -> str:
 async def write_questions(db_path: str | Path, model: str, *, inbox: str, batches: int = 1, batch_size: int = 10,
                           per_batch: int = 3, body_chars: int = 1500, seed: int = 0, params: dict | None = None,
                           retry: RetryPolicy | None = None, split: str = "train") -> tuple[list[Scenario], WriterReport]:
-    """(scenarios, report): up to `per_batch` questions from each of `batches` random batches of emails."""
+    """(scenarios, report): up to `per_batch` questions from each of `batches` random batches of emails.
+
+    `inbox`: an address, or the name of a mailbox (its owner's address is used).
+    """
     if min(batches, batch_size, per_batch, body_chars) < 1:
         raise ValueError("batches, batch_size, per_batch and body_chars must be >= 1")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be train or test, got {split!r}")
+    address = mailbox_owners(db_path).get(inbox) or (normal_address(inbox) if "@" in str(inbox) else None)
     db = open_readonly(db_path)
     try:
-        owner = db.execute("SELECT address FROM inboxes WHERE inbox = ?", (inbox,)).fetchone()
-        if owner is None:
+        ids = [r[0] for r in db.execute(f"SELECT e.id FROM emails e WHERE {IN_INBOX} AND length(e.body) > 40 "
+                                        "ORDER BY e.id", {"inbox": address})] if address else []
+        if not ids:
             raise ValueError(f"inbox {inbox!r} is not in {db_path}")
-        ids = [r[0] for r in db.execute("SELECT id FROM emails WHERE inbox = ? AND date IS NOT NULL AND "
-                                        "length(body) > 40 ORDER BY id", (inbox,))]
         rng = random.Random(seed)
         rng.shuffle(ids)
         report, out = WriterReport(), []
@@ -81,8 +86,7 @@ async def write_questions(db_path: str | Path, model: str, *, inbox: str, batche
                 break
             rows = db.execute(f"SELECT * FROM emails WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
             by_id = {r["message_id"]: r for r in rows}
-            messages = [{"role": "system", "content": WRITER_PROMPT.format(address=owner[0] or inbox,
-                                                                           per_batch=per_batch)},
+            messages = [{"role": "system", "content": WRITER_PROMPT.format(address=address, per_batch=per_batch)},
                         {"role": "user", "content": _render(rows, body_chars)}]
             fmt = {"type": "json_schema", "json_schema": {"name": "questions",
                                                           "schema": _schema(sorted(by_id), per_batch)}}
@@ -96,7 +100,7 @@ async def write_questions(db_path: str | Path, model: str, *, inbox: str, batche
                 report.drop("reply is not the questions JSON")
                 continue
             for n, item in enumerate(items):
-                scenario = _scenario(item, by_id, owner[0] or inbox, inbox, split, f"{inbox}-w{seed}-{b}-{n}", report)
+                scenario = _scenario(item, by_id, address, split, f"{address.split('@')[0]}-w{seed}-{b}-{n}", report)
                 if scenario is not None:
                     out.append(scenario)
                     report.written += 1
@@ -105,7 +109,7 @@ async def write_questions(db_path: str | Path, model: str, *, inbox: str, batche
         db.close()
 
 
-def _scenario(item, by_id: dict, address: str, inbox: str, split: str, sid: str, report: WriterReport):
+def _scenario(item, by_id: dict, address: str, split: str, sid: str, report: WriterReport):
     if not isinstance(item, dict):
         report.drop("not an object")
         return None
@@ -124,4 +128,4 @@ def _scenario(item, by_id: dict, address: str, inbox: str, split: str, sid: str,
     newest = max(datetime.fromisoformat(by_id[s]["date"]) for s in sources)
     return Scenario(id=sid, question=question, answer=answer, message_ids=list(dict.fromkeys(sources)),
                     inbox_address=address, query_date=(newest + timedelta(days=3)).date().isoformat(),
-                    how_realistic=float(realism), inbox=inbox, split=split, kind="llm")
+                    how_realistic=float(realism), split=split, kind="llm")

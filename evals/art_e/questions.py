@@ -1,10 +1,27 @@
-"""ART·E scenarios: the schema, JSONL/parquet files, and an offline generator of verifiable questions.
+"""ART·E scenarios: ART's scenario format, JSONL/parquet files, ART's hub questions, and an offline generator.
 
-A scenario is ART·E's shape: question, answer, message_ids (the emails that hold the answer),
-inbox_address, query_date (the agent sees only mail up to it), how_realistic (0..1), plus the inbox and
-the split. `generate_scenarios` writes questions whose answers are read straight from real headers
-and bodies (who sent, when, what subject, which dollar figure), each checked to point at exactly one
-email, so every answer can be verified against the database. Splits are by inbox: no inbox is in both.
+A scenario is ART's record: id, question, answer, message_ids (the emails that hold the answer; the first
+is the one ART's rubric checks), how_realistic (0..1), inbox_address (whose inbox: mail from or to it),
+query_date (YYYY-MM-DD; the agent sees mail sent before it) and split, plus `kind` (how it was made).
+
+`generate_scenarios` asks about facts in email bodies, without a model:
+
+- figure:  "What did Rick say the EES exposure was?"        (a dollar amount, percentage or quantity with its
+                                                             unit, and the words that name it)
+- date:    "What date did Mary give for the PRC meeting?"    (an event and the day it is set for)
+- place:   "Where is the SAP reporting meeting?"            (an event and its room or venue)
+- phone:   "What is Shirley Crenshaw's phone number?"        (a person, by a first name the corpus's addresses
+                                                             use, and the number right after the name)
+- reply:   "Who replied to my email about the Q3 forecast?"  (two emails: mine and the one answer to it)
+
+Each candidate is kept only when it checks out against the inbox as the agent will see it: the answer is
+unique (every visible email that mentions the same thing gives the same value; those emails are all its
+message_ids), it is findable (a search with the question's own words, with the sender's address when the
+question names the sender, lists one of them among the first 10 results), and, for the test split, none of
+its emails is in a training inbox. `how_realistic` is the share of four checks it passes: the fact is in a
+body (not a header), the email is personal (from a person's address, at most 10 recipients), the thing
+asked about is named by at least two words, and the answer is at most six words. `GenerationReport`
+counts what was made and what was dropped, and why. Splits are by inbox: no inbox is in both.
 """
 
 from __future__ import annotations
@@ -13,26 +30,57 @@ import json
 import random
 import re
 import sqlite3
-from datetime import datetime, timedelta
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import pydantic
 
-MONEY = re.compile(r"\$\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:million|billion|MM|mm|k|K))?")
+from evals.art_e.inbox import IN_INBOX, mailbox_owners, normal_address, open_readonly
+from evals.art_e.matching import DATE_PATTERNS, STOPWORDS, facts
+
+SPLITS = ("train", "test")
 
 
 class Scenario(pydantic.BaseModel):
+    """One ART·E question, in ART's format (its integer ids are read as strings)."""
+
     model_config = pydantic.ConfigDict(extra="forbid")
-    id: str
+    id: str = pydantic.Field(min_length=1)
     question: str = pydantic.Field(min_length=1)
     answer: str = pydantic.Field(min_length=1)
-    message_ids: list[str]
+    message_ids: list[pydantic.constr(min_length=1)] = pydantic.Field(min_length=1)
+    how_realistic: float = pydantic.Field(ge=0, le=1)
     inbox_address: str
     query_date: str
-    how_realistic: float = pydantic.Field(ge=0, le=1)
-    inbox: str | None = None
     split: str = "test"
     kind: str | None = None
+
+    @pydantic.field_validator("id", mode="before")
+    @classmethod
+    def _id_as_text(cls, v):
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @pydantic.field_validator("inbox_address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        return normal_address(v)
+
+    @pydantic.field_validator("query_date")
+    @classmethod
+    def _day(cls, v: str) -> str:
+        try:
+            return date.fromisoformat(v[:10]).isoformat() if len(v) in (10, 19) else date.fromisoformat(v).isoformat()
+        except ValueError:
+            raise ValueError(f"query_date must be a date, YYYY-MM-DD, got {v!r}") from None
+
+    @pydantic.field_validator("split")
+    @classmethod
+    def _split(cls, v: str) -> str:
+        if v not in SPLITS:
+            raise ValueError(f"split must be train or test, got {v!r}")
+        return v
 
 
 def save_scenarios(scenarios: list[Scenario], path: str | Path) -> Path:
@@ -46,113 +94,94 @@ def save_scenarios(scenarios: list[Scenario], path: str | Path) -> Path:
     return path
 
 
-def load_scenarios(path: str | Path, split: str | None = None) -> list[Scenario]:
-    """Scenarios from JSONL or parquet; a bad record is an error naming its line and field."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no scenarios file at {path}")
+def _records(path: Path) -> list[tuple[int, dict]]:
     if path.suffix == ".parquet":
         import pandas as pd
 
-        rows = [(i + 1, {k: (list(v) if hasattr(v, "tolist") else v) for k, v in r.items()})
-                for i, r in enumerate(pd.read_parquet(path).to_dict("records"))]
-    else:
-        rows = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append((n, json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow's errors have no common base worth naming
+            raise ValueError(f"{path}: not a readable parquet file ({exc})") from None
+        return [(i + 1, {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in r.items()})
+                for i, r in enumerate(frame.to_dict("records"))]
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+    return rows
+
+
+def load_scenarios(path: str | Path, split: str | None = None) -> list[Scenario]:
+    """Scenarios from JSONL or parquet (ours or ART's); a bad record is an error naming its line and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no scenarios file at {path}")
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be train or test, got {split!r}")
     out = []
-    for n, row in rows:
+    for n, row in _records(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: a scenario is a JSON object")
         try:
             out.append(Scenario.model_validate(row))
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
-            raise ValueError(f"{path}:{n}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            where = ".".join(map(str, first["loc"])) or "record"
+            raise ValueError(f"{path}:{n}: {where}: {first['msg']}") from None
     return [s for s in out if split is None or s.split == split]
 
 
-def _day(iso: str) -> str:
-    return iso[:10]
-
-
-def generate_scenarios(db_path: str | Path, *, per_inbox: int = 50, test_inboxes: list[str] | None = None,
-                       seed: int = 0) -> list[Scenario]:
-    """Verifiable questions from real mail: sender, date, subject and dollar-figure questions."""
-    if per_inbox < 1:
-        raise ValueError("per_inbox must be >= 1")
-    db = sqlite3.connect(str(db_path))
-    db.row_factory = sqlite3.Row
-    inboxes = {r["inbox"]: r["address"] for r in db.execute("SELECT inbox, address FROM inboxes ORDER BY inbox")}
-    if not inboxes:
-        raise ValueError(f"{db_path} holds no inboxes: build it with build_inbox_db first")
-    names = sorted(inboxes)
-    test = set(test_inboxes) if test_inboxes is not None else set(names[-max(1, len(names) // 4):])
-    rng = random.Random(seed)
-    scenarios: list[Scenario] = []
-    for inbox in names:
-        rows = db.execute(
-            "SELECT e.* FROM emails e JOIN (SELECT subject FROM emails WHERE inbox = ? AND length(subject) > 8 "
-            "GROUP BY subject HAVING COUNT(*) = 1) u ON u.subject = e.subject WHERE e.inbox = ? "
-            "AND e.date IS NOT NULL AND e.from_addr != '' ORDER BY e.id", (inbox, inbox)).fetchall()
-        rng.shuffle(rows)
-        made = 0
-        for r in rows:
-            if made >= per_inbox:
-                break
-            subject, sender, day = r["subject"].strip(), r["from_addr"].split(",")[0].strip(), _day(r["date"])
-            query_date = (datetime.fromisoformat(r["date"]) + timedelta(days=rng.randint(1, 60))).date().isoformat()
-            kind = ("sender", "date", "subject", "figure")[made % 4]
-            if kind == "sender":
-                q, a = f"Who sent the email with the subject \"{subject}\"?", sender
-            elif kind == "date":
-                q, a = f"On what date was the email \"{subject}\" from {sender} sent?", day
-            elif kind == "subject":
-                same_day = db.execute("SELECT COUNT(*) FROM emails WHERE inbox = ? AND from_addr = ? AND "
-                                      "substr(date, 1, 10) = ?", (inbox, r["from_addr"], day)).fetchone()[0]
-                if same_day != 1:
-                    continue
-                q, a = f"What was the subject of the email {sender} sent me on {day}?", subject
-            else:
-                money = MONEY.search(r["body"] or "")
-                if not money:
-                    kind, q, a = "sender", f"Who sent the email with the subject \"{subject}\"?", sender
-                else:
-                    q, a = f"What dollar amount is mentioned in the email \"{subject}\"?", money.group(0)
-            scenarios.append(Scenario(
-                id=f"{inbox}-{r['id']}-{kind}", question=q, answer=a, message_ids=[r["message_id"]],
-                inbox_address=inboxes[inbox] or inbox, query_date=query_date, how_realistic=0.4, inbox=inbox,
-                split="test" if inbox in test else "train", kind=kind))
-            made += 1
-    return scenarios
-
-
-def verify_scenario(db_path: str | Path, s: Scenario) -> bool:
-    """True when the scenario's answer is read from its source email as the question says."""
-    db = sqlite3.connect(str(db_path))
-    db.row_factory = sqlite3.Row
-    row = db.execute("SELECT * FROM emails WHERE inbox = ? AND message_id = ?", (s.inbox, s.message_ids[0])).fetchone()
-    if row is None or (row["date"] or "")[:10] > s.query_date:
-        return False
-    return {"sender": lambda: row["from_addr"].split(",")[0].strip() == s.answer,
-            "date": lambda: row["date"][:10] == s.answer,
-            "subject": lambda: row["subject"].strip() == s.answer,
-            "figure": lambda: s.answer in (row["body"] or "")}.get(s.kind, lambda: False)()
-
+# ---------------------------------------------------------------------------------------------------------
+# ART's published questions (the hub), mapped onto the inboxes this database has
+# ---------------------------------------------------------------------------------------------------------
 
 HUB_DATASET = "corbt/enron_emails_sample_questions"
+
+
+def map_scenarios(scenarios: list[Scenario], db_path: str | Path) -> tuple[list[Scenario], Counter]:
+    """The scenarios this database can pose, and the others counted by why not.
+
+    Kept: the inbox address has mail here and every message id is an email of that inbox dated before
+    the query date. ART's hub questions point into the whole Enron corpus; only those whose inbox and
+    emails were ingested survive.
+    """
+    db = open_readonly(db_path)
+    kept, skipped = [], Counter()
+    try:
+        for s in scenarios:
+            if db.execute(f"SELECT 1 FROM emails e WHERE {IN_INBOX} LIMIT 1", {"inbox": s.inbox_address}).fetchone() is None:
+                skipped["inbox not in the database"] += 1
+                continue
+            visible = sum(db.execute(f"SELECT 1 FROM emails e WHERE e.message_id = :m AND {IN_INBOX} AND e.date < :d",
+                                     {"m": m, "inbox": s.inbox_address, "d": s.query_date + " 00:00:00"}).fetchone()
+                          is not None for m in s.message_ids)
+            if visible < len(s.message_ids):
+                skipped["an email not in that inbox before the query date"] += 1
+                continue
+            kept.append(s)
+    finally:
+        db.close()
+    return kept, skipped
+
+
+def hub_records_to_scenarios(records: list[dict], split: str) -> list[Scenario]:
+    """ART's hub rows (id, question, answer, message_ids, how_realistic, inbox_address, query_date) as scenarios."""
+    return [Scenario(id=f"hub-{split}-{r['id']}", question=r["question"], answer=r["answer"],
+                     message_ids=list(r["message_ids"]), inbox_address=r["inbox_address"],
+                     query_date=str(r["query_date"])[:10], how_realistic=float(r["how_realistic"]),
+                     split=split, kind="hub") for r in records]
 
 
 def download_scenarios(split: str = "test", *, repo: str = HUB_DATASET, limit: int | None = None) -> list[Scenario]:
     """ART·E's published questions from the Hugging Face hub (needs the internet; cached by huggingface_hub).
 
-    Their message_ids point into the full CMU Enron corpus: build the inbox database from it
-    (`build_inbox_db` on the full maildir) before running them. `inbox` is left empty; the harness finds
-    the inbox by `inbox_address`.
+    Their message ids point into the full Enron corpus: pass them through `map_scenarios` to keep those
+    this database can pose.
     """
-    if split not in ("train", "test"):
+    if split not in SPLITS:
         raise ValueError("split must be 'train' or 'test'")
     try:
         from huggingface_hub import hf_hub_download
@@ -164,10 +193,405 @@ def download_scenarios(split: str = "test", *, repo: str = HUB_DATASET, limit: i
                               "Offline? Use generate_scenarios or a local JSONL/parquet file.") from None
     import pandas as pd
 
-    out = []
-    for r in pd.read_parquet(path).to_dict("records")[:limit]:
-        out.append(Scenario(id=f"hub-{split}-{r['id']}", question=r["question"], answer=r["answer"],
-                            message_ids=list(r["message_ids"]), inbox_address=r["inbox_address"],
-                            query_date=str(r["query_date"])[:10], how_realistic=float(r["how_realistic"]),
-                            inbox=None, split=split, kind="hub"))
+    return hub_records_to_scenarios(pd.read_parquet(path).to_dict("records")[:limit], split)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The offline generator
+# ---------------------------------------------------------------------------------------------------------
+
+QUOTED = re.compile(r"^(?:-{3,}\s*(?:original message|forwarded by)|_{5,}|from:\s.*\bsent:|>)", re.I | re.M)
+NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
+FIGURE = re.compile(r"\$\s?" + NUM + r"(?:\s?(?:million|billion|MM|mm|k|K)\b)?|\b" + NUM + r"\s?(?:%|percent\b)|\b" + NUM
+                    + r"\s?(?:MMBtu|mmbtu|MMBTU|Dth|dth|MW|MWh|Bcf|Mcf|MMcf|bbl|barrels)(?:/d(?:ay)?)?(?![A-Za-z])")
+LINK = r"\s*(?P<link>is|was|are|were|of|at|:|=|totals?|totaled|totaling|will be|would be|comes to|came to)\s*" \
+       r"(?:about\s+|approximately\s+|~\s*)?$"
+FIGURE_CONTEXT = re.compile(r"(?P<np>(?:[A-Za-z0-9&'/-]+\s+){0,5}[A-Za-z][A-Za-z0-9&'/-]*)" + LINK)
+EVENTS = r"meeting|conference call|call|lunch|dinner|presentation|training|party|offsite|off-site|interview|review|class|" \
+         r"seminar|workshop|session|luncheon|reception|conference"
+EVENT = re.compile(r"\b(?P<np>(?:(?:[A-Z][A-Za-z0-9&'-]*|[A-Z0-9]{2,})\s+){1,3}(?:" + EVENTS + r")s?)\b"
+                   r"|\b(?:the|our|your|a|an)\s+(?P<lower>(?:[a-z][a-z-]{2,}\s+){1,2}(?:" + EVENTS + r")s?)\b")
+ROOM = re.compile(r"\b(?:EB|ECS|ECN|3AC)\s?-?\d{2,4}[A-Z]?\d*\b|\b(?:[Cc]onference [Rr]oom|[Rr]oom)\s+[A-Z0-9-]*\d[A-Z0-9-]*\b"
+                  r"|\bat the (?:[A-Z][a-z]+\s){0,2}(?:Club|Hotel|Grill|Restaurant|Cafe|Center|Centre|Inn|Hyatt|Hilton|"
+                  r"Marriott|Four Seasons|Warwick|Doubletree)\b")
+PHONE_AFTER_NAME = re.compile(r"(?P<name>\b[A-Z][a-z]+ (?:[A-Z]\. )?[A-Z][a-zA-Z'-]+)[,:]?\s*(?:at|on|-)?\s*"
+                              r"(?P<phone>\(?\b713\)?[\s.-]?\d{3}[\s.-]\d{4}\b|\bx\s?\d{5}\b|\b[Ee]xt\.?\s?\d{4,5}\b)")
+NOT_NP = set("""i we you he she they it me us him her them will would can could should shall may might must has have had
+be been being do does did and but or if that which who whom this these those there here what when where why how not
+please thanks thank let at to in on with by from into per as than about over under after before via all while
+whereas although because so then also just only is was are were am a an instead currently vs versus mmbtu
+mmbtus dth mw mcfd mcf bcf volumes few several many some same other such subject third""".split())
+CALENDAR = set("""january february march april may june july august september october november december jan feb mar apr
+jun jul aug sep sept oct nov dec monday tuesday wednesday thursday friday saturday sunday today tomorrow yesterday week
+month year""".split())
+NOT_A_NAME = set("""phone fax number office desk line help support services service team group center centre department
+logistics contracts management development coordinator recruiter america north south east west houston enron global
+program operations business information resources assistant administrator""".split())
+GENERIC = set("the a an our my your their his her its this that these those".split())
+REPLY_PREFIX = re.compile(r"^\s*((re|fw|fwd)\s*:\s*)+", re.I)
+PERSON_ADDRESS = re.compile(r"^[a-z]+\.[a-z]+@")
+KINDS = ("figure", "date", "place", "phone", "reply")
+
+
+@dataclass
+class GenerationReport:
+    """What the generator made, per kind, and what it dropped, per reason."""
+
+    made: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+    inboxes: dict[str, str] = field(default_factory=dict)  # address -> split
+
+
+@dataclass
+class _Candidate:
+    kind: str
+    email: sqlite3.Row
+    question: str
+    answer: str
+    keywords: list[str]
+    from_addr: str | None
+    key: str             # what the question is about, to find every email that mentions it
+    value_in: object     # function(text) -> set of normalised answer values found next to `key` in a text
+    realism: list[bool]
+
+
+def _own_text(body: str) -> str:
+    """The email's own words: the body before any quoted or forwarded message, hard line wraps undone."""
+    m = QUOTED.search(body or "")
+    text = (body or "")[: m.start()] if m else (body or "")
+    return re.sub(r"[ \t]*\n(?!\s*\n)[ \t]*", " ", text)
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n\s*\n", text) if 10 <= len(s.strip()) <= 300]
+
+
+def _first_name(address: str) -> str | None:
+    return address.split(".", 1)[0].capitalize() if PERSON_ADDRESS.match(address or "") else None
+
+
+def _topic(subject: str) -> str:
+    return REPLY_PREFIX.sub("", subject or "").strip()
+
+
+def _content_words(text: str) -> list[str]:
+    return [w for w in re.findall(r"[A-Za-z0-9&'-]+", text) if w.lower() not in STOPWORDS and len(w) > 1]
+
+
+def _clean_np(np: str) -> str | None:
+    """A noun phrase worth asking about, or None: 1-5 words after a leading determiner, none of them a pronoun,
+    verb, adverb (-ly, -ed, -ing), preposition other than "of"/"for" inside, determiner inside, date word or
+    number, and at least one word of four letters or more."""
+    words = np.split()
+    while words and words[0].lower() in GENERIC:
+        words = words[1:]
+    if not 1 <= len(words) <= 5 or words[-1].lower() in ("of", "for") or words[0].lower() in ("of", "for"):
+        return None
+    for i, word in enumerate(w.lower().strip("'") for w in words):
+        if (word in NOT_NP or word in CALENDAR or re.sub(r"'s$", "", word) in CALENDAR
+                or word.endswith(("ed", "ing", "ly")) or (i and word in GENERIC) or any(ch.isdigit() for ch in word)):
+            return None
+    if not any(len(w) >= 4 for w in words):
+        return None
+    return " ".join(words)
+
+
+def _figure_np(before: str) -> tuple[str, str] | None:
+    """(noun phrase, link word) naming the figure that follows `before`, or None.
+
+    The phrase is the longest run of two to five words right before the link ("is", "was", ":", "of" ...)
+    that starts the sentence or follows a determiner ("the", "our", ...) or a comma, and passes `_clean_np`.
+    """
+    m = FIGURE_CONTEXT.search(before)
+    if not m:
+        return None
+    head, words = before[: m.start("np")].split(), m.group("np").split()
+    for start in range(len(words) - 1):
+        prev = words[start - 1] if start else (head[-1] if head else "")
+        if prev and prev.lower() not in GENERIC and not prev.endswith((",", ":", "(", ";")):
+            continue
+        np = _clean_np(" ".join(words[start:]))
+        if np and len(np.split()) >= 2:
+            return np, m.group("link")
+    return None
+
+
+def _values(kind: str, text: str) -> set:
+    """Normalised answer values of one kind ("figure", "date" or "phone") in a piece of text."""
+    found = facts(text)
+    if kind == "figure":
+        return {("$", v) for v in found.amounts} | {("%", v) for v in found.percents} | {("n", v) for v in found.numbers}
+    if kind == "date":
+        return {(m, d) for _, m, d in found.dates}
+    return found.phones
+
+
+def _near(key: str, kind: str):
+    """A function: the values of `kind` in the sentences of a text that mention `key`."""
+    pattern = re.compile(r"\b" + r"\s+".join(map(re.escape, key.split())) + r"\b", re.I)
+
+    def found(text: str) -> set:
+        out: set = set()
+        for sentence in _sentences(_own_text(text)):
+            m = pattern.search(sentence)
+            if not m:
+                continue
+            if kind == "figure":
+                after = sentence[m.end():]
+                link = re.match(LINK.replace("$", "") + r"(?P<v>" + FIGURE.pattern + ")", after, re.I)
+                if link:
+                    out |= _values("figure", link.group("v"))
+            elif kind == "phone":
+                after = PHONE_AFTER_NAME.match(sentence[m.start():])
+                if after:
+                    out |= _values("phone", after.group("phone"))
+            elif kind == "place":
+                out |= {r.group(0).lower().removeprefix("at the ") for r in ROOM.finditer(sentence)}
+            else:
+                out |= _values(kind, sentence)
+        return out
+
+    return found
+
+
+def _candidates(email: sqlite3.Row, owner: str, recipients: list[str], first_names: set[str]) -> list[_Candidate]:
+    sender = email["from_address"] or ""
+    first = _first_name(sender)
+    personal = bool(first) and len(recipients) <= 10
+    own = sender == owner
+    to_first = _first_name(recipients[0]) if own and len(recipients) == 1 else None
+    out: list[_Candidate] = []
+    for sentence in _sentences(_own_text(email["body"])):
+        for figure in FIGURE.finditer(sentence):
+            found = _figure_np(sentence[: figure.start()])
+            if not found:
+                continue
+            np, link = found
+            verb = link if link in ("is", "was", "are", "were") else "was"
+            if own and to_first:
+                q, who = f"What did I tell {to_first} the {np} {verb}?", None
+            elif first and not own:
+                q, who = f"What did {first} say the {np} {verb}?", sender
+            else:
+                continue
+            out.append(_Candidate("figure", email, q, figure.group(0).strip(), _content_words(np), who, np,
+                                  _near(np, "figure"), [True, personal, len(np.split()) >= 2, True]))
+        events = list(EVENT.finditer(sentence))
+        if len(events) != 1:
+            continue
+        np = _clean_np(events[0].group("np") or events[0].group("lower"))
+        if not np:
+            continue
+        dates = [d for p in DATE_PATTERNS for d in p.finditer(sentence.lower())]
+        if len(dates) == 1 and dates[0].groupdict().get("d"):
+            when = sentence[dates[0].start(): dates[0].end()].strip(" ,")
+            q = f"What date did {first} give for the {np}?" if first and not own else f"When is the {np}?"
+            out.append(_Candidate("date", email, q, when, _content_words(np), sender if first and not own else None,
+                                  np, _near(np, "date"), [True, personal, len(np.split()) >= 2,
+                                                          len(when.split()) <= 6]))
+        rooms = list(ROOM.finditer(sentence))
+        if len(rooms) == 1:
+            where = rooms[0].group(0).removeprefix("at the ")
+            out.append(_Candidate("place", email, f"Where is the {np}?", where, _content_words(np), None, np,
+                                  _near(np, "place"), [True, personal, len(np.split()) >= 2, len(where.split()) <= 6]))
+    for m in PHONE_AFTER_NAME.finditer(_own_text(email["body"])):
+        name = m.group("name")
+        if name.split()[0].lower() not in first_names or any(w.lower() in NOT_A_NAME for w in name.split()):
+            continue
+        owner_of = name + ("'" if name.endswith("s") else "'s")
+        out.append(_Candidate("phone", email, f"What is {owner_of} phone number?", m.group("phone").strip(),
+                              name.split(), None, name, _near(name, "phone"),
+                              [True, personal, True, True]))
+    return out
+
+
+def _visible_mentions(db, inbox: str, until: str, cand: _Candidate) -> tuple[set, list[str]]:
+    """(every value the inbox's visible emails give for the candidate's subject, the ids of those giving its answer)."""
+    phrase = '"' + " ".join(re.findall(r"[A-Za-z0-9]+", cand.key)) + '"'
+    sql = (f"SELECT e.message_id, e.body FROM emails e JOIN emails_fts f ON f.rowid = e.id WHERE emails_fts MATCH :q "
+           f"AND {IN_INBOX} AND e.date < :until" + (" AND e.from_address = :sender" if cand.from_addr else "")
+           + " ORDER BY e.date")
+    values, ids = set(), []
+    answer = _values(cand.kind, cand.answer) if cand.kind != "place" else {cand.answer.lower()}
+    for mid, body in db.execute(sql, {"q": phrase, "inbox": inbox, "until": until, "sender": cand.from_addr}):
+        found = cand.value_in(body)
+        values |= found
+        if found & answer:
+            ids.append(mid)
+    return values, ids
+
+
+def _findable(db_path, inbox: str, query_date: str, cand: _Candidate, ids: list[str]) -> bool:
+    from evals.art_e.tools import InboxTools
+
+    tools = InboxTools(db_path, inbox, query_date)
+    try:
+        hits = tools.search_emails(cand.keywords, from_addr=cand.from_addr)
+    finally:
+        tools.close()
+    return any(h["message_id"] in ids for h in hits)
+
+
+def _reply_candidates(db, owner: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
+    """(my email, the one reply to it) pairs: subjects I wrote that exactly one other person answered."""
+    mine = db.execute("SELECT * FROM emails e WHERE e.from_address = ? AND length(e.subject) > 8 ORDER BY e.id",
+                      (owner,)).fetchall()
+    pairs = []
+    for email in mine:
+        topic = _topic(email["subject"])
+        if len(topic) < 8 or topic.lower() != email["subject"].strip().lower():
+            continue
+        replies = db.execute(f"SELECT * FROM emails e WHERE {IN_INBOX} AND lower(e.subject) IN (:re1, :re2) "
+                             "AND e.from_address != :inbox AND e.date > :after",
+                             {"inbox": owner, "re1": "re: " + topic.lower(), "re2": "re:" + topic.lower(),
+                              "after": email["date"]}).fetchall()
+        if len({r["from_address"] for r in replies}) == 1 and len(replies) == 1:
+            pairs.append((email, replies[0]))
+    return pairs
+
+
+def generate_scenarios(db_path: str | Path, *, per_inbox: int = 50, test_inboxes: list[str] | None = None,
+                       seed: int = 0, report: GenerationReport | None = None) -> list[Scenario]:
+    """Up to `per_inbox` checked questions about facts in the mail of each mailbox owner's inbox.
+
+    `test_inboxes`: the addresses (or mailbox names) whose questions form the test split; by default the
+    second half of the mailboxes by name (at least one), as ART split its inboxes in half. Deterministic
+    given the database and `seed`.
+    """
+    if isinstance(per_inbox, bool) or not isinstance(per_inbox, int) or per_inbox < 1:
+        raise ValueError("per_inbox must be an integer >= 1")
+    owners = mailbox_owners(db_path)
+    if not owners:
+        raise ValueError(f"{db_path} holds no mailboxes: build it with build_inbox_db first")
+    names = sorted(owners)
+    if test_inboxes is None:
+        test = {owners[n] for n in names[-max(1, len(names) // 2):]}
+    else:
+        unknown = [t for t in test_inboxes if t not in owners and t.lower() not in owners.values()]
+        if unknown:
+            raise ValueError(f"not an inbox of {db_path}: {', '.join(unknown)} (inboxes: "
+                             f"{', '.join(f'{n} ({a})' for n, a in owners.items())})")
+        test = {owners.get(t, t.lower()) for t in test_inboxes}
+    train = set(owners.values()) - test
+    report = report if report is not None else GenerationReport()
+    rng = random.Random(seed)
+    db = open_readonly(db_path)
+    scenarios: list[Scenario] = []
+    try:
+        first_names = _first_names(db)
+        for name in names:
+            inbox = owners[name]
+            split = "test" if inbox in test else "train"
+            report.inboxes[inbox] = split
+            scenarios += _for_inbox(db, db_path, inbox, split, train, per_inbox, rng, report, first_names)
+    finally:
+        db.close()
+    return scenarios
+
+
+def _in_other_inbox(db, email_id: int, others: set[str]) -> bool:
+    if not others:
+        return False
+    marks = ",".join("?" * len(others))
+    row = db.execute(f"SELECT 1 FROM emails e WHERE e.id = ? AND (e.from_address IN ({marks}) OR EXISTS (SELECT 1 FROM "
+                     f"recipients r WHERE r.email_id = e.id AND r.recipient_address IN ({marks})))",
+                     (email_id, *others, *others)).fetchone()
+    return row is not None
+
+
+def _first_names(db) -> set[str]:
+    """First names as the corpus spells them: the first part of every first.last@ address it holds."""
+    names = set()
+    for (addr,) in db.execute("SELECT from_address FROM emails UNION SELECT recipient_address FROM recipients"):
+        if PERSON_ADDRESS.match(addr or ""):
+            names.add(addr.split(".", 1)[0])
+    return names - NOT_A_NAME
+
+
+def _for_inbox(db, db_path, inbox: str, split: str, train: set[str], per_inbox: int, rng: random.Random,
+               report: GenerationReport, first_names: set[str]) -> list[Scenario]:
+    emails = db.execute(f"SELECT e.* FROM emails e WHERE {IN_INBOX} AND e.date >= '1995' ORDER BY e.id",
+                        {"inbox": inbox}).fetchall()
+    recipients: dict[int, list[str]] = {}
+    for eid, addr in db.execute(f"SELECT r.email_id, r.recipient_address FROM recipients r JOIN emails e ON "
+                                f"e.id = r.email_id WHERE {IN_INBOX} ORDER BY r.rowid", {"inbox": inbox}):
+        recipients.setdefault(eid, []).append(addr)
+    cands = [c for e in emails for c in _candidates(e, inbox, recipients.get(e["id"], []), first_names)]
+    rng.shuffle(cands)
+    pairs = _reply_candidates(db, inbox)
+    rng.shuffle(pairs)
+    # take the kinds in turn, so that no kind crowds out the others
+    by_kind: dict[str, list] = {k: [c for c in cands if c.kind == k] for k in KINDS}
+    by_kind["reply"] = pairs
+    out: list[Scenario] = []
+    seen: set[tuple[str, str]] = set()
+    while len(out) < per_inbox and any(by_kind.values()):
+        for kind in KINDS:
+            if len(out) >= per_inbox or not by_kind[kind]:
+                continue
+            item = by_kind[kind].pop()
+            s = _reply_scenario(db, db_path, inbox, split, train, item, rng, report) if kind == "reply" else \
+                _fact_scenario(db, db_path, inbox, split, train, item, rng, report, seen)
+            if s is not None:
+                out.append(s)
+                report.made[kind] += 1
+    return out
+
+
+def _query_date(email_date: str, rng: random.Random) -> str:
+    return (datetime.fromisoformat(email_date) + timedelta(days=rng.randint(1, 30))).date().isoformat()
+
+
+def _fact_scenario(db, db_path, inbox, split, train, c: _Candidate, rng, report, seen) -> Scenario | None:
+    if (c.kind, c.key.lower()) in seen:
+        report.dropped[f"{c.kind}: asked already"] += 1
+        return None
+    seen.add((c.kind, c.key.lower()))
+    query_date = _query_date(c.email["date"], rng)
+    values, ids = _visible_mentions(db, inbox, query_date + " 00:00:00", c)
+    if len(values) != 1 or c.email["message_id"] not in ids:
+        report.dropped[f"{c.kind}: not unique in the inbox"] += 1
+        return None
+    ids = [c.email["message_id"]] + [i for i in ids if i != c.email["message_id"]]
+    if split == "test" and any(_in_other_inbox(db, r[0], train) for r in db.execute(
+            f"SELECT id FROM emails WHERE message_id IN ({','.join('?' * len(ids))})", ids)):
+        report.dropped[f"{c.kind}: an email also in a training inbox"] += 1
+        return None
+    if not c.keywords or not _findable(db_path, inbox, query_date, c, ids):
+        report.dropped[f"{c.kind}: not found by a search with the question's words"] += 1
+        return None
+    return Scenario(id=f"{inbox.split('@')[0]}-{c.email['id']}-{c.kind}-{len(seen)}", question=c.question,
+                    answer=c.answer, message_ids=ids, how_realistic=round(sum(c.realism) / len(c.realism), 2),
+                    inbox_address=inbox, query_date=query_date, split=split, kind=c.kind)
+
+
+def _reply_scenario(db, db_path, inbox, split, train, pair, rng, report) -> Scenario | None:
+    mine, reply = pair
+    if split == "test" and (_in_other_inbox(db, mine["id"], train) or _in_other_inbox(db, reply["id"], train)):
+        report.dropped["reply: an email also in a training inbox"] += 1
+        return None
+    topic = _topic(mine["subject"])
+    query_date = _query_date(reply["date"], rng)
+    cand = _Candidate("reply", reply, "", "", _content_words(topic), None, topic, None, [])
+    if not cand.keywords or not _findable(db_path, inbox, query_date, cand, [reply["message_id"], mine["message_id"]]):
+        report.dropped["reply: not found by a search with the question's words"] += 1
+        return None
+    replier = reply["from_address"]
+    realism = [False, bool(_first_name(replier)), len(cand.keywords) >= 2, True]
+    return Scenario(id=f"{inbox.split('@')[0]}-{reply['id']}-reply", question=f"Who replied to my email about {topic}?",
+                    answer=replier, message_ids=[reply["message_id"], mine["message_id"]],
+                    how_realistic=round(sum(realism) / len(realism), 2), inbox_address=inbox, query_date=query_date,
+                    split=split, kind="reply")
+
+
+def question_mix(scenarios: list[Scenario]):
+    """One row per (split, kind): how many questions, mean how_realistic, mean source emails per question."""
+    import pandas as pd
+
+    if not scenarios:
+        raise ValueError("no scenarios")
+    df = pd.DataFrame([{"split": s.split, "kind": s.kind or "", "how_realistic": s.how_realistic,
+                        "sources": len(s.message_ids)} for s in scenarios])
+    out = df.groupby(["split", "kind"]).agg(questions=("kind", "size"), how_realistic=("how_realistic", "mean"),
+                                            sources=("sources", "mean")).reset_index()
     return out

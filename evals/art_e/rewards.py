@@ -1,54 +1,136 @@
-"""ART·E rewards: a programmatic reward built on an answer-correctness judge, and the reward-free way.
+"""ART·E correctness and rewards: the deterministic answer matcher, ART's rubric, and the optional LLM judge.
 
-    correct = await judge_answer(scenario, trajectory.metadata["answer"], "openai/o4-mini")
-    reward  = art_e_reward(trajectory.metrics, answer, sources, scenario, correct)
+    answer_matches("It was $3,000.", "$3000")            -> True
+    answer_matches("$3000", "$300")                      -> False
+    rubric = Rubric(...)   # filled in by the agent loop (evals.art_e.agent), as ART's rollout fills it
+    art_reward(rubric, max_turns=10)                     -> ART·E's reward
+    await grade(trajectory, scenario, judge_model=None)  -> correctness (match, then judge), reward, metrics
 
-`art_e_reward` follows ART·E's rubric (the ranges keep every outcome ordered):
-    format errors (no valid tool call, ran out of turns)  -2 .. -1   less bad with partial progress
-    wrong answer                                          -1 .. 0    below "I don't know": guessing costs
-    no answer / "I don't know"                             0 .. 1    partial credit for progress
-    correct answer                                         1 .. 2    bonus for citing the right email, fewer turns
-Partial credit: 0.1 for finding (searching up) the right email's id, 0.1 for reading it, 0.1 for citing it.
+Correctness is decided by `answer_matches` (evals.art_e.matching) first. Only an answer it does not accept goes to an LLM
+correctness judge, and only when one is given (its verdicts cached with the RULER cache's key rules).
+
+`art_reward` is ART·E's `calculate_reward` (the ART·E project's rollout.py in OpenPipe/ART), branch for branch:
+
+    partial credit: 0.1 each for having found the right email in a search, read it, never read an email
+                    that does not exist, and cited it (ART sums these; at most 0.4)
+    could not parse the tool call                -2   + partial
+    named a tool that does not exist             -1.9 + partial
+    gave a tool bad arguments (or no tool call)  -1.8 + partial   (each of these ends the episode)
+    answered, wrongly                            -1   + partial
+    "I don't know", or ran out of turns           0   + partial
+    answered correctly                            1 + 0.3 if the right email is cited + 0.1 / number of
+                                                  sources cited + 0.1 * (1 - turns / max_turns)
+
+"The right email" is the scenario's first message id, as in ART. One difference: ART's rubric has the
+`num_sources` term but its rollout never sets it, so there it always adds 0; here it is the number of
+sources the answer cited, so citing 21 ids earns 0.1/21 where citing the one right id earns 0.1.
 The reward-free alternative needs none of this: `ruler_score_group` on a group of rollouts.
-
-The correctness judge goes through `judges.complete` (retries) and the RULER cache (same key rules).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 
+from evals.art_e.matching import IDK, answer_matches
+from evals.art_e.questions import Scenario
 from judges.completion import RetryPolicy, complete
 from judges.local_provider import LOCAL_PROVIDER
 from ruler.cache import cache_key, open_cache
 
-from evals.art_e.questions import Scenario
+__all__ = ["IDK", "REWARDS", "Grade", "Rubric", "answer_matches", "art_reward", "grade", "judge_answer"]
 
-CORRECTNESS_PROMPT = """You grade answers to questions about a user's email. Given the question, the reference answer and the
-agent's answer, decide whether the agent's answer is correct: it must contain the information of the reference answer
-(wording may differ; extra correct detail is fine; a different fact is wrong). Answer with JSON only:
-{"correct": true or false, "reason": "<one short sentence>"}"""
+REWARDS = ("art",)
+
+# ---------------------------------------------------------------------------------------------------------
+# ART's rubric and reward
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rubric:
+    """What happened in one rollout, in ART·E's terms (its `FinalRubric`); the agent loop fills it in."""
+
+    answer_correct: bool = False
+    sources_correct: bool = False
+    num_turns: int = 0
+    attempted_answer: bool = False
+    ever_found_right_email: bool = False
+    ever_read_right_email: bool = False
+    cant_parse_tool_call: bool = False
+    bad_tool_call_name: bool = False
+    bad_tool_call_args: bool = False
+    ran_out_of_turns: bool = False
+    returned_i_dont_know: bool = False
+    num_sources: int = 0
+    ever_tried_to_read_invalid_email: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def to_metrics(self) -> dict[str, int]:
+        out = {k: int(v) for k, v in asdict(self).items()}
+        out["failed_format_validation"] = int(self.cant_parse_tool_call or self.bad_tool_call_name
+                                              or self.bad_tool_call_args)
+        return out
+
+    @classmethod
+    def from_metrics(cls, metrics: dict) -> Rubric:
+        fields = cls.__dataclass_fields__
+        return cls(**{k: (type(f.default)(metrics[k])) for k, f in fields.items() if k in metrics})
+
+
+def art_reward(rubric: Rubric, max_turns: int = 10) -> float:
+    """ART·E's reward for one rollout (the table in this module's docstring)."""
+    if not isinstance(rubric, Rubric):
+        raise TypeError(f"art_reward takes a Rubric, not {type(rubric).__name__}")
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
+    partial = 0.1 * (rubric.ever_found_right_email + rubric.ever_read_right_email
+                     + (not rubric.ever_tried_to_read_invalid_email) + rubric.sources_correct)
+    if rubric.cant_parse_tool_call:
+        return -2 + partial
+    if rubric.bad_tool_call_name:
+        return -1.9 + partial
+    if rubric.bad_tool_call_args:
+        return -1.8 + partial
+    if rubric.attempted_answer and not rubric.answer_correct:
+        return -1 + partial
+    if rubric.returned_i_dont_know or rubric.ran_out_of_turns:
+        return 0 + partial
+    if rubric.answer_correct:
+        reward = 1 + (0.3 if rubric.sources_correct else 0)
+        reward += 0.1 / rubric.num_sources if rubric.num_sources > 0 else 0
+        return reward + 0.1 * (1 - rubric.num_turns / max_turns)
+    raise ValueError(f"a rubric no branch of ART's reward covers: {rubric}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The LLM correctness judge, and grading a rollout
+# ---------------------------------------------------------------------------------------------------------
+
+CORRECTNESS_PROMPT = """You grade answers to questions about a user's email. You get the question, the reference answer
+and the AI's answer. Decide what the question asks for, take from the reference answer only the facts that answer it,
+and accept the AI's answer if it states every one of those facts with the same meaning and contradicts none (other
+wording, order and extra non-conflicting detail are fine). Answer with JSON only:
+{"reason": "<one short sentence>", "correct": true or false}"""
 
 SCHEMA = {"type": "object", "properties": {"reason": {"type": "string", "maxLength": 200},
                                            "correct": {"type": "boolean"}},
           "required": ["reason", "correct"], "additionalProperties": False}
 
-IDK = {"", "i don't know", "i do not know", "i don't know.", "unknown"}
-
-
-def is_no_answer(answer: str | None) -> bool:
-    return answer is None or answer.strip().lower() in IDK
-
 
 async def judge_answer(scenario: Scenario, answer: str | None, model: str, *, params: dict | None = None,
                        cache=None, retry: RetryPolicy | None = None) -> bool:
-    """Whether `answer` is correct for `scenario`, by an LLM judge (any litellm model; cached)."""
-    if is_no_answer(answer):
+    """Whether `answer` is correct for `scenario`, by an LLM judge (any litellm model; cached).
+
+    Raises a `JudgeError` when the judge cannot be asked; an unreadable verdict is False.
+    """
+    if answer is None or not answer.strip() or answer.strip() == IDK:
         return False
     messages = [{"role": "system", "content": CORRECTNESS_PROMPT},
                 {"role": "user", "content": json.dumps({"question": scenario.question,
                                                         "reference_answer": scenario.answer,
-                                                        "agent_answer": answer}, ensure_ascii=False)}]
+                                                        "ai_answer": answer}, ensure_ascii=False)}]
     fmt = {"type": "json_schema", "json_schema": {"name": "correctness", "schema": SCHEMA}}
     store = open_cache(cache)
     key = cache_key(model, messages, fmt, params) if store is not None else None
@@ -58,27 +140,45 @@ async def judge_answer(scenario: Scenario, answer: str | None, model: str, *, pa
     reply = await complete(model, messages, response_format=fmt if supports_schema else None, params=params,
                            retry=retry)
     try:
-        verdict = bool(json.loads(reply.content)["correct"])
+        verdict = json.loads(reply.content)["correct"]
+        verdict = verdict if isinstance(verdict, bool) else False
     except (ValueError, KeyError, TypeError):
-        verdict = "true" in reply.content.lower() and "false" not in reply.content.lower()
+        verdict = False  # unreadable: not accepted (and not cached, so a retry may read it)
+        return verdict
     if key is not None:
         store.set(key, verdict)
     return verdict
 
 
-def art_e_reward(metrics: dict, answer: str | None, sources: list[str], scenario: Scenario,
-                 correct: bool, *, max_turns: int = 10) -> float:
-    """ART·E's programmatic reward for one rollout (see the module docstring for the ranges)."""
-    if max_turns < 1:
-        raise ValueError("max_turns must be >= 1")
-    cited = any(s in scenario.message_ids for s in sources or [])
-    progress = 0.1 * bool(metrics.get("found_right_email")) + 0.1 * bool(metrics.get("read_right_email")) \
-        + 0.1 * cited
-    if metrics.get("format_errors") and answer is None or metrics.get("ran_out_of_turns"):
-        return -2.0 + progress
-    if is_no_answer(answer):
-        return 0.0 + progress
-    if not correct:
-        return -1.0 + progress
-    fewer_turns = 0.1 * (1 - min(metrics.get("turns", max_turns), max_turns) / max_turns)
-    return 1.0 + 0.3 * cited + progress + fewer_turns
+@dataclass
+class Grade:
+    """How one rollout was graded: the matcher's verdict, the judge's (None: not asked), and the reward."""
+
+    matched: bool
+    judged: bool | None
+    correct: bool
+    reward: float
+
+
+async def grade(traj, scenario: Scenario, *, max_turns: int, judge_model: str | None = None,
+                judge_params: dict | None = None, reward: str = "art", cache=None,
+                retry: RetryPolicy | None = None) -> Grade:
+    """Decide correctness (matcher first, then the judge if one is given) and set the trajectory's reward.
+
+    The rubric the agent loop left in `traj.metrics` gets `answer_correct`, and `traj.reward` becomes
+    ART's reward. A judge that fails raises (`JudgeError`); the trajectory is then left as it was.
+    """
+    if reward not in REWARDS:
+        raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+    rubric = Rubric.from_metrics(traj.metrics)
+    answer = traj.metadata.get("answer")
+    matched = bool(rubric.attempted_answer) and answer_matches(answer, scenario.answer)
+    judged = None
+    if rubric.attempted_answer and not matched and judge_model is not None:
+        judged = await judge_answer(scenario, answer, judge_model, params=judge_params, cache=cache, retry=retry)
+    rubric.answer_correct = matched or bool(judged)
+    value = art_reward(rubric, max_turns)
+    traj.metrics.update(rubric.to_metrics())
+    traj.metrics["answer_matched"] = int(matched)
+    traj.reward = value
+    return Grade(matched=matched, judged=judged, correct=rubric.answer_correct, reward=value)

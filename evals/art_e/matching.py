@@ -1,0 +1,218 @@
+"""Deciding without a model whether an answer gives the reference answer (`answer_matches`).
+
+    answer_matches("It was $3,000.", "$3000")                 -> True
+    answer_matches("$3000", "$300")                           -> False
+    answer_matches("Not jan.moore@enron.com", "jan.moore@enron.com")  -> False
+
+The text of both is read into typed values (addresses, dollar amounts, percentages, phone numbers, dates,
+times, plain numbers) and the words left over; values are compared as values and words as whole words.
+The same readers serve the offline question generator (`facts`), so a question is only written about a
+value this module can read back.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from datetime import date
+
+IDK = "I don't know"
+
+MONTHS = {m: i + 1 for i, m in enumerate(["january", "february", "march", "april", "may", "june", "july", "august",
+                                          "september", "october", "november", "december"])}
+MONTHS.update({m[:3]: i for m, i in list(MONTHS.items())})
+MONTHS["sept"] = 9
+MONTH = r"(?P<mn>jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|" \
+        r"oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
+WEEKDAY = r"(?:(?:mon|tues?|wed(?:nes)?|thu(?:rs?)?|fri|sat(?:ur)?|sun)(?:day)?\.?,?\s+)?"
+YEAR = r"(?:,?\s+(?P<y>(?:19|20)\d\d)\b)?"
+DATE_PATTERNS = [
+    re.compile(r"\b(?P<y>(?:19|20)\d\d)-(?P<m>\d\d?)-(?P<d>\d\d?)\b"),
+    re.compile(r"\b(?P<m>\d\d?)/(?P<d>\d\d?)(?:/(?P<y>\d{4}|\d\d))?\b"),
+    re.compile(r"\b" + WEEKDAY + MONTH + r"\s+(?P<d>\d\d?)(?:st|nd|rd|th)?\b" + YEAR),
+    re.compile(r"\b" + WEEKDAY + r"(?:the\s+)?(?P<d>\d\d?)(?:st|nd|rd|th)?\s+(?:of\s+)?" + MONTH + YEAR),
+]
+TIME = re.compile(r"\b(?P<h>\d\d?)(?::(?P<mi>\d\d))?\s*(?P<ap>a\.?m\.?|p\.?m\.?)(?![a-z])|\b(?P<h24>\d\d?):(?P<mi24>\d\d)\b")
+EMAIL = re.compile(r"[a-z0-9._%+'-]+@[a-z0-9.-]+\.[a-z]{2,}")
+SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "mm": 1e6, "mil": 1e6, "million": 1e6, "b": 1e9, "bn": 1e9,
+         "billion": 1e9}
+AMOUNT = re.compile(r"(?:\$|\busd\s?)\s?(?P<n>\d[\d,]*(?:\.\d+)?)(?:\s?(?P<s>thousand|million|billion|mil|mm|bn|k|m|b)\b)?"
+                    r"|\b(?P<n2>\d[\d,]*(?:\.\d+)?)(?:\s?(?P<s2>thousand|million|billion|mm|bn|k|m|b))?\s?(?:dollars|usd)\b")
+PERCENT = re.compile(r"\b(?P<n>\d+(?:\.\d+)?)\s?(?:%|percent\b)")
+PHONE = re.compile(r"(?:\+?\b1[\s.-]?)?(?:\(\s?\d{3}\s?\)|\b\d{3})[\s.-]?\d{3}[\s.-]\d{4}\b|\b\d{3}[\s.-]\d{4}\b")
+EXTENSION = re.compile(r"\b(?:x|ext\.?|extension)\s?(?P<n>\d{4,5})\b")
+NUMBER = re.compile(r"\b\d[\d,]*(?:\.\d+)?\b")
+NUMBER_WORDS = {w: float(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty".split())}
+STOPWORDS = set("""a an the of to in on at for by with from as is was were are be been being it its this that these
+those and i you he she we they me him her us them my your his our their mine yours there here which what who whom
+whose when where why how do does did has have had will would shall should can could s""".split())
+NEGATIONS = set("""not no never none neither nor nobody nothing nowhere isn't wasn't weren't aren't didn't don't doesn't
+hasn't haven't hadn't won't wouldn't can't cannot couldn't shouldn't isnt wasnt didnt dont doesnt cant wont""".split())
+HEDGES = set("""or either maybe perhaps possibly probably likely unlikely might unsure unclear uncertain guess think
+believe seems seem assume somewhere sometime roughly approximately""".split())
+
+
+def _normal(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return text.replace("\u2019", "'").replace("\u2018", "'").replace("\u2013", "-").replace("\u2014", "-")
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _take(pattern: re.Pattern, text: str, value) -> tuple[set, str]:
+    """The values `pattern` finds in `text` (via `value(match)`; None: not one), and the text with them blanked."""
+    found = set()
+
+    def blank(m: re.Match) -> str:
+        v = value(m)
+        if v is None:
+            return m.group(0)
+        found.add(v)
+        return " "
+
+    return found, pattern.sub(blank, text)
+
+
+def _date_value(m: re.Match):
+    g = m.groupdict()
+    month = MONTHS[g["mn"].rstrip(".")] if g.get("mn") else int(g["m"])
+    day, year = int(g["d"]), g.get("y")
+    if year is not None:
+        year = int(year) + (0 if len(year) == 4 else 1900 if int(year) >= 50 else 2000)
+    try:
+        date(year or 2000, month, day)
+    except ValueError:
+        return None
+    return (year, month, day)
+
+
+def _time_value(m: re.Match):
+    if m.group("h24") is not None:
+        h, mi = int(m.group("h24")), int(m.group("mi24"))
+    else:
+        h, mi = int(m.group("h")), int(m.group("mi") or 0)
+        if not 1 <= h <= 12:
+            return None
+        h = h % 12 + (12 if m.group("ap").startswith("p") else 0)
+    return h * 60 + mi if h < 24 and mi < 60 else None
+
+
+def _amount_value(m: re.Match):
+    n, s = (m.group("n"), m.group("s")) if m.group("n") else (m.group("n2"), m.group("s2"))
+    return round(_number(n) * SCALE.get(s or "", 1), 2)
+
+
+@dataclass
+class Facts:
+    """What a text states, read into values: sets of each kind, and the words left over."""
+
+    emails: set
+    amounts: set
+    percents: set
+    phones: set
+    dates: set
+    times: set
+    numbers: set
+    words: list
+
+
+def facts(text: str) -> Facts:
+    """Addresses, dollar amounts, percentages, phone numbers (digits; extensions as x + digits), dates
+    ((year or None, month, day)), times (minutes after midnight), plain numbers, and the words left."""
+    t = _normal(text)
+    emails, t = _take(EMAIL, t, lambda m: m.group(0).strip(".'"))
+    amounts, t = _take(AMOUNT, t, _amount_value)
+    percents, t = _take(PERCENT, t, lambda m: float(m.group("n")))
+    phones, t = _take(PHONE, t, lambda m: re.sub(r"\D", "", m.group(0))[-10:])
+    extensions, t = _take(EXTENSION, t, lambda m: "x" + m.group("n"))
+    dates: set = set()
+    for p in DATE_PATTERNS:
+        found, t = _take(p, t, _date_value)
+        dates |= found
+    times, t = _take(TIME, t, _time_value)
+    t = re.sub(r"(?<=[a-z])(?=\d)|(?<=\d)(?=[a-z])", " ", t)  # EB2626 = EB 2626
+    numbers, t = _take(NUMBER, t, lambda m: _number(m.group(0)))
+    words = []
+    for w in re.findall(r"[a-z0-9']+", t):
+        w = w.strip("'")
+        if w in NUMBER_WORDS:
+            numbers.add(NUMBER_WORDS[w])
+        elif w:
+            words.append(w)
+    return Facts(emails, amounts, percents, phones | extensions, dates, times, numbers, words)
+
+
+def _stem(word: str) -> str:
+    word = word.replace("'", "")
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+def _same_dates(answer: set, reference: set) -> bool:
+    """Every reference date given, and no other: a year left out of the answer is allowed, a different one is not."""
+    if len(answer) != len(reference):
+        return False
+    return all(any((am, ad) == (rm, rd) and (ay is None or ry is None or ay == ry) for ay, am, ad in answer)
+               for ry, rm, rd in reference)
+
+
+def _same_phones(answer: set, reference: set) -> bool:
+    """The same numbers, a local number (7 digits) matching the end of a full one (713-853-6905 = 853-6905)."""
+    def same(a: str, r: str) -> bool:
+        short, full = sorted((a, r), key=len)
+        return a == r or (not short.startswith("x") and len(short) >= 7 and full.endswith(short))
+
+    return len(answer) == len(reference) and all(any(same(a, r) for a in answer) for r in reference)
+
+
+def _local_words(address: str) -> set[str]:
+    return {_stem(p) for p in re.split(r"[._+-]", address.split("@")[0]) if p}
+
+
+def answer_matches(answer: str | None, reference: str) -> bool:
+    """Whether `answer` gives the reference answer, decided without a model.
+
+    Addresses, dollar amounts ($3,000 = $3000 = 3,000 dollars = $3k), percentages, dates (Jan. 18, 2001 =
+    1/18/01 = 2001-01-18; a year the answer leaves out is not held against it), times (10 AM = 10:00 a.m.),
+    phone numbers (713-853-6905 = (713) 853-6905 = 853-6905; extensions x35800) and plain numbers
+    (three = 3) are compared as values: the answer must give exactly the reference's values of each kind
+    the reference has, so a list of several candidate dates does not match one date. An address may be
+    given by the name it spells (jan.moore@enron.com = Jan Moore) and a name by its address. The
+    reference's other words must each appear in the answer as whole words (case, punctuation, order and
+    plural -s ignored; a single-letter middle initial may be left out). An answer that negates or hedges
+    ("not", "never", "maybe", "I think", "either ... or") where the reference does not is not a match,
+    nor is "I don't know" or an empty answer. The matcher errs towards "no": an answer it rejects may
+    still be right, and an LLM judge may say so.
+    """
+    if not isinstance(reference, str) or not reference.strip():
+        raise ValueError("the reference answer must be a non-empty string")
+    if answer is not None and not isinstance(answer, str):
+        raise TypeError(f"the answer must be a string or None, got {type(answer).__name__}")
+    if answer is None or not answer.strip() or answer.strip() == IDK:
+        return False
+    a, r = facts(answer), facts(reference)
+    a_words, r_words = set(a.words), set(r.words)
+    if any((a_words & cues) - r_words for cues in (NEGATIONS, HEDGES)):  # "I don't know" in other words too
+        return False
+    have = {_stem(w) for w in a.words}
+    for addr in a.emails:  # "Sally Beck" is given by sally.beck@enron.com
+        have |= _local_words(addr)
+    # the reference's addresses may be given by name instead (each name in full), but not by other addresses
+    if r.emails and (a.emails - r.emails or not all(_local_words(addr) <= have for addr in r.emails - a.emails)):
+        return False
+    for kind in ("amounts", "percents", "times", "numbers"):
+        ref_values = getattr(r, kind)
+        if ref_values and getattr(a, kind) != ref_values:
+            return False
+    if r.phones and not _same_phones(a.phones, r.phones):
+        return False
+    if r.dates and not _same_dates(a.dates, r.dates):
+        return False
+    need = [_stem(w) for w in r.words if w not in STOPWORDS]
+    if any(len(w) > 1 and w not in have for w in need):
+        return False
+    return bool(need or r.emails or r.amounts or r.percents or r.dates or r.times or r.phones or r.numbers)

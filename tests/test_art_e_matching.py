@@ -1,0 +1,88 @@
+"""The deterministic answer matcher on a table of right and wrong answers (the issue's cases among them)."""
+
+import pytest
+
+from evals.art_e.rewards import answer_matches
+
+RIGHT = [
+    ("It was $3,000.", "$3000"),
+    ("3,000 dollars", "$3,000"),
+    ("$3k", "$3,000"),
+    ("$6 million", "$6MM"),
+    ("USD 1,200", "$1,200.00"),
+    ("Jan. 18, 2001", "January 18"),
+    ("1/18/01", "2001-01-18"),
+    ("Thursday, January 18th", "January 18, 2001"),
+    ("the 18th of January", "Jan 18"),
+    ("10:00 a.m. on Jan 18", "January 18 at 10 AM"),
+    ("at 2pm on March 3", "March 3 at 2:00 PM"),
+    ("jan.moore@enron.com", "Jan Moore"),
+    ("Jan Moore", "jan.moore@enron.com"),
+    ("Sally Beck sent it", "sally.beck@enron.com"),
+    ("It came from SALLY.BECK@ENRON.COM.", "sally.beck@enron.com"),
+    ("(713) 853-6905", "713-853-6905"),
+    ("853-6905", "713-853-6905"),
+    ("ext. 35800", "x35800"),
+    ("In EB 2626", "EB2626"),
+    ("Allen, Phillip", "Phillip K Allen"),
+    ("three", "3"),
+    ("5 percent", "5%"),
+    ("The meetings are in Houston", "meeting in Houston"),
+    ("It is at Camp Pine Tree.", "Camp Pine Tree"),
+    ("The PRC meeting is on June 15th", "June 15th"),
+    ("27,500 MMBtu per day", "27,500 MMBtu/d"),
+]
+
+WRONG = [
+    ("March 3 at 2 PM", "January 18 at 10 AM"),            # the issue's probe: another day and time
+    ("I think it was cancelled", "The meeting was moved to Friday"),
+    ("$3000", "$300"),                                      # a digit more is another amount
+    ("$10,000", "$10"),
+    ("Not jan.moore@enron.com", "jan.moore@enron.com"),     # negated
+    ("It was not Sally Beck", "Sally Beck"),
+    ("It was either January 18 or January 19", "January 18"),  # hedged, several candidates
+    ("January 18, 19 or 20", "January 18"),
+    ("January 17, January 18 and January 19", "January 18"),
+    ("Maybe $3,000", "$3,000"),
+    ("Possibly Sally Beck", "Sally Beck"),
+    ("I believe it is Camp Pine Tree", "Camp Pine Tree"),
+    ("I don't know", "Sally Beck"),
+    ("I do not know", "Sally Beck"),
+    ("i dont know", "Sally Beck"),
+    ("", "Sally Beck"),
+    (None, "Sally Beck"),
+    ("Sallye Beck", "Sally Beck"),                          # token boundaries
+    ("Sally", "sally.beck@enron.com"),
+    ("john.doe@enron.com and sally.beck@enron.com", "sally.beck@enron.com"),
+    ("June 16", "June 15th"),
+    ("June 15, 2002", "June 15, 2001"),                     # a different year
+    ("10 PM on Jan 18", "January 18 at 10 AM"),
+    ("853-6906", "713-853-6905"),
+    ("EB 2627", "EB2626"),
+    ("Phillip", "Phillip K Allen"),
+    ("4%", "5%"),
+    ("$6.2", "$6.2 million"),
+    ("the budget review", "the Q4 budget review"),
+    ("x35801", "x35800"),
+]
+
+
+def test_the_table_is_big_enough():
+    assert len(RIGHT) + len(WRONG) >= 40
+
+
+@pytest.mark.parametrize("answer,reference", RIGHT)
+def test_right_answers_match(answer, reference):
+    assert answer_matches(answer, reference)
+
+
+@pytest.mark.parametrize("answer,reference", WRONG)
+def test_wrong_answers_do_not_match(answer, reference):
+    assert not answer_matches(answer, reference)
+
+
+def test_bad_input_is_an_error():
+    with pytest.raises(ValueError):
+        answer_matches("x", "")
+    with pytest.raises(TypeError):
+        answer_matches(3000, "$3000")
