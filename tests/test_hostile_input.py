@@ -614,6 +614,57 @@ def test_service_chunked_body_over_the_limit_gets_413(svc, judge):
     assert svc.post("/v1/score", body()).status_code == 200  # and the service keeps serving
 
 
+def trickle(port: int, key: str, chunked: bool, gap_s: float = 0.2, pieces: int = 20) -> tuple[str, float]:
+    """POST a valid body a piece every `gap_s` (4 s in all unless cut off); the status line and when it came."""
+    import select
+    import socket
+
+    data = json.dumps(body()).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"POST /v1/score HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                     "Content-Type: application/json\r\n".encode()
+                     + (b"Transfer-Encoding: chunked\r\n\r\n" if chunked else f"Content-Length: {len(data)}\r\n\r\n".encode()))
+        started = time.monotonic()
+        for i in range(pieces):
+            if select.select([sock], [], [], gap_s)[0]:
+                break  # the server answered (and stopped reading)
+            piece = data[i * len(data) // pieces:(i + 1) * len(data) // pieces]
+            sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n" if chunked else piece)
+        else:
+            if chunked:
+                sock.sendall(b"0\r\n\r\n")
+        answer = sock.recv(4096).decode()
+        return answer.split("\r\n")[0], time.monotonic() - started
+
+
+def test_service_body_timeout_cuts_off_a_trickled_body_at_the_deadline(tmp_path, judge):
+    """Each piece arrives well within the deadline, the whole body does not: 408 at the deadline, however paced."""
+    service = Service(service_config(tmp_path, judge, body_timeout_s=1.0))
+    try:
+        for chunked in (False, True):
+            status, seconds = trickle(service.port, service.key, chunked)
+            assert status == "HTTP/1.1 408 Request Timeout" and 0.9 < seconds < 2.0, (chunked, status, seconds)
+        assert service.post("/v1/score", body()).status_code == 200  # a body sent at once is fine; still serving
+    finally:
+        service.stop()
+    assert len(judge.requests) == 1
+
+
+def test_serve_body_timeout_flag_reaches_the_service(tmp_path, monkeypatch):
+    import uvicorn
+
+    from ruler.cli import app as ruler_cli
+
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
+    res = runner.invoke(ruler_cli, ["serve", "--db", str(tmp_path / "svc.db"), "--judge", MODEL, "--body-timeout", "2.5"])
+    assert res.exit_code == 0, res.output
+    assert started["app"].state.config.body_timeout_s == 2.5
+    assert ServiceConfig().body_timeout_s == 60.0
+    res = runner.invoke(ruler_cli, ["serve", "--db", str(tmp_path / "svc.db"), "--body-timeout", "0"])
+    assert res.exit_code == 2 and "--body-timeout" in res.output
+
+
 def test_service_api_base_from_the_allow_list_is_used(tmp_path, judge):
     from ruler.testing import FakeJudge
 

@@ -63,7 +63,7 @@ class ServiceConfig:
     max_inflight_per_key: int = 32            # concurrent /v1/score requests per key
     judge_timeout_s: float = 600.0            # one group's judging; past it the group is an error result
     judge_retries: int = 4                    # retries of one judge call on 429/5xx/timeouts, within the above
-    body_timeout_s: float = 30.0              # longest wait for the next piece of a request body (slow-loris)
+    body_timeout_s: float = 60.0              # the whole request body must arrive within this of its headers: 408
     worker_concurrency: int = 8
     max_group_attempts: int = 3               # a job group whose judge stays unavailable is tried this often
     group_retry_s: float = 5.0                # wait before a group's 2nd attempt; doubles each time, <= 300 s
@@ -102,7 +102,8 @@ class RequestGuard:
 
     - the body may not exceed `max_bytes`: a larger `Content-Length` is refused before the app runs, and
       the bytes that arrive are counted too, so a chunked (or lying) body is cut off at the limit: 413;
-    - each piece of the body must arrive within `body_timeout_s` of the previous one (slow-loris): 408;
+    - the whole body must arrive within `body_timeout_s` of the request reaching the app, however it is
+      paced (a body trickled a byte at a time is cut off at the deadline, not kept open piece by piece): 408;
     - an unhandled exception is a 500 "internal error" (logged), never a dropped connection.
     After a 413 or 408 the app below sees the client as gone and nothing else is sent.
     """
@@ -123,10 +124,11 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = time.perf_counter()
+        deadline = time.monotonic() + self.body_timeout_s
         state = {"status": None, "refused": False, "received": 0, "body_done": False}
 
         async def next_piece():
-            return await asyncio.wait_for(receive(), self.body_timeout_s)
+            return await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
 
         async def guarded_receive():
             if state["refused"]:
@@ -137,7 +139,7 @@ class RequestGuard:
                 message = await next_piece()
             except TimeoutError:
                 state["refused"] = True
-                await self._reply(send, 408, f"request body too slow: nothing for {self.body_timeout_s:g} s")
+                await self._reply(send, 408, f"request body too slow: not complete within {self.body_timeout_s:g} s")
                 state["status"] = 408
                 return {"type": "http.disconnect"}
             if message["type"] == "http.request":
