@@ -571,6 +571,52 @@ def test_service_jobs_reject_bad_input_before_queueing(svc, judge, case, payload
     assert svc.store.queue_depth() == before and judge.requests == []
 
 
+def nested_list(depth: int):
+    value: object = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+DEEP_CHOICE = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "GOOD a"},
+               "token_logprobs": nested_list(600)}  # a Choice's extra fields are the server's, but not unbounded
+
+
+@pytest.mark.parametrize("case,items,loc", [
+    ("args-nested-600", [traj(msgs({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": nested_list(600)}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x"})), traj()],
+     [0, "messages_and_choices", 2, "tool_calls", 0, "function", "arguments", "a"]),
+    ("tool-schema-nested-240", [traj(tools=[{"type": "function", "function": {"name": "f", "parameters": nested(240)}}]),
+                                traj()], [0, "tools", 0, "function", "parameters"]),
+    ("choice-extra-nested-600", [traj(msgs(DEEP_CHOICE)), traj()], [0, "messages_and_choices", 2, "token_logprobs"]),
+])
+@pytest.mark.parametrize("idempotency_key", [None, "deep-1"])
+def test_service_deep_nesting_is_422_with_or_without_an_idempotency_key(svc, judge, case, items, loc, idempotency_key):
+    """Checked before anything serialises the request (the idempotency digest, the job's stored copy, the answer)."""
+    headers = {"Idempotency-Key": f"{idempotency_key}-{case}"} if idempotency_key else None
+    for path, payload, where in (("/v1/score", body(items), ["body", "trajectories"]),
+                                 ("/v1/jobs", {"groups": [body(items)]}, ["body", "groups", 0, "trajectories"])):
+        r = svc.post(path, payload, headers)
+        assert r.status_code == 422, (path, r.text)
+        detail = r.json()["detail"][0]
+        assert detail["loc"][:len(where) + len(loc)] == where + loc, detail
+        assert "value nested more than 32 levels deep" in detail["msg"]
+    assert judge.requests == []
+
+
+def test_service_idempotency_key_replays_by_the_bytes_sent(svc, judge):
+    data = json.dumps(body()).encode()
+    first = svc.post("/v1/score", data, {"Idempotency-Key": "bytes-1"})
+    again = svc.post("/v1/score", data, {"Idempotency-Key": "bytes-1"})
+    assert first.status_code == again.status_code == 200 and first.json() == again.json() and len(judge.requests) == 1
+    r = svc.post("/v1/score", json.dumps(body(), indent=1).encode(), {"Idempotency-Key": "bytes-1"})
+    assert r.status_code == 422 and "already used with a different request body" in r.text
+    job = {"groups": [body()]}
+    first = svc.post("/v1/jobs", job, {"Idempotency-Key": "bytes-2"})
+    assert first.status_code == 202 and svc.post("/v1/jobs", job, {"Idempotency-Key": "bytes-2"}).json() == first.json()
+
+
 def test_service_unknown_jobs_are_404(svc):
     for method in ("GET", "DELETE"):
         r = httpx.request(method, f"{svc.base}/v1/jobs/../../etc/passwd", headers=svc.headers)

@@ -401,13 +401,12 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
                 "num_permutations": body.num_permutations,
                 "max_prompt_tokens": body.max_prompt_tokens or cfg.max_prompt_tokens}
 
-    def idempotent(key_id: str, idem: str | None, body: BaseModel):
+    async def idempotent(key_id: str, idem: str | None, request: Request):
+        """(a stored answer to replay or None, the request's digest or None). Called once the request passed
+        every check; the digest is of the bytes the client sent, so nothing is serialised again here."""
         if not idem:
             return None, None
-        if len(idem) > MAX_IDEMPOTENCY_KEY_CHARS:
-            raise HTTPException(422, [{"loc": ["header", "idempotency-key"], "type": "value_error",
-                                       "msg": f"at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"}])
-        digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+        digest = hashlib.sha256(await request.body()).hexdigest()
         found = store.idempotent_response(key_id, idem)
         if found is None:
             return None, digest
@@ -426,14 +425,20 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         metrics.queue.set(store.queue_depth())
         return PlainTextResponse(generate_latest(metrics.registry).decode())
 
+    def check_idempotency_key(idem: str | None) -> None:
+        if idem and len(idem) > MAX_IDEMPOTENCY_KEY_CHARS:
+            raise HTTPException(422, [{"loc": ["header", "idempotency-key"], "type": "value_error",
+                                       "msg": f"at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"}])
+
     @app.post("/v1/score", response_model=ScoreResponse)
-    async def score(body: ScoreRequest, key_id: str = Depends(rate_limited),
+    async def score(body: ScoreRequest, request: Request, key_id: str = Depends(rate_limited),
                     idempotency_key: str | None = Header(None)):
-        replay, digest = idempotent(key_id, idempotency_key, body)
-        if replay is not None:
-            return replay
+        check_idempotency_key(idempotency_key)
         _check_group(cfg, body.trajectories, body.metadata, ["body"])
         options = options_for(body)
+        replay, digest = await idempotent(key_id, idempotency_key, request)
+        if replay is not None:
+            return replay
         limiter.inflight[key_id] = limiter.inflight.get(key_id, 0) + 1
         try:
             result = await score_group(TrajectoryGroup(body.trajectories, metadata=body.metadata), options)
@@ -458,11 +463,9 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return group_result(scored, metrics)
 
     @app.post("/v1/jobs", status_code=202)
-    async def create_job(body: JobRequest, key_id: str = Depends(rate_limited),
+    async def create_job(body: JobRequest, request: Request, key_id: str = Depends(rate_limited),
                          idempotency_key: str | None = Header(None)):
-        replay, digest = idempotent(key_id, idempotency_key, body)
-        if replay is not None:
-            return replay
+        check_idempotency_key(idempotency_key)
         if not body.groups:
             raise HTTPException(422, [{"loc": ["body", "groups"], "msg": "a job needs at least one group",
                                        "type": "value_error"}])
@@ -472,6 +475,9 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         for g, group in enumerate(body.groups):
             _check_group(cfg, group.trajectories, group.metadata, ["body", "groups", g])
         options = options_for(body)
+        replay, digest = await idempotent(key_id, idempotency_key, request)
+        if replay is not None:
+            return replay
         job_id = store.create_job(key_id, [g.model_dump(mode="json") for g in body.groups], options)
         worker.wake()
         answer = {"job_id": job_id, "status": "pending", "groups": len(body.groups)}
