@@ -10,7 +10,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-table 
 from judges.completion import JudgeReply, RetryPolicy, complete  # noqa: E402
 from judges.errors import JudgeConfigError, JudgeError, JudgeOutputError, JudgeUnavailableError  # noqa: E402
 from judges.local_provider import EMBEDDED_JUDGE, register_local_provider  # noqa: E402
-from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, get_rubric  # noqa: E402
+from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, RubricText, get_rubric  # noqa: E402
 
 import litellm  # noqa: E402
 
@@ -23,5 +23,5 @@ register_vllm_engine_provider()
 
 __all__ = [
     "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "RUBRICS", "JudgeConfigError", "JudgeError", "JudgeOutputError",
-    "JudgeReply", "JudgeUnavailableError", "RetryPolicy", "complete", "get_rubric", "register_local_provider",
+    "JudgeReply", "JudgeUnavailableError", "RetryPolicy", "RubricText", "complete", "get_rubric", "register_local_provider",
 ]

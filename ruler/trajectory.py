@@ -640,7 +640,14 @@ def validate_message_lists(message_lists: Any, *, limits: Limits | None = None) 
     if problems:
         raise TrajectoryError(problems[:MAX_PROBLEMS])
     out = [list(ml) for ml in message_lists]
-    if out and not any(isinstance(m, dict) and m.get("role") in ("system", "developer", "user") for ml in out for m in ml):
+    require_task_stated(out)
+    return out
+
+
+def require_task_stated(message_lists: list[list[dict]]) -> None:
+    """Raise `TrajectoryError` unless some conversation of a (non-empty) group has a system, developer or user
+    message: without one the judge cannot tell what the task was."""
+    if message_lists and not any(isinstance(m, dict) and m.get("role") in ("system", "developer", "user")
+                                 for ml in message_lists for m in ml):
         raise TrajectoryError([Problem((), "no trajectory has a system, developer or user message: the judge cannot "
                                            "tell the task")])
-    return out

@@ -461,6 +461,8 @@ def service_config(tmp_path: Path, judge, **overrides) -> ServiceConfig:
     rubrics = tmp_path / "rubrics"
     rubrics.mkdir(exist_ok=True)
     (rubrics / "house-style.txt").write_text("- Answers must cite the email they come from.\n")
+    (rubrics / "one-word.txt").write_text("Correctness")  # rubric text that reads like a name ...
+    (rubrics / "doc-ref.md").write_text("Follow policy.md")  # ... or like a path: text all the same
     return ServiceConfig(**{"db_path": str(tmp_path / "svc.db"), "judge_model": MODEL, "judge_params": judge.params,
                             "cache": False, "max_trajectories": 8, "max_messages": 16, "max_message_chars": 4000,
                             "max_body_bytes": 1_000_000, "rubric_dir": str(rubrics), "max_prompt_tokens": 100_000,
@@ -865,15 +867,97 @@ def test_cancel_stops_groups_in_flight_and_nothing_more_is_judged(tmp_path, judg
     assert statuses.count("cancelled") >= 3 and all(s in ("done", "cancelled") for s in statuses)
 
 
-def test_a_choice_is_judged_as_the_policy_wrote_it():
-    """A generated tool call with an empty name is the policy's mistake for the judge to see, not bad input."""
-    choice = Choice.model_validate({"index": 0, "finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": "x" * 100, "tool_calls": [{"id": "c1", "type": "function",
-                                                                   "function": {"name": "", "arguments": "{"}}]}})
+POLICY_CALLS = {  # tool calls a policy may generate: for the judge to see, not a reason to refuse the group
+    "empty-name": {"id": "c1", "type": "function", "function": {"name": "", "arguments": "{budget memo"}},
+    "custom-tool": {"id": "c1", "type": "custom", "custom": {"name": "grep_inbox", "input": "budget memo"}},
+}
+
+
+def policy_choice(call: dict, content: str = "GOOD a") -> Choice:
+    return Choice.model_validate({"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": content, "tool_calls": [call]}})
+
+
+def test_a_choice_is_checked_for_size_only():
+    choice = policy_choice(POLICY_CALLS["empty-name"], "x" * 100)
     validate_trajectories([Trajectory(messages_and_choices=[SYSTEM, USER, choice])])
-    with pytest.raises(TrajectoryError, match="^trajectory 1, message 3: message has 101 characters; the limit is 80$"):
+    with pytest.raises(TrajectoryError, match="^trajectory 1, message 3: message has 112 characters; the limit is 80$"):
         validate_trajectories([Trajectory(messages_and_choices=[SYSTEM, USER, choice])],
                               limits=Limits(max_message_chars=80))
+
+
+@pytest.mark.parametrize("case", list(POLICY_CALLS))
+async def test_a_choice_is_judged_as_the_policy_wrote_it(svc, judge, case):
+    """Checked once: what `validate_trajectories` accepts is judged, by the library, /v1/score and a job."""
+    group = TrajectoryGroup([Trajectory(messages_and_choices=[SYSTEM, USER, policy_choice(POLICY_CALLS[case])]),
+                             Trajectory(messages_and_choices=msgs(answer="BAD b"))])
+    scored = await ruler_score_group(group, MODEL, judge.params, retry=FAST)
+    assert [t.reward for t in scored] == [0.9, 0.1]
+    assert "budget memo" in judge.requests[-1]["messages"][-1]["content"]  # the call's arguments reach the judge
+    data = group.model_dump(mode="json", exclude={"exceptions"})
+    r = svc.post("/v1/score", data)
+    assert r.status_code == 200 and [s["score"] for s in r.json()["scores"]] == [0.9, 0.1], r.text
+    job = svc.post("/v1/jobs", {"groups": [data]}).json()["job_id"]
+    state = wait_job(svc.base, svc.key, job)
+    assert state["results"][0]["status"] == "done", state
+    assert [s["score"] for s in state["results"][0]["result"]["scores"]] == [0.9, 0.1]
+
+
+async def test_ruler_score_group_still_needs_the_task_and_known_options(judge):
+    only_agent = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "assistant", "content": a}])
+                                  for a in ("GOOD", "BAD")])
+    with pytest.raises(TrajectoryError, match="no trajectory has a system, developer or user message"):
+        await ruler_score_group(only_agent, MODEL, judge.params, retry=FAST)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_permutation'"):
+        await ruler_score_group(ok_group(), MODEL, judge.params, num_permutation=2)
+    assert await ruler_score_group(only_agent, MODEL, judge.params, swallow_exceptions=True) is None
+    assert judge.requests == []
+
+
+@pytest.mark.parametrize("name,text", [("one-word", "Correctness"), ("doc-ref", "Follow policy.md")])
+def test_a_folder_rubric_is_judged_by_its_text_whatever_it_reads_like(svc, judge, name, text):
+    """The service resolves a rubric once; its text is never taken for a name or a path again (score and jobs)."""
+    r = svc.post("/v1/score", body(rubric=name))
+    assert r.status_code == 200, r.text
+    assert text in judge.requests[-1]["messages"][0]["content"]
+    job = svc.post("/v1/jobs", {"groups": [body()], "rubric": name}).json()["job_id"]
+    assert wait_job(svc.base, svc.key, job)["results"][0]["status"] == "done"
+    assert text in judge.requests[-1]["messages"][0]["content"] and len(judge.requests) == 2
+
+
+def test_cli_rubric_file_is_judged_by_its_text_whatever_it_reads_like(tmp_path, judge):
+    rubric = tmp_path / "mine.txt"
+    rubric.write_text("Correctness")
+    res = runner.invoke(cli, ["score", str(write(tmp_path, GOOD_FILE)), "--judge", MODEL, "--api-base", judge.base,
+                              "--rubric", str(rubric), "--no-cache"], env=ENV)
+    assert res.exit_code == 0, res.output
+    assert "Correctness" in judge.requests[-1]["messages"][0]["content"]
+
+
+def test_the_worker_checks_a_stored_job_against_the_service_as_configured_now(tmp_path, judge):
+    """Jobs stored by an older or differently configured process: every option is checked again before judging."""
+    db = tmp_path / "svc.db"
+    stored = {"judge-not-offered": ({"judge_model": "openai/gpt-4o"}, "judge 'openai/gpt-4o' is not offered here"),
+              "api-base-not-allowed": ({"api_base": "http://169.254.169.254/v1"}, "is not allowed here"),
+              "k-over-cap": ({"num_permutations": 9}, "num_permutations 9: at most 8 orderings here"),
+              "prompt-tokens-over-cap": ({"max_prompt_tokens": 200_000}, "max_prompt_tokens 200000: from 256 to 100000"),
+              "legacy-rubric-name": ({"rubric": "efficiency"}, None)}
+    jobs = {case: insert_job(db, [{"trajectories": GOOD_FILE["trajectories"]}],
+                             {"judge_model": MODEL, "rubric": "default", **options})
+            for case, (options, _) in stored.items()}
+    service = Service(service_config(tmp_path, judge))
+    try:
+        for case, (key, job_id) in jobs.items():
+            result = wait_job(service.base, key, job_id)["results"][0]
+            message = stored[case][1]
+            if message is None:
+                assert result["status"] == "done", result
+            else:
+                assert result["status"] == "error" and result["error"].startswith("JudgeConfigError: ") \
+                    and message in result["error"], (case, result)
+    finally:
+        service.stop()
+    assert len(judge.requests) == 1 and "fewer turns" in judge.requests[0]["messages"][0]["content"]
 
 
 def test_whatever_passes_validation_can_be_rendered_and_serialised():

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from judges.completion import RetryPolicy
 from judges.errors import JudgeConfigError, JudgeError
-from judges.rubrics import MAX_RUBRIC_CHARS, get_rubric, load_rubric_folder
+from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, RubricText, get_rubric, load_rubric_folder
 from ruler.advantages import group_advantages
 from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, ruler_score_group
 from ruler.service.store import Store
@@ -398,7 +398,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         except JudgeConfigError as exc:
             refuse("rubric", str(exc))
         return {"judge_model": judge_for(body.judge_model), "api_base": body.api_base, "rubric": rubric,
-                "num_permutations": body.num_permutations,
+                "rubric_resolved": True, "num_permutations": body.num_permutations,
                 "max_prompt_tokens": body.max_prompt_tokens or cfg.max_prompt_tokens}
 
     async def idempotent(key_id: str, idem: str | None, request: Request):
@@ -512,20 +512,49 @@ def api_base_allowed(cfg: ServiceConfig, api_base: str) -> bool:
     return api_base.rstrip("/") in {a.rstrip("/") for a in cfg.allowed_api_bases}
 
 
+def checked_options(cfg: ServiceConfig, options: dict) -> dict:
+    """A job's stored options checked again against the service as it is configured now (a job stored by an
+    older process, or before the operator narrowed what clients may choose): the judge, api_base,
+    num_permutations and max_prompt_tokens must still be allowed. JudgeConfigError names the first that is not.
+    The rubric is the text the endpoint resolved (`rubric_resolved`), never looked up again; a job stored
+    before rubrics were resolved may hold a built-in name, which is looked up."""
+    if not isinstance(options, dict):
+        raise JudgeConfigError("the job's stored options are not an object")
+    judge = options.get("judge_model")
+    if judge is not None and judge != cfg.judge_model and judge not in (cfg.allowed_judges or ()):
+        raise JudgeConfigError(f"judge {judge!r} is not offered here")
+    api_base = options.get("api_base")
+    if api_base is not None and (not isinstance(api_base, str) or not api_base_allowed(cfg, api_base)):
+        raise JudgeConfigError(f"api_base {api_base!r} is not allowed here")
+    k = options.get("num_permutations") or 1
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= cfg.max_permutations:
+        raise JudgeConfigError(f"num_permutations {k!r}: at most {cfg.max_permutations} orderings here")
+    tokens = options.get("max_prompt_tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                               or not MIN_PROMPT_TOKENS <= tokens <= (cfg.max_prompt_tokens or MAX_PROMPT_TOKENS)):
+        raise JudgeConfigError(f"max_prompt_tokens {tokens!r}: from {MIN_PROMPT_TOKENS} to "
+                               f"{cfg.max_prompt_tokens or MAX_PROMPT_TOKENS} here")
+    rubric = options.get("rubric") or "default"
+    if not isinstance(rubric, str) or len(rubric) > MAX_RUBRIC_CHARS:
+        raise JudgeConfigError("the job's stored rubric is not rubric text")
+    text = rubric if options.get("rubric_resolved") else RUBRICS.get(rubric, rubric)
+    return {"judge_model": judge, "api_base": api_base, "rubric": RubricText(text), "num_permutations": k,
+            "max_prompt_tokens": tokens}
+
+
 async def judge_with_config(cfg: ServiceConfig, group: TrajectoryGroup, options: dict) -> TrajectoryGroup:
     """`ruler_score_group` as the service runs it: its judge credentials, cache, limits, retries and time limit,
     and the client's options as resolved by the endpoint (judge_model, api_base, rubric text, num_permutations,
-    max_prompt_tokens). Raises asyncio.TimeoutError past `judge_timeout_s`."""
+    max_prompt_tokens), checked again by `checked_options`. Raises asyncio.TimeoutError past `judge_timeout_s`."""
+    options = checked_options(cfg, options)
     params = dict(cfg.judge_params)
-    if options.get("api_base") is not None:
-        if not api_base_allowed(cfg, options["api_base"]):  # e.g. a job stored before the allow-list changed
-            raise JudgeConfigError(f"api_base {options['api_base']!r} is not allowed here")
+    if options["api_base"] is not None:
         params["api_base"] = options["api_base"]
     retry = RetryPolicy(attempts=cfg.judge_retries + 1)  # the whole group is bounded by judge_timeout_s below
     return await asyncio.wait_for(ruler_score_group(
-        group, options.get("judge_model"), params or None, options.get("rubric") or "default",
-        cache=cfg.cache, num_permutations=options.get("num_permutations") or 1, retry=retry,
-        max_prompt_tokens=options.get("max_prompt_tokens"), limits=cfg.limits), cfg.judge_timeout_s)
+        group, options["judge_model"], params or None, options["rubric"], cache=cfg.cache,
+        num_permutations=options["num_permutations"], retry=retry, max_prompt_tokens=options["max_prompt_tokens"],
+        limits=cfg.limits), cfg.judge_timeout_s)
 
 
 def group_result(scored: TrajectoryGroup, metrics: Metrics | None = None) -> dict:

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 
-from judges.errors import JudgeConfigError, JudgeError, JudgeUnavailableError
+from judges.errors import JudgeError, JudgeUnavailableError
 from ruler.trajectory import TrajectoryGroup, validate_trajectories
 
 log = logging.getLogger("ruler.service")
@@ -94,9 +94,7 @@ class JobWorker:
 
         result, error, retry = None, None, False
         try:
-            options = json.loads(row["options"])
-            if not isinstance(options, dict):
-                raise JudgeConfigError("the job's stored options are not an object")
+            options = json.loads(row["options"])  # checked again against the configuration by judge_with_config
             group = TrajectoryGroup.model_validate(json.loads(row["request"]))
             validate_trajectories(group, limits=self.cfg.limits)  # the same check the endpoints ran
             scored = await judge_with_config(self.cfg, group, options)
