@@ -845,6 +845,83 @@ def test_an_unexpected_exception_ends_the_group_once_and_the_service_keeps_servi
                                    "error": "internal error: OperationalError: disk I/O error"}
 
 
+class FlakyStore:
+    """The worker's database, failing on demand: `fail[name](*args)` true makes that call raise, as a locked or
+    broken SQLite file does."""
+
+    def __init__(self, store: Store):
+        self.store, self.fail = store, {}
+
+    def __getattr__(self, name):
+        real = getattr(self.store, name)
+
+        def call(*args, **kwargs):
+            if name in self.fail and self.fail[name](*args):
+                raise sqlite3.OperationalError("disk I/O error")
+            return real(*args, **kwargs)
+        return call
+
+
+def health(service) -> httpx.Response:
+    return httpx.get(f"{service.base}/healthz", timeout=10)
+
+
+def wait_health(service, until, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    while not until(r := health(service)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return r
+
+
+def test_the_worker_survives_database_errors_and_healthz_says_when_it_fails_or_dies(tmp_path, judge):
+    service = Service(service_config(tmp_path, judge))
+    worker = service.server.config.app.state.worker
+    flaky = worker.store = FlakyStore(worker.store)
+    try:
+        assert health(service).json() == {"status": "ok", "queue_depth": 0, "worker": "running"}
+        flaky.fail["pending_groups"] = lambda *a: True
+        r = wait_health(service, lambda r: r.status_code == 503)
+        assert r.status_code == 503 and r.json()["worker"] == "failing" and r.json()["error"] == "OperationalError"
+        job = service.post("/v1/jobs", {"groups": [body()]}).json()["job_id"]  # accepted: the endpoint's own store
+        time.sleep(0.3)
+        assert judge.requests == []
+        del flaky.fail["pending_groups"]  # the database answers again: the loop carries on
+        state = wait_job(service.base, service.key, job)
+        assert state["results"][0]["status"] == "done" and len(judge.requests) == 1
+        assert wait_health(service, lambda r: r.status_code == 200).json()["worker"] == "running"
+        loop = worker._task.get_loop()
+        loop.call_soon_threadsafe(worker._task.cancel)  # the loop ends, whatever the reason
+        r = wait_health(service, lambda r: r.status_code == 503)
+        assert r.status_code == 503 and r.json() == {"status": "error", "queue_depth": 0, "worker": "stopped"}
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("both_writes_fail", [False, True])
+def test_a_group_whose_result_cannot_be_saved_ends_error_not_running(tmp_path, judge, both_writes_fail):
+    service = Service(service_config(tmp_path, judge, max_group_attempts=1))
+    worker = service.server.config.app.state.worker
+    flaky = worker.store = FlakyStore(worker.store)
+    broken = {"on": True}
+    flaky.fail["finish_group"] = lambda job, idx, result, error: broken["on"] and (both_writes_fail or result is not None)
+    if both_writes_fail:  # the database is down for a while
+        flaky.fail["give_up_exhausted"] = lambda *a: broken["on"]
+    try:
+        job = service.post("/v1/jobs", {"groups": [body()]}).json()["job_id"]
+        if both_writes_fail:
+            time.sleep(1.0)
+            assert wait_job(service.base, service.key, job, timeout=0)["results"][0]["status"] == "running"
+            broken["on"] = False  # the database answers again
+        state = wait_job(service.base, service.key, job)
+    finally:
+        service.stop()
+    assert state["status"] == "done" and state["results"][0]["status"] == "error", state
+    assert state["results"][0]["error"] == (
+        "gave up after 1 attempt(s): the result of the last attempt could not be saved" if both_writes_fail else
+        "internal error: the result could not be saved (OperationalError)")
+    assert len(judge.requests) == 1
+
+
 def test_cancel_stops_groups_in_flight_and_nothing_more_is_judged(tmp_path, judge):
     judge.latency_s = 0.4
     try:

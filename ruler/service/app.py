@@ -1,6 +1,6 @@
 """The judging service: FastAPI app with API keys, limits, persistent jobs, idempotency and metrics.
 
-    POST /v1/score        one group, judged now          GET /healthz   liveness, open
+    POST /v1/score        one group, judged now          GET /healthz   open; 503 if the DB or worker fails
     POST /v1/jobs         many groups, 202 + job id      GET /metrics   Prometheus (key optional)
     GET  /v1/jobs/{id}    status and results so far      /docs          the OpenAPI contract
     DELETE /v1/jobs/{id}  cancel: waiting groups are dropped, groups being judged are stopped
@@ -415,8 +415,17 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return JSONResponse(found["response"], status_code=found["status"]), digest
 
     @app.get("/healthz")
-    def healthz() -> dict:
-        return {"status": "ok", "queue_depth": store.queue_depth()}
+    def healthz():
+        """200 while the database answers and the job worker runs; 503 saying which is not."""
+        state = worker.health()
+        try:
+            depth = store.queue_depth()
+        except Exception as exc:
+            log.warning("healthz: the database did not answer: %s: %s", type(exc).__name__, exc)
+            return JSONResponse({"status": "error", "database": "unavailable", **state}, status_code=503)
+        if state["worker"] != "running":
+            return JSONResponse({"status": "error", "queue_depth": depth, **state}, status_code=503)
+        return {"status": "ok", "queue_depth": depth, **state}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics_endpoint(authorization: str | None = Header(None)):
