@@ -28,7 +28,7 @@ from typing import Any
 import litellm
 
 from judges import EMBEDDED_JUDGE, DEFAULT_RUBRIC, JudgeConfigError, JudgeOutputError, RetryPolicy, complete
-from judges.errors import JudgeUnavailableError
+from judges.errors import JudgeInputError, JudgeUnavailableError
 from judges.panel import JudgePanel, aggregate_scores
 from judges.rubrics import RubricText, get_rubric
 from ruler import budget
@@ -288,7 +288,7 @@ async def _score_within_budget(message_lists: list[list[dict]], s: _Setup, limit
                 sub = [message_lists[i] for i in idx]
                 sub_fit = budget.fit_by_truncation(sub, s.rubric, s.tools, s.render, count, limit)
                 if sub_fit is None:
-                    raise JudgeConfigError(f"a sub-group of {len(sub)} trajectories still exceeds {limit} tokens")
+                    raise JudgeInputError(f"a sub-group of {len(sub)} trajectories still exceeds {limit} tokens")
                 subs.append(sub_fit.message_lists)
             results = await asyncio.gather(*(_score_fitting(sub, s) for sub in subs))
             merged = budget.calibrate(

@@ -18,7 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BLOCK = re.compile(r'<trajectory id="(\d+)">(.*?)</trajectory>', re.S)
-MODES = {"ok", "500", "503", "429", "slow", "malformed", "prose", "fenced", "out_of_range_10", "out_of_range_100",
+MODES = {"ok", "400", "500", "503", "429", "slow", "malformed", "prose", "fenced", "out_of_range_10", "out_of_range_100",
          "negative", "shuffled", "missing_id", "extra_id", "duplicate_id", "string_scores", "nan", "empty", "bare_list"}
 
 
@@ -49,8 +49,9 @@ class FakeJudge:
                     judge.requests.append(body)
                     judge.times.append(time.monotonic())
                     mode = judge.script.pop(0) if judge.script else "ok"
-                if mode in ("500", "503"):
-                    return self._send(int(mode), {"error": {"message": "judge exploded", "type": "server_error"}})
+                if mode in ("400", "500", "503"):  # the message names the judge's address, as real ones may
+                    return self._send(int(mode), {"error": {"message": f"judge exploded at {judge.base}",
+                                                            "type": "server_error" if mode != "400" else "bad_request"}})
                 if mode == "429":
                     return self._send(429, {"error": {"message": "rate limited", "type": "rate_limit"}},
                                       {"Retry-After": judge.retry_after})

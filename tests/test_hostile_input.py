@@ -741,6 +741,42 @@ def test_service_silent_judge_is_504_within_the_group_deadline(tmp_path, judge):
             service.stop()
 
 
+@pytest.mark.parametrize("fault,status,says", [
+    ("503", 503, "judge failed: the judge is unavailable"),
+    ("400", 422, "the judge refused the request or is misconfigured"),
+    ("malformed", 503, "judge failed: the judge's answers held no valid scores"),
+])
+def test_service_errors_name_the_kind_of_failure_not_the_judges_internals(tmp_path, judge, caplog, fault, status,
+                                                                             says):
+    """The judge's reply names its address: clients get the kind of failure, the operator's log the detail."""
+    judge.script = [fault] * 20
+    service = Service(service_config(tmp_path, judge, judge_retries=0, max_group_attempts=1))
+    try:
+        r = service.post("/v1/score", body())
+        job = service.post("/v1/jobs", {"groups": [body()]}).json()["job_id"]
+        state = wait_job(service.base, service.key, job)
+    finally:
+        service.stop()
+    assert r.status_code == status and says in r.json()["detail"], r.text
+    error = state["results"][0]["error"]
+    assert state["results"][0]["status"] == "error" and says.removeprefix("judge failed: ") in error, error
+    for answer in (r.text, json.dumps(state)):
+        assert judge.base.split("/v1")[0] not in answer and "exploded" not in answer
+    if fault != "malformed":
+        assert f"judge exploded at {judge.base}" in caplog.text  # the operator can still see what happened
+
+
+def test_service_errors_about_the_request_itself_are_passed_on(svc, judge):
+    only_agent = [traj([{"role": "assistant", "content": "GOOD"}]), traj([{"role": "assistant", "content": "BAD"}])]
+    r = svc.post("/v1/score", body(only_agent))
+    assert r.status_code == 422 and "no trajectory has a system, developer or user message" in r.json()["detail"]
+    long = [traj(msgs(USER, answer=f"GOOD {i} " + "word " * 700)) for i in range(2)]
+    long[0]["messages_and_choices"][1] = {"role": "user", "content": "When? " + "context " * 450}
+    r = svc.post("/v1/score", body(long, max_prompt_tokens=256))
+    assert r.status_code == 422 and "the judge's budget of 256 tokens cannot hold even one trajectory" in r.text, r.text
+    assert judge.requests == []
+
+
 # --- the job worker ------------------------------------------------------------------------------
 
 def insert_job(db: Path, groups: list[dict], options: dict | None = None) -> tuple[str, str]:
@@ -842,7 +878,7 @@ def test_an_unexpected_exception_ends_the_group_once_and_the_service_keeps_servi
     finally:
         service.stop()
     assert state["results"][0] == {"index": 0, "status": "error", "attempts": 1, "result": None,
-                                   "error": "internal error: OperationalError: disk I/O error"}
+                                   "error": "internal error: OperationalError"}
 
 
 class FlakyStore:
@@ -1030,7 +1066,7 @@ def test_the_worker_checks_a_stored_job_against_the_service_as_configured_now(tm
             if message is None:
                 assert result["status"] == "done", result
             else:
-                assert result["status"] == "error" and result["error"].startswith("JudgeConfigError: ") \
+                assert result["status"] == "error" and result["error"].startswith("JudgeInputError: ") \
                     and message in result["error"], (case, result)
     finally:
         service.stop()

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from pydantic import BaseModel, ConfigDict, Field
 
 from judges.completion import RetryPolicy
-from judges.errors import JudgeConfigError, JudgeError
+from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
 from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, RubricText, get_rubric, load_rubric_folder
 from ruler.advantages import group_advantages
 from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, ruler_score_group
@@ -465,10 +465,12 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
             raise HTTPException(504, f"the judge did not answer within {cfg.judge_timeout_s:g} s")
         except (JudgeConfigError, ValueError, TypeError) as exc:
             metrics.errors.labels("bad_request").inc()
-            raise HTTPException(422, str(exc))
+            log.warning("group not judged: %s: %s", type(exc).__name__, exc)
+            raise HTTPException(422, public_error(exc))
         except JudgeError as exc:
             metrics.errors.labels("judge").inc()
-            raise HTTPException(503, f"judge failed: {exc}", headers={"Retry-After": "5"})
+            log.warning("group not judged: %s: %s", type(exc).__name__, exc)
+            raise HTTPException(503, f"judge failed: {public_error(exc)}", headers={"Retry-After": "5"})
         return group_result(scored, metrics)
 
     @app.post("/v1/jobs", status_code=202)
@@ -517,6 +519,21 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     return app
 
 
+def public_error(exc: BaseException) -> str:
+    """What a client is told about a failure while its group was judged. A message about the client's own
+    request (`TrajectoryError`, `JudgeInputError`) is passed on; any other says only what kind of failure it
+    was: the judge's addresses, credentials and replies stay in the service's log."""
+    if isinstance(exc, (TrajectoryError, JudgeInputError)):
+        return str(exc)
+    if isinstance(exc, JudgeUnavailableError):
+        return "the judge is unavailable (details in the service's log)"
+    if isinstance(exc, JudgeOutputError):
+        return "the judge's answers held no valid scores (details in the service's log)"
+    if isinstance(exc, JudgeConfigError):
+        return "the judge refused the request or is misconfigured (details in the service's log)"
+    return "the group could not be judged (details in the service's log)"
+
+
 def api_base_allowed(cfg: ServiceConfig, api_base: str) -> bool:
     return api_base.rstrip("/") in {a.rstrip("/") for a in cfg.allowed_api_bases}
 
@@ -524,24 +541,24 @@ def api_base_allowed(cfg: ServiceConfig, api_base: str) -> bool:
 def checked_options(cfg: ServiceConfig, options: dict) -> dict:
     """A job's stored options checked again against the service as it is configured now (a job stored by an
     older process, or before the operator narrowed what clients may choose): the judge, api_base,
-    num_permutations and max_prompt_tokens must still be allowed. JudgeConfigError names the first that is not.
+    num_permutations and max_prompt_tokens must still be allowed. JudgeInputError names the first that is not.
     The rubric is the text the endpoint resolved (`rubric_resolved`), never looked up again; a job stored
     before rubrics were resolved may hold a built-in name, which is looked up."""
     if not isinstance(options, dict):
         raise JudgeConfigError("the job's stored options are not an object")
     judge = options.get("judge_model")
     if judge is not None and judge != cfg.judge_model and judge not in (cfg.allowed_judges or ()):
-        raise JudgeConfigError(f"judge {judge!r} is not offered here")
+        raise JudgeInputError(f"judge {judge!r} is not offered here")
     api_base = options.get("api_base")
     if api_base is not None and (not isinstance(api_base, str) or not api_base_allowed(cfg, api_base)):
-        raise JudgeConfigError(f"api_base {api_base!r} is not allowed here")
+        raise JudgeInputError(f"api_base {api_base!r} is not allowed here")
     k = options.get("num_permutations") or 1
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= cfg.max_permutations:
-        raise JudgeConfigError(f"num_permutations {k!r}: at most {cfg.max_permutations} orderings here")
+        raise JudgeInputError(f"num_permutations {k!r}: at most {cfg.max_permutations} orderings here")
     tokens = options.get("max_prompt_tokens")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
                                or not MIN_PROMPT_TOKENS <= tokens <= (cfg.max_prompt_tokens or MAX_PROMPT_TOKENS)):
-        raise JudgeConfigError(f"max_prompt_tokens {tokens!r}: from {MIN_PROMPT_TOKENS} to "
+        raise JudgeInputError(f"max_prompt_tokens {tokens!r}: from {MIN_PROMPT_TOKENS} to "
                                f"{cfg.max_prompt_tokens or MAX_PROMPT_TOKENS} here")
     rubric = options.get("rubric") or "default"
     if not isinstance(rubric, str) or len(rubric) > MAX_RUBRIC_CHARS:

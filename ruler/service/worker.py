@@ -2,7 +2,8 @@
 
 It reads unfinished groups from the database, so after a crash or restart it picks up where the last
 process stopped (a group that was running is judged again; its first result was never committed).
-Every group ends: whatever goes wrong while judging it makes it `error` with the message, except a
+Every group ends: whatever goes wrong while judging it makes it `error` with a message (the exception's
+type, and its text where it is about the client's request: `public_error`; the detail is logged), except a
 judge that is unavailable (timeouts, 429/5xx after the call's own retries), which puts the group back
 with a backoff (`group_retry_s`, doubling, at most `MAX_BACKOFF_S`) until `max_group_attempts` attempts
 are spent. An attempt is counted when a group is taken up, so a process that dies while judging it
@@ -129,7 +130,7 @@ class JobWorker:
             task.add_done_callback(lambda _t, k=key: (self._inflight.pop(k, None), self._wake.set()))
 
     async def _judge(self, row: dict, attempt: int) -> None:
-        from ruler.service.app import group_result, judge_with_config
+        from ruler.service.app import group_result, judge_with_config, public_error
 
         result, error, retry = None, None, False
         try:
@@ -144,14 +145,16 @@ class JobWorker:
             error, retry = f"timeout: the judge did not answer within {self.cfg.judge_timeout_s:g} s", True
             self.metrics.errors.labels("timeout").inc()
         except JudgeUnavailableError as exc:
-            error, retry = f"{type(exc).__name__}: {exc}", True
+            error, retry = f"{type(exc).__name__}: {public_error(exc)}", True
+            log.warning("job %s group %s: %s: %s", row["job_id"], row["idx"], type(exc).__name__, exc)
             self.metrics.errors.labels("judge").inc()
         except (JudgeError, ValueError, TypeError) as exc:  # bad input or a judge that cannot work: retrying won't help
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {public_error(exc)}"
+            log.warning("job %s group %s: %s: %s", row["job_id"], row["idx"], type(exc).__name__, exc)
             self.metrics.errors.labels("bad_request" if isinstance(exc, ValueError) else "judge").inc()
-        except Exception as exc:  # a bug: the group ends with the message instead of being picked up again
+        except Exception as exc:  # a bug: the group ends (its detail logged) instead of being picked up again
             log.exception("job %s group %s: unexpected error", row["job_id"], row["idx"])
-            error = f"internal error: {type(exc).__name__}: {exc}"
+            error = f"internal error: {type(exc).__name__}"
             self.metrics.errors.labels("internal").inc()
         key = (row["job_id"], row["idx"])
         if retry and attempt < self.cfg.max_group_attempts:
