@@ -648,6 +648,26 @@ def test_service_never_reads_a_file_a_client_names(svc, judge, tmp_path):
     assert SECRET not in json.dumps(judge.requests)
 
 
+def test_service_never_reads_a_file_a_client_names_even_without_a_path_shape(svc, judge, tmp_path, monkeypatch):
+    """Marker files with no extension, in the service's working folder, named by bare relative paths (no `./`,
+    no `/`, no suffix): nothing about the value says "path", and still no file is opened."""
+    monkeypatch.chdir(tmp_path)  # the service runs in this process: this is its working folder
+    (tmp_path / "house").write_text(SECRET)
+    (tmp_path / "team notes").mkdir()
+    (tmp_path / "team notes" / "house").write_text(SECRET)
+    for path in ("/v1/score", "/v1/jobs"):
+        make = (lambda rubric: body(rubric=rubric)) if path == "/v1/score" else (
+            lambda rubric: {"groups": [body()], "rubric": rubric})
+        r = svc.post(path, make("house"))  # one word: no rubric of that name, and too short to be rubric text
+        assert r.status_code == 422 and "unknown rubric 'house'" in r.json()["detail"][0]["msg"], r.text
+        r = svc.post(path, make("team notes/house"))  # words: rubric text, sent as written
+        assert r.status_code in (200, 202), r.text
+        if path == "/v1/jobs":
+            assert wait_job(svc.base, svc.key, r.json()["job_id"])["results"][0]["status"] == "done"
+        assert "team notes/house" in judge.requests[-1]["messages"][0]["content"]
+    assert len(judge.requests) == 2 and SECRET not in json.dumps(judge.requests)
+
+
 def test_service_chunked_body_over_the_limit_gets_413(svc, judge):
     def chunks(total: int = 11_400_000, size: int = 64 * 1024):
         yield b'{"trajectories": [{"messages_and_choices": [{"role": "user", "content": "'
