@@ -31,6 +31,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _lock = threading.Lock()  # one model in memory, one generation at a time
 _loaded: "EmbeddedModel | None" = None
 LOCK_POLL_S = 0.05  # how often a generation waiting for the lock looks whether it was cancelled
+PREFILL_CHUNK = 512  # prompt tokens read per forward pass: a cancelled call stops between two (~1-2 s on a CPU)
 
 
 class GenerationCancelled(Exception):
@@ -156,8 +157,9 @@ class EmbeddedModel:
         """Chat-complete `messages`; with `json_schema`, the output is guaranteed to match it.
 
         `stop` cancels the call from another thread: a call still waiting for the model (one generation
-        runs at a time) gives up without generating, and a running one stops before its next token; either
-        way it raises `GenerationCancelled`.
+        runs at a time) gives up without generating, one reading its prompt stops before the next
+        `PREFILL_CHUNK` tokens, and one generating stops before its next token; each raises
+        `GenerationCancelled`.
         """
         import torch
         import xgrammar as xgr
@@ -192,8 +194,13 @@ class EmbeddedModel:
                 if json_schema is not None:
                     kwargs["logits_processor"] = [xgr.contrib.hf.LogitsProcessor(self._compiled_grammar(json_schema))]
                 cache = DynamicCache()
+                prompt = inputs["input_ids"][:, :-1]
+                for start in range(0, prompt.shape[1], PREFILL_CHUNK):  # the prompt's KV cache, in pieces
+                    if stop is not None and stop.is_set():
+                        raise GenerationCancelled("cancelled while reading the prompt")
+                    self.model(input_ids=prompt[:, start:start + PREFILL_CHUNK], cache=cache, use_cache=True,
+                               logits_to_keep=1)
                 if n_prompt > 1:
-                    self.model(input_ids=inputs["input_ids"][:, :-1], cache=cache, use_cache=True)
                     for layer in cache.layers:
                         layer.keys, layer.values = layer.keys.to(torch.bfloat16), layer.values.to(torch.bfloat16)
                 if stop is not None and stop.is_set():

@@ -52,8 +52,8 @@ def test_cli_scores_a_file_with_the_embedded_default(tmp_path, embedded_model):
 
 async def test_cancelled_and_timed_out_calls_stop_the_generation(embedded_model, monkeypatch):
     """A thread cannot be cancelled: the generation must notice. A cancelled call stops before its next token,
-    calls queued behind it never generate, and a call past its deadline (a 504, a retried job group) stops too.
-    Uncancelled, each of these would decode 300 tokens (~25 s on a CPU)."""
+    calls queued behind it never generate, a call past its deadline (a 504, a retried job group) stops too, and
+    so does one still reading a long prompt. Uncancelled, each would take 10-25 s on a CPU."""
     import asyncio
     import time
 
@@ -97,3 +97,15 @@ async def test_cancelled_and_timed_out_calls_stop_the_generation(embedded_model,
     with pytest.raises(JudgeUnavailableError, match="deadline"):
         await complete(EMBEDDED_JUDGE, story, params={"max_tokens": 300}, retry=RetryPolicy(attempts=1, deadline=1.0))
     assert await settled(started) < 2.5 and len(runs) == 1
+
+    # a long prompt (~4,000 tokens, ~9 s to read on a CPU) is read in pieces: cancelled, it stops before decoding
+    runs.clear()
+    call = asyncio.create_task(litellm.acompletion(model=EMBEDDED_JUDGE, max_tokens=300, messages=[
+        {"role": "user", "content": "Summarise: " + "the lighthouse keeper's cat " * 700}]))
+    while not emb._lock.locked():
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)
+    cancelled = time.monotonic()
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    assert await settled(cancelled) < 3.0 and runs == []
