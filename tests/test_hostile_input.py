@@ -1058,6 +1058,17 @@ def test_a_folder_rubric_is_judged_by_its_text_whatever_it_reads_like(svc, judge
     assert text in judge.requests[-1]["messages"][0]["content"] and len(judge.requests) == 2
 
 
+async def test_library_rubric_text_marked_as_text_is_never_taken_for_a_name(judge):
+    from judges import RubricText
+
+    with pytest.raises(JudgeConfigError, match="unknown rubric 'Correctness'"):
+        await ruler_score_group(ok_group(), MODEL, judge.params, "Correctness", retry=FAST)
+    assert judge.requests == []
+    for text in ("Correctness", "Follow policy.md", "efficiency"):
+        await ruler_score_group(ok_group(), MODEL, judge.params, RubricText(text), retry=FAST, cache=False)
+        assert f"\n{text}\n" in judge.requests[-1]["messages"][0]["content"]  # as written, not looked up
+
+
 def test_cli_rubric_file_is_judged_by_its_text_whatever_it_reads_like(tmp_path, judge):
     rubric = tmp_path / "mine.txt"
     rubric.write_text("Correctness")
