@@ -8,9 +8,10 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-table download at import
 
 from judges.completion import JudgeReply, RetryPolicy, complete  # noqa: E402
-from judges.errors import JudgeConfigError, JudgeError, JudgeOutputError, JudgeUnavailableError  # noqa: E402
+from judges.errors import (JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError,  # noqa: E402
+                           JudgeUnavailableError)
 from judges.local_provider import EMBEDDED_JUDGE, register_local_provider  # noqa: E402
-from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, get_rubric  # noqa: E402
+from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, RubricText, get_rubric  # noqa: E402
 
 import litellm  # noqa: E402
 
@@ -22,6 +23,6 @@ from judges.vllm_engine import register_vllm_engine_provider  # noqa: E402
 register_vllm_engine_provider()
 
 __all__ = [
-    "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "RUBRICS", "JudgeConfigError", "JudgeError", "JudgeOutputError",
-    "JudgeReply", "JudgeUnavailableError", "RetryPolicy", "complete", "get_rubric", "register_local_provider",
+    "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "RUBRICS", "JudgeConfigError", "JudgeError", "JudgeInputError", "JudgeOutputError",
+    "JudgeReply", "JudgeUnavailableError", "RetryPolicy", "RubricText", "complete", "get_rubric", "register_local_provider",
 ]

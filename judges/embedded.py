@@ -30,6 +30,12 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _lock = threading.Lock()  # one model in memory, one generation at a time
 _loaded: "EmbeddedModel | None" = None
+LOCK_POLL_S = 0.05  # how often a generation waiting for the lock looks whether it was cancelled
+PREFILL_CHUNK = 512  # prompt tokens read per forward pass: a cancelled call stops between two (~1-2 s on a CPU)
+
+
+class GenerationCancelled(Exception):
+    """A generation was stopped (or never started) because its `stop` event was set: nobody awaits it."""
 
 
 def model_cache_dir() -> Path:
@@ -146,11 +152,18 @@ class EmbeddedModel:
         max_new_tokens: int = 512,
         temperature: float = 0.0,
         seed: int = 0,
+        stop: threading.Event | None = None,
     ) -> Generation:
-        """Chat-complete `messages`; with `json_schema`, the output is guaranteed to match it."""
+        """Chat-complete `messages`; with `json_schema`, the output is guaranteed to match it.
+
+        `stop` cancels the call from another thread: a call still waiting for the model (one generation
+        runs at a time) gives up without generating, one reading its prompt stops before the next
+        `PREFILL_CHUNK` tokens, and one generating stops before its next token; each raises
+        `GenerationCancelled`.
+        """
         import torch
         import xgrammar as xgr
-        from transformers import DynamicCache
+        from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
 
         if max_new_tokens < 1:
             raise JudgeConfigError(f"max_tokens must be >= 1, got {max_new_tokens}")
@@ -168,16 +181,35 @@ class EmbeddedModel:
             kwargs.update(do_sample=True, temperature=float(temperature))
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        with _lock, torch.inference_mode():
-            torch.manual_seed(seed)
-            if json_schema is not None:
-                kwargs["logits_processor"] = [xgr.contrib.hf.LogitsProcessor(self._compiled_grammar(json_schema))]
-            cache = DynamicCache()
-            if n_prompt > 1:
-                self.model(input_ids=inputs["input_ids"][:, :-1], cache=cache, use_cache=True)
-                for layer in cache.layers:
-                    layer.keys, layer.values = layer.keys.to(torch.bfloat16), layer.values.to(torch.bfloat16)
-            out = self.decoder.generate(**inputs, cache=cache, **kwargs)
+        if stop is not None:
+            class Stopped(StoppingCriteria):
+                def __call__(self, input_ids, scores, **_):
+                    return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
+
+            kwargs["stopping_criteria"] = StoppingCriteriaList([Stopped()])
+        _acquire(stop)
+        try:
+            with torch.inference_mode():
+                torch.manual_seed(seed)
+                if json_schema is not None:
+                    kwargs["logits_processor"] = [xgr.contrib.hf.LogitsProcessor(self._compiled_grammar(json_schema))]
+                cache = DynamicCache()
+                prompt = inputs["input_ids"][:, :-1]
+                for start in range(0, prompt.shape[1], PREFILL_CHUNK):  # the prompt's KV cache, in pieces
+                    if stop is not None and stop.is_set():
+                        raise GenerationCancelled("cancelled while reading the prompt")
+                    self.model(input_ids=prompt[:, start:start + PREFILL_CHUNK], cache=cache, use_cache=True,
+                               logits_to_keep=1)
+                if n_prompt > 1:
+                    for layer in cache.layers:
+                        layer.keys, layer.values = layer.keys.to(torch.bfloat16), layer.values.to(torch.bfloat16)
+                if stop is not None and stop.is_set():
+                    raise GenerationCancelled("cancelled after reading the prompt")
+                out = self.decoder.generate(**inputs, cache=cache, **kwargs)
+        finally:
+            _lock.release()
+        if stop is not None and stop.is_set():
+            raise GenerationCancelled("cancelled while generating")
         new = out[0][n_prompt:]
         n_new = int(new.shape[0])
         eos = self.tokenizer.eos_token_id
@@ -186,9 +218,24 @@ class EmbeddedModel:
         return Generation(text, n_prompt, n_new, "stop" if finished or n_new < max_new_tokens else "length")
 
 
+def _acquire(stop: threading.Event | None) -> None:
+    """Take the generation lock; with `stop`, give up (GenerationCancelled) as soon as it is set."""
+    if stop is None:
+        _lock.acquire()
+        return
+    while not _lock.acquire(timeout=LOCK_POLL_S):
+        if stop.is_set():
+            raise GenerationCancelled("cancelled while waiting for the model")
+    if stop.is_set():
+        _lock.release()
+        raise GenerationCancelled("cancelled while waiting for the model")
+
+
 def load_embedded_model() -> EmbeddedModel:
     """The process-wide embedded model, loaded (and converted, the first time) on first call."""
     global _loaded
+    if _loaded is not None:  # no lock once loaded: a generation in progress holds it
+        return _loaded
     with _lock:
         if _loaded is None:
             _loaded = EmbeddedModel(embedded_model_path())

@@ -11,6 +11,11 @@ class JudgeConfigError(JudgeError, ValueError):
     """The judge was asked for in a way that cannot work (unknown model, bad parameters)."""
 
 
+class JudgeInputError(JudgeConfigError):
+    """What was asked cannot be judged as given (a trajectory too long for the judge's budget, an option the
+    judging service does not allow): the message is about the request, never about the judge's setup."""
+
+
 class JudgeUnavailableError(JudgeError):
     """The judge could not be reached or kept failing (rate limits, 5xx, timeouts) after all retries."""
 

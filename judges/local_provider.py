@@ -8,6 +8,7 @@ embedded model too. A `response_format` of type `json_schema` is honoured by con
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 
@@ -48,7 +49,8 @@ def schema_from_response_format(response_format) -> dict | None:
 class EmbeddedLLM(CustomLLM):
     """litellm handler that answers chat completions with the embedded model."""
 
-    def _complete(self, model: str, messages: list, optional_params: dict) -> ModelResponse:
+    def _complete(self, model: str, messages: list, optional_params: dict,
+                  stop: threading.Event | None = None) -> ModelResponse:
         name = model.split("/", 1)[-1]
         check_local_model(f"{LOCAL_PROVIDER}/{name}")
         params = dict(optional_params or {})
@@ -60,6 +62,7 @@ class EmbeddedLLM(CustomLLM):
             max_new_tokens=int(max_tokens),
             temperature=float(params.get("temperature") or 0.0),
             seed=int(params.get("seed") or 0),
+            stop=stop,
         )
         return ModelResponse(
             id=f"local-{uuid.uuid4().hex[:12]}",
@@ -77,8 +80,14 @@ class EmbeddedLLM(CustomLLM):
 
     async def acompletion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
                           encoding, api_key, logging_obj, optional_params, *args, **kwargs) -> ModelResponse:
-        # generation is CPU-bound: keep the event loop free for other groups and HTTP traffic
-        return await asyncio.to_thread(self._complete, model, messages, optional_params)
+        # generation is CPU-bound: keep the event loop free for other groups and HTTP traffic. A thread cannot
+        # be cancelled, so when the awaiting task is (a cancelled job, a timeout) the generation is told to
+        # stop: before its next token, or before it starts if it is still waiting for the model.
+        stop = threading.Event()
+        try:
+            return await asyncio.to_thread(self._complete, model, messages, optional_params, stop)
+        finally:
+            stop.set()
 
 
 _handler = EmbeddedLLM()

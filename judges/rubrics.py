@@ -2,7 +2,8 @@
 
 A rubric is a name or its text. `get_rubric` never opens a file; only `load_rubric_file` (the command
 line's `--rubric FILE`) and `load_rubric_folder` (the folder a service operator configures, read once at
-start) read from disk, and the judging service passes nothing a client sent to either.
+start) read from disk, and the judging service passes nothing a client sent to either. What they read,
+and what `get_rubric` resolves, is a `RubricText`: text that is never taken for a name or a path again.
 """
 
 from __future__ import annotations
@@ -58,21 +59,29 @@ RUBRIC_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 _PATHLIKE = re.compile(r"^(?:~|\.{1,2}[/\\]|[/\\]|[A-Za-z]:[/\\]|file:)|\.(?:txt|md|markdown|ya?ml|json|rubric)$", re.IGNORECASE)
 
 
-def get_rubric(name_or_text: str, library: dict[str, str] | None = None) -> str:
+class RubricText(str):
+    """Rubric text already resolved (read from a file, looked up by name, checked once): `get_rubric` returns
+    it as it is, so a rubric whose text is one word or ends in `.md` is not refused as a name or a path."""
+
+
+def get_rubric(name_or_text: str, library: dict[str, str] | None = None) -> RubricText:
     """A rubric by name (the built-in library, or `library` when given), else the rubric text itself.
 
     Never reads a file: a one-line value that looks like a path (`/...`, `~/...`, `./...`, `C:\\...`,
     `file:...`, `... .txt|.md|.yaml|.json`) and a single word that is no known name are errors, so a
     typo or a missing file is never sent to the judge as if it were rubric text. Callers that may read
-    files (the command line, a server-side rubric folder) do so themselves (`load_rubric_file`).
+    files (the command line, a server-side rubric folder) do so themselves (`load_rubric_file`). A
+    `RubricText` is returned unchanged (its length still checked).
     """
     if not isinstance(name_or_text, str) or not name_or_text.strip():
         raise JudgeConfigError("rubric must be a non-empty string: a rubric name or the rubric text")
-    names = {**RUBRICS, **(library or {})}
-    if name_or_text in names:
-        return names[name_or_text]
     if len(name_or_text) > MAX_RUBRIC_CHARS:
         raise JudgeConfigError(f"rubric text has {len(name_or_text):,} characters; the limit is {MAX_RUBRIC_CHARS:,}")
+    if isinstance(name_or_text, RubricText):
+        return name_or_text
+    names = {**RUBRICS, **(library or {})}
+    if name_or_text in names:
+        return RubricText(names[name_or_text])
     one_line = name_or_text.strip()
     if "\n" not in one_line:
         known = ", ".join(sorted(names))
@@ -82,10 +91,10 @@ def get_rubric(name_or_text: str, library: dict[str, str] | None = None) -> str:
         if not any(c.isspace() for c in one_line):
             raise JudgeConfigError(f"unknown rubric {one_line!r}: not a rubric name ({known}), and too short "
                                    "to be rubric text")
-    return name_or_text
+    return RubricText(name_or_text)
 
 
-def load_rubric_file(path: str | Path) -> str:
+def load_rubric_file(path: str | Path) -> RubricText:
     """The text of a rubric file (UTF-8, not empty, at most `MAX_RUBRIC_CHARS` characters)."""
     path = Path(path).expanduser()
     if not path.is_file():
@@ -102,10 +111,10 @@ def load_rubric_file(path: str | Path) -> str:
         raise JudgeConfigError(f"rubric file {path} is empty")
     if len(text) > MAX_RUBRIC_CHARS:
         raise JudgeConfigError(f"rubric file {path} has {len(text):,} characters; the limit is {MAX_RUBRIC_CHARS:,}")
-    return text
+    return RubricText(text)
 
 
-def load_rubric_folder(folder: str | Path) -> dict[str, str]:
+def load_rubric_folder(folder: str | Path) -> dict[str, RubricText]:
     """Named rubrics from a folder: `<name>.txt` or `<name>.md` becomes rubric `<name>`.
 
     For a server's own rubrics (`ruler serve --rubric-dir`): read once, at start; names follow

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from judges.errors import JudgeConfigError
+from judges.errors import JudgeInputError
 from ruler.prompt import build_prompt, common_prefix_len
 
 CAPS = (16000, 8000, 4000, 2000, 1200, 800, 500)
@@ -129,7 +129,7 @@ def plan_split(message_lists, rubric, tools, render, count: Counter, limit: int,
         groups.append(current)
     for g in groups:
         if len(g) == 1 and base + sizes[g[0]] + answer_reserve(len(anchors) + 1) > limit:
-            raise JudgeConfigError(
+            raise JudgeInputError(
                 f"the judge's budget of {limit} tokens cannot hold even one trajectory with the task context "
                 f"(~{context_tokens + sizes[g[0]]} tokens after cutting bodies to {MIN_CAP} characters): "
                 "raise max_prompt_tokens or use a judge with a longer context"

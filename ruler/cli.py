@@ -308,6 +308,9 @@ def serve(
     db: Path = typer.Option(Path(DEFAULT_DB), "--db", help="SQLite database (keys, jobs, results)."),
     max_body_mb: float = typer.Option(8.0, "--max-body-mb", min=0.001, max=1024.0,
                                       help="Largest request body, counted as it arrives (chunked too): 413."),
+    body_timeout: float = typer.Option(60.0, "--body-timeout", min=0.1, max=3600.0,
+                                       help="Seconds the whole request body may take to arrive after its headers "
+                                       "(slow clients, slow-loris): 408."),
     max_trajectories: int = typer.Option(256, "--max-trajectories", min=1, help="Trajectories per group."),
     max_messages: int = typer.Option(512, "--max-messages", min=1, help="Messages per trajectory."),
     max_message_chars: int = typer.Option(200_000, "--max-message-chars", min=1, help="Characters per message."),
@@ -340,6 +343,7 @@ def serve(
                         allowed_judges=allow_judge or None, allowed_api_bases=list(allow_api_base),
                         rubric_dir=str(rubric_dir) if rubric_dir else None,
                         max_body_bytes=max(1, int(max_body_mb * 1024 * 1024)),
+                        body_timeout_s=body_timeout,
                         max_trajectories=max_trajectories, max_messages=max_messages,
                         max_message_chars=max_message_chars, max_groups_per_job=max_groups,
                         max_permutations=max_permutations, max_prompt_tokens=max_prompt_tokens,

@@ -191,7 +191,7 @@ def _tool_names(messages: list[dict]) -> dict[str, str]:
     names = {}
     for m in messages:
         for call in m.get("tool_calls") or []:
-            fn = call.get("function") or {}
+            fn = call.get("function") or call.get("custom") or {}  # OpenAI custom tools: {"name", "input"}
             if call.get("id"):
                 names[call["id"]] = fn.get("name", "?")
     return names
@@ -211,8 +211,8 @@ def _pieces(messages: list[dict], names: dict[str, str]) -> list[_Piece]:
             continue
         out.append(_Piece(f"[{role} {m['name']}]" if m.get("name") else f"[{role}]", text))
         for call in m.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            args = fn.get("arguments", "")
+            fn = call.get("function") or call.get("custom") or {}
+            args = fn.get("arguments", fn.get("input", ""))
             value, is_json = _parse_json(args) if isinstance(args, str) else (args, True)
             out.append(_Piece("", value, is_json, call=str(fn.get("name", "?"))))
         if extra:  # anything else a message carries (refusal, audio ids, ...) is not dropped

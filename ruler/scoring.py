@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import json
 import logging
 import math
@@ -27,14 +28,15 @@ from typing import Any
 import litellm
 
 from judges import EMBEDDED_JUDGE, DEFAULT_RUBRIC, JudgeConfigError, JudgeOutputError, RetryPolicy, complete
-from judges.errors import JudgeUnavailableError
+from judges.errors import JudgeInputError, JudgeUnavailableError
 from judges.panel import JudgePanel, aggregate_scores
-from judges.rubrics import get_rubric
+from judges.rubrics import RubricText, get_rubric
 from ruler import budget
 from ruler.cache import CacheLike, cache_key, open_cache
 from ruler.parse import ScoreProblems, TrajectoryScore, parse_scores
 from ruler.prompt import JudgePrompt, Render, build_prompt, response_schema
-from ruler.trajectory import Limits, Trajectory, TrajectoryGroup, validate_message_lists, validate_trajectories
+from ruler.trajectory import (Limits, Trajectory, TrajectoryGroup, require_task_stated, validate_message_lists,
+                              validate_trajectories)
 
 log = logging.getLogger("ruler")
 
@@ -286,7 +288,7 @@ async def _score_within_budget(message_lists: list[list[dict]], s: _Setup, limit
                 sub = [message_lists[i] for i in idx]
                 sub_fit = budget.fit_by_truncation(sub, s.rubric, s.tools, s.render, count, limit)
                 if sub_fit is None:
-                    raise JudgeConfigError(f"a sub-group of {len(sub)} trajectories still exceeds {limit} tokens")
+                    raise JudgeInputError(f"a sub-group of {len(sub)} trajectories still exceeds {limit} tokens")
                 subs.append(sub_fit.message_lists)
             results = await asyncio.gather(*(_score_fitting(sub, s) for sub in subs))
             merged = budget.calibrate(
@@ -303,7 +305,7 @@ async def _score_panel(message_lists, panel: JudgePanel, extra_litellm_params, r
     """Every panel member judges the group (concurrently); scores are aggregated if a quorum answered."""
     async def member(model: str):
         params = {**(extra_litellm_params or {}), **panel.params.get(model, {})}
-        return await score_group_messages(message_lists, model, params, rubric, **options)
+        return await _score_checked(message_lists, model, params, rubric, **options)
 
     outcomes = await asyncio.gather(*(member(m) for m in panel.models), return_exceptions=True)
     answered = [(m, r) for m, r in zip(panel.models, outcomes) if isinstance(r, RulerResult)]
@@ -350,6 +352,30 @@ async def score_group_messages(
     _check_options(judge_model, extra_litellm_params, rubric, tools, retry, max_format_retries, render,
                    num_permutations, seed, max_prompt_tokens, limits)
     message_lists = validate_message_lists(message_lists, limits=limits)
+    return await _score_checked(
+        message_lists, judge_model, extra_litellm_params, get_rubric(rubric), tools=tools, debug=debug, cache=cache,
+        retry=retry, max_format_retries=max_format_retries, render=render, num_permutations=num_permutations,
+        seed=seed, max_prompt_tokens=max_prompt_tokens)
+
+
+async def _score_checked(
+    message_lists: list[list[dict]],
+    judge_model: str | list[str] | JudgePanel | None,
+    extra_litellm_params: dict | None,
+    rubric: RubricText,
+    *,
+    tools: list[dict] | None,
+    debug: bool,
+    cache: Any,
+    retry: RetryPolicy | None,
+    max_format_retries: int,
+    render: Render,
+    num_permutations: int,
+    seed: int,
+    max_prompt_tokens: int | None,
+) -> RulerResult:
+    """`score_group_messages` once its input passed its one check (`validate_message_lists`, or
+    `validate_trajectories` for `ruler_score_group`), its options `_check_options` and its rubric `get_rubric`."""
     if isinstance(judge_model, (list, tuple)):
         judge_model = JudgePanel(list(judge_model))
     if isinstance(judge_model, JudgePanel):
@@ -358,13 +384,13 @@ async def score_group_messages(
         return await _score_panel(
             message_lists, judge_model, extra_litellm_params, rubric, tools=tools, debug=debug, cache=cache,
             retry=retry, max_format_retries=max_format_retries, render=render, num_permutations=num_permutations,
-            seed=seed, max_prompt_tokens=max_prompt_tokens, limits=limits)
+            seed=seed, max_prompt_tokens=max_prompt_tokens)
     if not message_lists:
         return RulerResult(scores=[])
     model = judge_model or default_judge_model()
     params = dict(extra_litellm_params or {})
     provider = _provider(model, params)
-    setup = _Setup(model, provider, params, get_rubric(rubric), tools, render, open_cache(cache),
+    setup = _Setup(model, provider, params, rubric, tools, render, open_cache(cache),
                    retry or RetryPolicy(), max_format_retries, debug, num_permutations, seed)
     notes = []
     if len(message_lists) == 1:
@@ -379,6 +405,11 @@ async def score_group_messages(
                      "(set max_prompt_tokens)")
     result.notes = notes + result.notes
     return result
+
+
+_OPTION_DEFAULTS = {name: p.default for name, p in inspect.signature(score_group_messages).parameters.items()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("tools", "debug")}
+"""The options `ruler_score_group` passes on (as `score_group_messages` takes them) and their defaults."""
 
 
 def _check_options(judge_model, extra_litellm_params, rubric, tools, retry, max_format_retries, render,
@@ -474,6 +505,10 @@ async def ruler_score_group(
     add up to the group's total), `judge_cached`, and the explanation in `logs`. The input group is
     not modified. With `swallow_exceptions=True` a failure returns None instead of raising (ART's
     behaviour). Options as for `ruler`.
+
+    The group is checked once, by `validate_trajectories`: a `Choice` is judged as the policy wrote it (a
+    tool call with an empty name or of another type included), never refused by a second check of the
+    message it becomes.
     """
     if not isinstance(group, TrajectoryGroup):
         raise TypeError(f"ruler_score_group takes a TrajectoryGroup, got {type(group).__name__}")
@@ -492,10 +527,18 @@ async def ruler_score_group(
                                 "metadata": dict(t.metadata), "logs": list(t.logs), "tools": t.tools and list(t.tools)})
            for t in group.trajectories]
     try:
-        result = await score_group_messages(
-            [t.messages() for t in new], judge_model, extra_litellm_params, rubric,
-            tools=_group_tools(new), debug=debug, **options,
-        )
+        unknown = [k for k in options if k not in _OPTION_DEFAULTS]
+        if unknown:
+            raise TypeError(f"ruler_score_group() got an unexpected keyword argument {unknown[0]!r}")
+        o = {**_OPTION_DEFAULTS, **options}
+        tools = _group_tools(new)
+        _check_options(judge_model, extra_litellm_params, rubric, tools, o["retry"], o["max_format_retries"],
+                       o["render"], o["num_permutations"], o["seed"], o["max_prompt_tokens"], o["limits"])
+        message_lists = [t.messages() for t in new]
+        require_task_stated(message_lists)
+        del o["limits"]  # the trajectories were checked against them above
+        result = await _score_checked(message_lists, judge_model, extra_litellm_params, get_rubric(rubric),
+                                      tools=tools, debug=debug, **o)
     except Exception as exc:
         if swallow_exceptions:
             log.warning("RULER swallowed %s: %s", type(exc).__name__, exc)

@@ -58,10 +58,9 @@ class FakeJudge:
                         "choices": [{"index": 0, "message": message,
                                      "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
                         "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}})
-                if mode in ("500", "503"):
-                    return self._send(int(mode), {"error": {"message": "judge exploded", "type": "server_error"}})
-                if mode == "400":
-                    return self._send(400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
+                if mode in ("400", "500", "503"):  # the message names the judge's address, as real ones may
+                    return self._send(int(mode), {"error": {"message": f"judge exploded at {judge.base}",
+                                                            "type": "server_error" if mode != "400" else "bad_request"}})
                 if mode == "429":
                     return self._send(429, {"error": {"message": "rate limited", "type": "rate_limit"}},
                                       {"Retry-After": judge.retry_after})

@@ -11,7 +11,7 @@ shapes, tool calls, tool messages, finite rewards, metrics and metadata, unknown
 in `Limits`. Unknown fields are rejected, never dropped: on a trajectory (`Trajectory` forbids extra
 fields, except ART's own bookkeeping fields, which are accepted and ignored) and on a message dict.
 Extra fields on a `Choice` (an inference server's `token_ids`, `prompt_token_ids`, logprobs, ...)
-are the server's business and pass untouched.
+are the server's business and pass untouched (only nesting past `Limits.max_depth` is refused).
 """
 
 from __future__ import annotations
@@ -416,6 +416,27 @@ def _walk(value: Any, loc: tuple, limits: Limits, problems: list[Problem]) -> in
     return chars
 
 
+_CONTAINERS = (dict, list, tuple, pydantic.BaseModel)
+
+
+def _nesting_problems(value: Any, loc: tuple, limits: Limits, problems: list[Problem]) -> None:
+    """Records where a value (pydantic models included: their fields and extra fields) nests past
+    `limits.max_depth`. Only containers are visited: a Choice with thousands of logprobs costs milliseconds."""
+    stack = [(value, loc, 0)]
+    while stack:
+        v, at, depth = stack.pop()
+        if depth >= limits.max_depth:
+            problems.append(Problem(at, f"value nested more than {limits.max_depth} levels deep"))
+            continue
+        if isinstance(v, pydantic.BaseModel):
+            items = [*v.__dict__.items(), *(v.__pydantic_extra__ or {}).items()]
+        else:
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+        for k, x in items:
+            if isinstance(x, _CONTAINERS):
+                stack.append((x, (*at, k), depth + 1))
+
+
 def _tool_call_problems(calls: Any, loc: tuple, limits: Limits, problems: list[Problem]) -> int:
     if not isinstance(calls, list):
         problems.append(Problem((*loc, "tool_calls"), f"tool_calls must be a list of tool calls, got {type(calls).__name__}"))
@@ -450,7 +471,9 @@ def _message_problems(m: Any, loc: tuple, limits: Limits, problems: list[Problem
     if isinstance(m, Choice):
         # the policy's own output: its shape was checked by its model, and what it says (a malformed tool
         # call included) is for the judge to see, not a reason to refuse the group; its extra fields are the
-        # inference server's. Only its size counts here.
+        # inference server's. Only its size counts here, and how deeply its (extra) fields nest, which
+        # nothing downstream could serialise past.
+        _nesting_problems(m, loc, limits, problems)
         msg = m.message
         chars = len(msg.content or "")
         for call in msg.tool_calls or []:
@@ -564,8 +587,8 @@ def validate_trajectories(trajectories: TrajectoryGroup | Iterable[Trajectory], 
 
     The one check shared by the library, the command line, the judging service, its job worker and the
     trainer. Checks: each item is a `Trajectory` with at least one message and at most
-    `limits.max_messages`; every message is a `Choice` (the policy's output: only its size is checked, its
-    extra fields pass untouched) or a dict with a known role, only known fields
+    `limits.max_messages`; every message is a `Choice` (the policy's output: only its size and nesting depth
+    are checked, its extra fields pass untouched) or a dict with a known role, only known fields
     (`MESSAGE_FIELDS`), content that is a string or a list of parts (required except on assistant
     messages), tool calls as a list of objects each naming its function (assistant messages only),
     a `tool_call_id` on tool messages, at most `limits.max_message_chars` characters and JSON nested at
@@ -617,7 +640,14 @@ def validate_message_lists(message_lists: Any, *, limits: Limits | None = None) 
     if problems:
         raise TrajectoryError(problems[:MAX_PROBLEMS])
     out = [list(ml) for ml in message_lists]
-    if out and not any(isinstance(m, dict) and m.get("role") in ("system", "developer", "user") for ml in out for m in ml):
+    require_task_stated(out)
+    return out
+
+
+def require_task_stated(message_lists: list[list[dict]]) -> None:
+    """Raise `TrajectoryError` unless some conversation of a (non-empty) group has a system, developer or user
+    message: without one the judge cannot tell what the task was."""
+    if message_lists and not any(isinstance(m, dict) and m.get("role") in ("system", "developer", "user")
+                                 for ml in message_lists for m in ml):
         raise TrajectoryError([Problem((), "no trajectory has a system, developer or user message: the judge cannot "
                                            "tell the task")])
-    return out

@@ -48,3 +48,64 @@ def test_cli_scores_a_file_with_the_embedded_default(tmp_path, embedded_model):
     out = json.loads(res.stdout)
     assert out["metadata"]["judge_model"] == EMBEDDED_JUDGE
     assert len(out["scores"]) == 4 and all(0 <= s["score"] <= 1 for s in out["scores"])
+
+
+async def test_cancelled_and_timed_out_calls_stop_the_generation(embedded_model, monkeypatch):
+    """A thread cannot be cancelled: the generation must notice. A cancelled call stops before its next token,
+    calls queued behind it never generate, a call past its deadline (a 504, a retried job group) stops too, and
+    so does one still reading a long prompt. Uncancelled, each would take 10-25 s on a CPU."""
+    import asyncio
+    import time
+
+    import judges.embedded as emb
+    from judges import JudgeUnavailableError, RetryPolicy, complete
+
+    runs = []  # (started, ended) of every generation that reached the decoder
+    decode = embedded_model.decoder.generate
+
+    def recorded(*args, **kwargs):
+        runs.append([time.monotonic(), None])
+        try:
+            return decode(*args, **kwargs)
+        finally:
+            runs[-1][1] = time.monotonic()
+
+    monkeypatch.setattr(embedded_model.decoder, "generate", recorded)
+    story = [{"role": "user", "content": "Write a very long story about a cat and a lighthouse."}]
+
+    async def settled(since: float) -> float:
+        while emb._lock.locked() or any(end is None for _, end in runs):
+            assert time.monotonic() - since < 10, "the generation kept running after its call was cancelled"
+            await asyncio.sleep(0.01)
+        return time.monotonic() - since
+
+    calls = [asyncio.create_task(litellm.acompletion(model=EMBEDDED_JUDGE, messages=story, max_tokens=300))
+             for _ in range(3)]
+    while not runs:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+    cancelled = time.monotonic()
+    for c in calls:
+        c.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    assert await settled(cancelled) < 1.5
+    await asyncio.sleep(0.3)  # a queued call that still generated would have started by now
+    assert len(runs) == 1 and not emb._lock.locked()
+
+    runs.clear()
+    started = time.monotonic()
+    with pytest.raises(JudgeUnavailableError, match="deadline"):
+        await complete(EMBEDDED_JUDGE, story, params={"max_tokens": 300}, retry=RetryPolicy(attempts=1, deadline=1.0))
+    assert await settled(started) < 2.5 and len(runs) == 1
+
+    # a long prompt (~4,000 tokens, ~9 s to read on a CPU) is read in pieces: cancelled, it stops before decoding
+    runs.clear()
+    call = asyncio.create_task(litellm.acompletion(model=EMBEDDED_JUDGE, max_tokens=300, messages=[
+        {"role": "user", "content": "Summarise: " + "the lighthouse keeper's cat " * 700}]))
+    while not emb._lock.locked():
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)
+    cancelled = time.monotonic()
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    assert await settled(cancelled) < 3.0 and runs == []

@@ -461,6 +461,8 @@ def service_config(tmp_path: Path, judge, **overrides) -> ServiceConfig:
     rubrics = tmp_path / "rubrics"
     rubrics.mkdir(exist_ok=True)
     (rubrics / "house-style.txt").write_text("- Answers must cite the email they come from.\n")
+    (rubrics / "one-word.txt").write_text("Correctness")  # rubric text that reads like a name ...
+    (rubrics / "doc-ref.md").write_text("Follow policy.md")  # ... or like a path: text all the same
     return ServiceConfig(**{"db_path": str(tmp_path / "svc.db"), "judge_model": MODEL, "judge_params": judge.params,
                             "cache": False, "max_trajectories": 8, "max_messages": 16, "max_message_chars": 4000,
                             "max_body_bytes": 1_000_000, "rubric_dir": str(rubrics), "max_prompt_tokens": 100_000,
@@ -571,6 +573,52 @@ def test_service_jobs_reject_bad_input_before_queueing(svc, judge, case, payload
     assert svc.store.queue_depth() == before and judge.requests == []
 
 
+def nested_list(depth: int):
+    value: object = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+DEEP_CHOICE = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "GOOD a"},
+               "token_logprobs": nested_list(600)}  # a Choice's extra fields are the server's, but not unbounded
+
+
+@pytest.mark.parametrize("case,items,loc", [
+    ("args-nested-600", [traj(msgs({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": nested_list(600)}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x"})), traj()],
+     [0, "messages_and_choices", 2, "tool_calls", 0, "function", "arguments", "a"]),
+    ("tool-schema-nested-240", [traj(tools=[{"type": "function", "function": {"name": "f", "parameters": nested(240)}}]),
+                                traj()], [0, "tools", 0, "function", "parameters"]),
+    ("choice-extra-nested-600", [traj(msgs(DEEP_CHOICE)), traj()], [0, "messages_and_choices", 2, "token_logprobs"]),
+])
+@pytest.mark.parametrize("idempotency_key", [None, "deep-1"])
+def test_service_deep_nesting_is_422_with_or_without_an_idempotency_key(svc, judge, case, items, loc, idempotency_key):
+    """Checked before anything serialises the request (the idempotency digest, the job's stored copy, the answer)."""
+    headers = {"Idempotency-Key": f"{idempotency_key}-{case}"} if idempotency_key else None
+    for path, payload, where in (("/v1/score", body(items), ["body", "trajectories"]),
+                                 ("/v1/jobs", {"groups": [body(items)]}, ["body", "groups", 0, "trajectories"])):
+        r = svc.post(path, payload, headers)
+        assert r.status_code == 422, (path, r.text)
+        detail = r.json()["detail"][0]
+        assert detail["loc"][:len(where) + len(loc)] == where + loc, detail
+        assert "value nested more than 32 levels deep" in detail["msg"]
+    assert judge.requests == []
+
+
+def test_service_idempotency_key_replays_by_the_bytes_sent(svc, judge):
+    data = json.dumps(body()).encode()
+    first = svc.post("/v1/score", data, {"Idempotency-Key": "bytes-1"})
+    again = svc.post("/v1/score", data, {"Idempotency-Key": "bytes-1"})
+    assert first.status_code == again.status_code == 200 and first.json() == again.json() and len(judge.requests) == 1
+    r = svc.post("/v1/score", json.dumps(body(), indent=1).encode(), {"Idempotency-Key": "bytes-1"})
+    assert r.status_code == 422 and "already used with a different request body" in r.text
+    job = {"groups": [body()]}
+    first = svc.post("/v1/jobs", job, {"Idempotency-Key": "bytes-2"})
+    assert first.status_code == 202 and svc.post("/v1/jobs", job, {"Idempotency-Key": "bytes-2"}).json() == first.json()
+
+
 def test_service_unknown_jobs_are_404(svc):
     for method in ("GET", "DELETE"):
         r = httpx.request(method, f"{svc.base}/v1/jobs/../../etc/passwd", headers=svc.headers)
@@ -600,6 +648,26 @@ def test_service_never_reads_a_file_a_client_names(svc, judge, tmp_path):
     assert SECRET not in json.dumps(judge.requests)
 
 
+def test_service_never_reads_a_file_a_client_names_even_without_a_path_shape(svc, judge, tmp_path, monkeypatch):
+    """Marker files with no extension, in the service's working folder, named by bare relative paths (no `./`,
+    no `/`, no suffix): nothing about the value says "path", and still no file is opened."""
+    monkeypatch.chdir(tmp_path)  # the service runs in this process: this is its working folder
+    (tmp_path / "house").write_text(SECRET)
+    (tmp_path / "team notes").mkdir()
+    (tmp_path / "team notes" / "house").write_text(SECRET)
+    for path in ("/v1/score", "/v1/jobs"):
+        make = (lambda rubric: body(rubric=rubric)) if path == "/v1/score" else (
+            lambda rubric: {"groups": [body()], "rubric": rubric})
+        r = svc.post(path, make("house"))  # one word: no rubric of that name, and too short to be rubric text
+        assert r.status_code == 422 and "unknown rubric 'house'" in r.json()["detail"][0]["msg"], r.text
+        r = svc.post(path, make("team notes/house"))  # words: rubric text, sent as written
+        assert r.status_code in (200, 202), r.text
+        if path == "/v1/jobs":
+            assert wait_job(svc.base, svc.key, r.json()["job_id"])["results"][0]["status"] == "done"
+        assert "team notes/house" in judge.requests[-1]["messages"][0]["content"]
+    assert len(judge.requests) == 2 and SECRET not in json.dumps(judge.requests)
+
+
 def test_service_chunked_body_over_the_limit_gets_413(svc, judge):
     def chunks(total: int = 11_400_000, size: int = 64 * 1024):
         yield b'{"trajectories": [{"messages_and_choices": [{"role": "user", "content": "'
@@ -612,6 +680,57 @@ def test_service_chunked_body_over_the_limit_gets_413(svc, judge):
     assert r.status_code == 413 and r.json()["detail"] == "request body over 1000000 bytes"
     assert judge.requests == []
     assert svc.post("/v1/score", body()).status_code == 200  # and the service keeps serving
+
+
+def trickle(port: int, key: str, chunked: bool, gap_s: float = 0.2, pieces: int = 20) -> tuple[str, float]:
+    """POST a valid body a piece every `gap_s` (4 s in all unless cut off); the status line and when it came."""
+    import select
+    import socket
+
+    data = json.dumps(body()).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"POST /v1/score HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                     "Content-Type: application/json\r\n".encode()
+                     + (b"Transfer-Encoding: chunked\r\n\r\n" if chunked else f"Content-Length: {len(data)}\r\n\r\n".encode()))
+        started = time.monotonic()
+        for i in range(pieces):
+            if select.select([sock], [], [], gap_s)[0]:
+                break  # the server answered (and stopped reading)
+            piece = data[i * len(data) // pieces:(i + 1) * len(data) // pieces]
+            sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n" if chunked else piece)
+        else:
+            if chunked:
+                sock.sendall(b"0\r\n\r\n")
+        answer = sock.recv(4096).decode()
+        return answer.split("\r\n")[0], time.monotonic() - started
+
+
+def test_service_body_timeout_cuts_off_a_trickled_body_at_the_deadline(tmp_path, judge):
+    """Each piece arrives well within the deadline, the whole body does not: 408 at the deadline, however paced."""
+    service = Service(service_config(tmp_path, judge, body_timeout_s=1.0))
+    try:
+        for chunked in (False, True):
+            status, seconds = trickle(service.port, service.key, chunked)
+            assert status == "HTTP/1.1 408 Request Timeout" and 0.9 < seconds < 2.0, (chunked, status, seconds)
+        assert service.post("/v1/score", body()).status_code == 200  # a body sent at once is fine; still serving
+    finally:
+        service.stop()
+    assert len(judge.requests) == 1
+
+
+def test_serve_body_timeout_flag_reaches_the_service(tmp_path, monkeypatch):
+    import uvicorn
+
+    from ruler.cli import app as ruler_cli
+
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
+    res = runner.invoke(ruler_cli, ["serve", "--db", str(tmp_path / "svc.db"), "--judge", MODEL, "--body-timeout", "2.5"])
+    assert res.exit_code == 0, res.output
+    assert started["app"].state.config.body_timeout_s == 2.5
+    assert ServiceConfig().body_timeout_s == 60.0
+    res = runner.invoke(ruler_cli, ["serve", "--db", str(tmp_path / "svc.db"), "--body-timeout", "0"])
+    assert res.exit_code == 2 and "--body-timeout" in res.output
 
 
 def test_service_api_base_from_the_allow_list_is_used(tmp_path, judge):
@@ -640,6 +759,42 @@ def test_service_silent_judge_is_504_within_the_group_deadline(tmp_path, judge):
             assert time.monotonic() - started < 4
         finally:
             service.stop()
+
+
+@pytest.mark.parametrize("fault,status,says", [
+    ("503", 503, "judge failed: the judge is unavailable"),
+    ("400", 422, "the judge refused the request or is misconfigured"),
+    ("malformed", 503, "judge failed: the judge's answers held no valid scores"),
+])
+def test_service_errors_name_the_kind_of_failure_not_the_judges_internals(tmp_path, judge, caplog, fault, status,
+                                                                             says):
+    """The judge's reply names its address: clients get the kind of failure, the operator's log the detail."""
+    judge.script = [fault] * 20
+    service = Service(service_config(tmp_path, judge, judge_retries=0, max_group_attempts=1))
+    try:
+        r = service.post("/v1/score", body())
+        job = service.post("/v1/jobs", {"groups": [body()]}).json()["job_id"]
+        state = wait_job(service.base, service.key, job)
+    finally:
+        service.stop()
+    assert r.status_code == status and says in r.json()["detail"], r.text
+    error = state["results"][0]["error"]
+    assert state["results"][0]["status"] == "error" and says.removeprefix("judge failed: ") in error, error
+    for answer in (r.text, json.dumps(state)):
+        assert judge.base.split("/v1")[0] not in answer and "exploded" not in answer
+    if fault != "malformed":
+        assert f"judge exploded at {judge.base}" in caplog.text  # the operator can still see what happened
+
+
+def test_service_errors_about_the_request_itself_are_passed_on(svc, judge):
+    only_agent = [traj([{"role": "assistant", "content": "GOOD"}]), traj([{"role": "assistant", "content": "BAD"}])]
+    r = svc.post("/v1/score", body(only_agent))
+    assert r.status_code == 422 and "no trajectory has a system, developer or user message" in r.json()["detail"]
+    long = [traj(msgs(USER, answer=f"GOOD {i} " + "word " * 700)) for i in range(2)]
+    long[0]["messages_and_choices"][1] = {"role": "user", "content": "When? " + "context " * 450}
+    r = svc.post("/v1/score", body(long, max_prompt_tokens=256))
+    assert r.status_code == 422 and "the judge's budget of 256 tokens cannot hold even one trajectory" in r.text, r.text
+    assert judge.requests == []
 
 
 # --- the job worker ------------------------------------------------------------------------------
@@ -743,7 +898,84 @@ def test_an_unexpected_exception_ends_the_group_once_and_the_service_keeps_servi
     finally:
         service.stop()
     assert state["results"][0] == {"index": 0, "status": "error", "attempts": 1, "result": None,
-                                   "error": "internal error: OperationalError: disk I/O error"}
+                                   "error": "internal error: OperationalError"}
+
+
+class FlakyStore:
+    """The worker's database, failing on demand: `fail[name](*args)` true makes that call raise, as a locked or
+    broken SQLite file does."""
+
+    def __init__(self, store: Store):
+        self.store, self.fail = store, {}
+
+    def __getattr__(self, name):
+        real = getattr(self.store, name)
+
+        def call(*args, **kwargs):
+            if name in self.fail and self.fail[name](*args):
+                raise sqlite3.OperationalError("disk I/O error")
+            return real(*args, **kwargs)
+        return call
+
+
+def health(service) -> httpx.Response:
+    return httpx.get(f"{service.base}/healthz", timeout=10)
+
+
+def wait_health(service, until, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    while not until(r := health(service)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return r
+
+
+def test_the_worker_survives_database_errors_and_healthz_says_when_it_fails_or_dies(tmp_path, judge):
+    service = Service(service_config(tmp_path, judge))
+    worker = service.server.config.app.state.worker
+    flaky = worker.store = FlakyStore(worker.store)
+    try:
+        assert health(service).json() == {"status": "ok", "queue_depth": 0, "worker": "running"}
+        flaky.fail["pending_groups"] = lambda *a: True
+        r = wait_health(service, lambda r: r.status_code == 503)
+        assert r.status_code == 503 and r.json()["worker"] == "failing" and r.json()["error"] == "OperationalError"
+        job = service.post("/v1/jobs", {"groups": [body()]}).json()["job_id"]  # accepted: the endpoint's own store
+        time.sleep(0.3)
+        assert judge.requests == []
+        del flaky.fail["pending_groups"]  # the database answers again: the loop carries on
+        state = wait_job(service.base, service.key, job)
+        assert state["results"][0]["status"] == "done" and len(judge.requests) == 1
+        assert wait_health(service, lambda r: r.status_code == 200).json()["worker"] == "running"
+        loop = worker._task.get_loop()
+        loop.call_soon_threadsafe(worker._task.cancel)  # the loop ends, whatever the reason
+        r = wait_health(service, lambda r: r.status_code == 503)
+        assert r.status_code == 503 and r.json() == {"status": "error", "queue_depth": 0, "worker": "stopped"}
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("both_writes_fail", [False, True])
+def test_a_group_whose_result_cannot_be_saved_ends_error_not_running(tmp_path, judge, both_writes_fail):
+    service = Service(service_config(tmp_path, judge, max_group_attempts=1))
+    worker = service.server.config.app.state.worker
+    flaky = worker.store = FlakyStore(worker.store)
+    broken = {"on": True}
+    flaky.fail["finish_group"] = lambda job, idx, result, error: broken["on"] and (both_writes_fail or result is not None)
+    if both_writes_fail:  # the database is down for a while
+        flaky.fail["give_up_exhausted"] = lambda *a: broken["on"]
+    try:
+        job = service.post("/v1/jobs", {"groups": [body()]}).json()["job_id"]
+        if both_writes_fail:
+            time.sleep(1.0)
+            assert wait_job(service.base, service.key, job, timeout=0)["results"][0]["status"] == "running"
+            broken["on"] = False  # the database answers again
+        state = wait_job(service.base, service.key, job)
+    finally:
+        service.stop()
+    assert state["status"] == "done" and state["results"][0]["status"] == "error", state
+    assert state["results"][0]["error"] == (
+        "gave up after 1 attempt(s): the result of the last attempt could not be saved" if both_writes_fail else
+        "internal error: the result could not be saved (OperationalError)")
+    assert len(judge.requests) == 1
 
 
 def test_cancel_stops_groups_in_flight_and_nothing_more_is_judged(tmp_path, judge):
@@ -768,15 +1000,108 @@ def test_cancel_stops_groups_in_flight_and_nothing_more_is_judged(tmp_path, judg
     assert statuses.count("cancelled") >= 3 and all(s in ("done", "cancelled") for s in statuses)
 
 
-def test_a_choice_is_judged_as_the_policy_wrote_it():
-    """A generated tool call with an empty name is the policy's mistake for the judge to see, not bad input."""
-    choice = Choice.model_validate({"index": 0, "finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": "x" * 100, "tool_calls": [{"id": "c1", "type": "function",
-                                                                   "function": {"name": "", "arguments": "{"}}]}})
+POLICY_CALLS = {  # tool calls a policy may generate: for the judge to see, not a reason to refuse the group
+    "empty-name": {"id": "c1", "type": "function", "function": {"name": "", "arguments": "{budget memo"}},
+    "custom-tool": {"id": "c1", "type": "custom", "custom": {"name": "grep_inbox", "input": "budget memo"}},
+}
+
+
+def policy_choice(call: dict, content: str = "GOOD a") -> Choice:
+    return Choice.model_validate({"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": content, "tool_calls": [call]}})
+
+
+def test_a_choice_is_checked_for_size_only():
+    choice = policy_choice(POLICY_CALLS["empty-name"], "x" * 100)
     validate_trajectories([Trajectory(messages_and_choices=[SYSTEM, USER, choice])])
-    with pytest.raises(TrajectoryError, match="^trajectory 1, message 3: message has 101 characters; the limit is 80$"):
+    with pytest.raises(TrajectoryError, match="^trajectory 1, message 3: message has 112 characters; the limit is 80$"):
         validate_trajectories([Trajectory(messages_and_choices=[SYSTEM, USER, choice])],
                               limits=Limits(max_message_chars=80))
+
+
+@pytest.mark.parametrize("case", list(POLICY_CALLS))
+async def test_a_choice_is_judged_as_the_policy_wrote_it(svc, judge, case):
+    """Checked once: what `validate_trajectories` accepts is judged, by the library, /v1/score and a job."""
+    group = TrajectoryGroup([Trajectory(messages_and_choices=[SYSTEM, USER, policy_choice(POLICY_CALLS[case])]),
+                             Trajectory(messages_and_choices=msgs(answer="BAD b"))])
+    scored = await ruler_score_group(group, MODEL, judge.params, retry=FAST)
+    assert [t.reward for t in scored] == [0.9, 0.1]
+    assert "budget memo" in judge.requests[-1]["messages"][-1]["content"]  # the call's arguments reach the judge
+    data = group.model_dump(mode="json", exclude={"exceptions"})
+    r = svc.post("/v1/score", data)
+    assert r.status_code == 200 and [s["score"] for s in r.json()["scores"]] == [0.9, 0.1], r.text
+    job = svc.post("/v1/jobs", {"groups": [data]}).json()["job_id"]
+    state = wait_job(svc.base, svc.key, job)
+    assert state["results"][0]["status"] == "done", state
+    assert [s["score"] for s in state["results"][0]["result"]["scores"]] == [0.9, 0.1]
+
+
+async def test_ruler_score_group_still_needs_the_task_and_known_options(judge):
+    only_agent = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "assistant", "content": a}])
+                                  for a in ("GOOD", "BAD")])
+    with pytest.raises(TrajectoryError, match="no trajectory has a system, developer or user message"):
+        await ruler_score_group(only_agent, MODEL, judge.params, retry=FAST)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_permutation'"):
+        await ruler_score_group(ok_group(), MODEL, judge.params, num_permutation=2)
+    assert await ruler_score_group(only_agent, MODEL, judge.params, swallow_exceptions=True) is None
+    assert judge.requests == []
+
+
+@pytest.mark.parametrize("name,text", [("one-word", "Correctness"), ("doc-ref", "Follow policy.md")])
+def test_a_folder_rubric_is_judged_by_its_text_whatever_it_reads_like(svc, judge, name, text):
+    """The service resolves a rubric once; its text is never taken for a name or a path again (score and jobs)."""
+    r = svc.post("/v1/score", body(rubric=name))
+    assert r.status_code == 200, r.text
+    assert text in judge.requests[-1]["messages"][0]["content"]
+    job = svc.post("/v1/jobs", {"groups": [body()], "rubric": name}).json()["job_id"]
+    assert wait_job(svc.base, svc.key, job)["results"][0]["status"] == "done"
+    assert text in judge.requests[-1]["messages"][0]["content"] and len(judge.requests) == 2
+
+
+async def test_library_rubric_text_marked_as_text_is_never_taken_for_a_name(judge):
+    from judges import RubricText
+
+    with pytest.raises(JudgeConfigError, match="unknown rubric 'Correctness'"):
+        await ruler_score_group(ok_group(), MODEL, judge.params, "Correctness", retry=FAST)
+    assert judge.requests == []
+    for text in ("Correctness", "Follow policy.md", "efficiency"):
+        await ruler_score_group(ok_group(), MODEL, judge.params, RubricText(text), retry=FAST, cache=False)
+        assert f"\n{text}\n" in judge.requests[-1]["messages"][0]["content"]  # as written, not looked up
+
+
+def test_cli_rubric_file_is_judged_by_its_text_whatever_it_reads_like(tmp_path, judge):
+    rubric = tmp_path / "mine.txt"
+    rubric.write_text("Correctness")
+    res = runner.invoke(cli, ["score", str(write(tmp_path, GOOD_FILE)), "--judge", MODEL, "--api-base", judge.base,
+                              "--rubric", str(rubric), "--no-cache"], env=ENV)
+    assert res.exit_code == 0, res.output
+    assert "Correctness" in judge.requests[-1]["messages"][0]["content"]
+
+
+def test_the_worker_checks_a_stored_job_against_the_service_as_configured_now(tmp_path, judge):
+    """Jobs stored by an older or differently configured process: every option is checked again before judging."""
+    db = tmp_path / "svc.db"
+    stored = {"judge-not-offered": ({"judge_model": "openai/gpt-4o"}, "judge 'openai/gpt-4o' is not offered here"),
+              "api-base-not-allowed": ({"api_base": "http://169.254.169.254/v1"}, "is not allowed here"),
+              "k-over-cap": ({"num_permutations": 9}, "num_permutations 9: at most 8 orderings here"),
+              "prompt-tokens-over-cap": ({"max_prompt_tokens": 200_000}, "max_prompt_tokens 200000: from 256 to 100000"),
+              "legacy-rubric-name": ({"rubric": "efficiency"}, None)}
+    jobs = {case: insert_job(db, [{"trajectories": GOOD_FILE["trajectories"]}],
+                             {"judge_model": MODEL, "rubric": "default", **options})
+            for case, (options, _) in stored.items()}
+    service = Service(service_config(tmp_path, judge))
+    try:
+        for case, (key, job_id) in jobs.items():
+            result = wait_job(service.base, key, job_id)["results"][0]
+            message = stored[case][1]
+            if message is None:
+                assert result["status"] == "done", result
+            else:
+                assert result["status"] == "error" and result["error"].startswith("JudgeInputError: ") \
+                    and message in result["error"], (case, result)
+    finally:
+        service.stop()
+    assert len(judge.requests) == 1 and "fewer turns" in judge.requests[0]["messages"][0]["content"]
 
 
 def test_whatever_passes_validation_can_be_rendered_and_serialised():

@@ -1,6 +1,6 @@
 """The judging service: FastAPI app with API keys, limits, persistent jobs, idempotency and metrics.
 
-    POST /v1/score        one group, judged now          GET /healthz   liveness, open
+    POST /v1/score        one group, judged now          GET /healthz   open; 503 if the DB or worker fails
     POST /v1/jobs         many groups, 202 + job id      GET /metrics   Prometheus (key optional)
     GET  /v1/jobs/{id}    status and results so far      /docs          the OpenAPI contract
     DELETE /v1/jobs/{id}  cancel: waiting groups are dropped, groups being judged are stopped
@@ -30,8 +30,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from pydantic import BaseModel, ConfigDict, Field
 
 from judges.completion import RetryPolicy
-from judges.errors import JudgeConfigError, JudgeError
-from judges.rubrics import MAX_RUBRIC_CHARS, get_rubric, load_rubric_folder
+from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
+from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, RubricText, get_rubric, load_rubric_folder
 from ruler.advantages import group_advantages
 from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, ruler_score_group
 from ruler.service.store import Store
@@ -63,7 +63,7 @@ class ServiceConfig:
     max_inflight_per_key: int = 32            # concurrent /v1/score requests per key
     judge_timeout_s: float = 600.0            # one group's judging; past it the group is an error result
     judge_retries: int = 4                    # retries of one judge call on 429/5xx/timeouts, within the above
-    body_timeout_s: float = 30.0              # longest wait for the next piece of a request body (slow-loris)
+    body_timeout_s: float = 60.0              # the whole request body must arrive within this of its headers: 408
     worker_concurrency: int = 8
     max_group_attempts: int = 3               # a job group whose judge stays unavailable is tried this often
     group_retry_s: float = 5.0                # wait before a group's 2nd attempt; doubles each time, <= 300 s
@@ -102,7 +102,8 @@ class RequestGuard:
 
     - the body may not exceed `max_bytes`: a larger `Content-Length` is refused before the app runs, and
       the bytes that arrive are counted too, so a chunked (or lying) body is cut off at the limit: 413;
-    - each piece of the body must arrive within `body_timeout_s` of the previous one (slow-loris): 408;
+    - the whole body must arrive within `body_timeout_s` of the request reaching the app, however it is
+      paced (a body trickled a byte at a time is cut off at the deadline, not kept open piece by piece): 408;
     - an unhandled exception is a 500 "internal error" (logged), never a dropped connection.
     After a 413 or 408 the app below sees the client as gone and nothing else is sent.
     """
@@ -123,10 +124,11 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = time.perf_counter()
+        deadline = time.monotonic() + self.body_timeout_s
         state = {"status": None, "refused": False, "received": 0, "body_done": False}
 
         async def next_piece():
-            return await asyncio.wait_for(receive(), self.body_timeout_s)
+            return await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
 
         async def guarded_receive():
             if state["refused"]:
@@ -137,7 +139,7 @@ class RequestGuard:
                 message = await next_piece()
             except TimeoutError:
                 state["refused"] = True
-                await self._reply(send, 408, f"request body too slow: nothing for {self.body_timeout_s:g} s")
+                await self._reply(send, 408, f"request body too slow: not complete within {self.body_timeout_s:g} s")
                 state["status"] = 408
                 return {"type": "http.disconnect"}
             if message["type"] == "http.request":
@@ -396,16 +398,15 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         except JudgeConfigError as exc:
             refuse("rubric", str(exc))
         return {"judge_model": judge_for(body.judge_model), "api_base": body.api_base, "rubric": rubric,
-                "num_permutations": body.num_permutations,
+                "rubric_resolved": True, "num_permutations": body.num_permutations,
                 "max_prompt_tokens": body.max_prompt_tokens or cfg.max_prompt_tokens}
 
-    def idempotent(key_id: str, idem: str | None, body: BaseModel):
+    async def idempotent(key_id: str, idem: str | None, request: Request):
+        """(a stored answer to replay or None, the request's digest or None). Called once the request passed
+        every check; the digest is of the bytes the client sent, so nothing is serialised again here."""
         if not idem:
             return None, None
-        if len(idem) > MAX_IDEMPOTENCY_KEY_CHARS:
-            raise HTTPException(422, [{"loc": ["header", "idempotency-key"], "type": "value_error",
-                                       "msg": f"at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"}])
-        digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+        digest = hashlib.sha256(await request.body()).hexdigest()
         found = store.idempotent_response(key_id, idem)
         if found is None:
             return None, digest
@@ -414,8 +415,17 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return JSONResponse(found["response"], status_code=found["status"]), digest
 
     @app.get("/healthz")
-    def healthz() -> dict:
-        return {"status": "ok", "queue_depth": store.queue_depth()}
+    def healthz():
+        """200 while the database answers and the job worker runs; 503 saying which is not."""
+        state = worker.health()
+        try:
+            depth = store.queue_depth()
+        except Exception as exc:
+            log.warning("healthz: the database did not answer: %s: %s", type(exc).__name__, exc)
+            return JSONResponse({"status": "error", "database": "unavailable", **state}, status_code=503)
+        if state["worker"] != "running":
+            return JSONResponse({"status": "error", "queue_depth": depth, **state}, status_code=503)
+        return {"status": "ok", "queue_depth": depth, **state}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics_endpoint(authorization: str | None = Header(None)):
@@ -424,14 +434,20 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         metrics.queue.set(store.queue_depth())
         return PlainTextResponse(generate_latest(metrics.registry).decode())
 
+    def check_idempotency_key(idem: str | None) -> None:
+        if idem and len(idem) > MAX_IDEMPOTENCY_KEY_CHARS:
+            raise HTTPException(422, [{"loc": ["header", "idempotency-key"], "type": "value_error",
+                                       "msg": f"at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"}])
+
     @app.post("/v1/score", response_model=ScoreResponse)
-    async def score(body: ScoreRequest, key_id: str = Depends(rate_limited),
+    async def score(body: ScoreRequest, request: Request, key_id: str = Depends(rate_limited),
                     idempotency_key: str | None = Header(None)):
-        replay, digest = idempotent(key_id, idempotency_key, body)
-        if replay is not None:
-            return replay
+        check_idempotency_key(idempotency_key)
         _check_group(cfg, body.trajectories, body.metadata, ["body"])
         options = options_for(body)
+        replay, digest = await idempotent(key_id, idempotency_key, request)
+        if replay is not None:
+            return replay
         limiter.inflight[key_id] = limiter.inflight.get(key_id, 0) + 1
         try:
             result = await score_group(TrajectoryGroup(body.trajectories, metadata=body.metadata), options)
@@ -449,18 +465,18 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
             raise HTTPException(504, f"the judge did not answer within {cfg.judge_timeout_s:g} s")
         except (JudgeConfigError, ValueError, TypeError) as exc:
             metrics.errors.labels("bad_request").inc()
-            raise HTTPException(422, str(exc))
+            log.warning("group not judged: %s: %s", type(exc).__name__, exc)
+            raise HTTPException(422, public_error(exc))
         except JudgeError as exc:
             metrics.errors.labels("judge").inc()
-            raise HTTPException(503, f"judge failed: {exc}", headers={"Retry-After": "5"})
+            log.warning("group not judged: %s: %s", type(exc).__name__, exc)
+            raise HTTPException(503, f"judge failed: {public_error(exc)}", headers={"Retry-After": "5"})
         return group_result(scored, metrics)
 
     @app.post("/v1/jobs", status_code=202)
-    async def create_job(body: JobRequest, key_id: str = Depends(rate_limited),
+    async def create_job(body: JobRequest, request: Request, key_id: str = Depends(rate_limited),
                          idempotency_key: str | None = Header(None)):
-        replay, digest = idempotent(key_id, idempotency_key, body)
-        if replay is not None:
-            return replay
+        check_idempotency_key(idempotency_key)
         if not body.groups:
             raise HTTPException(422, [{"loc": ["body", "groups"], "msg": "a job needs at least one group",
                                        "type": "value_error"}])
@@ -470,6 +486,9 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         for g, group in enumerate(body.groups):
             _check_group(cfg, group.trajectories, group.metadata, ["body", "groups", g])
         options = options_for(body)
+        replay, digest = await idempotent(key_id, idempotency_key, request)
+        if replay is not None:
+            return replay
         job_id = store.create_job(key_id, [g.model_dump(mode="json") for g in body.groups], options)
         worker.wake()
         answer = {"job_id": job_id, "status": "pending", "groups": len(body.groups)}
@@ -500,24 +519,68 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     return app
 
 
+def public_error(exc: BaseException) -> str:
+    """What a client is told about a failure while its group was judged. A message about the client's own
+    request (`TrajectoryError`, `JudgeInputError`) is passed on; any other says only what kind of failure it
+    was: the judge's addresses, credentials and replies stay in the service's log."""
+    if isinstance(exc, (TrajectoryError, JudgeInputError)):
+        return str(exc)
+    if isinstance(exc, JudgeUnavailableError):
+        return "the judge is unavailable (details in the service's log)"
+    if isinstance(exc, JudgeOutputError):
+        return "the judge's answers held no valid scores (details in the service's log)"
+    if isinstance(exc, JudgeConfigError):
+        return "the judge refused the request or is misconfigured (details in the service's log)"
+    return "the group could not be judged (details in the service's log)"
+
+
 def api_base_allowed(cfg: ServiceConfig, api_base: str) -> bool:
     return api_base.rstrip("/") in {a.rstrip("/") for a in cfg.allowed_api_bases}
+
+
+def checked_options(cfg: ServiceConfig, options: dict) -> dict:
+    """A job's stored options checked again against the service as it is configured now (a job stored by an
+    older process, or before the operator narrowed what clients may choose): the judge, api_base,
+    num_permutations and max_prompt_tokens must still be allowed. JudgeInputError names the first that is not.
+    The rubric is the text the endpoint resolved (`rubric_resolved`), never looked up again; a job stored
+    before rubrics were resolved may hold a built-in name, which is looked up."""
+    if not isinstance(options, dict):
+        raise JudgeConfigError("the job's stored options are not an object")
+    judge = options.get("judge_model")
+    if judge is not None and judge != cfg.judge_model and judge not in (cfg.allowed_judges or ()):
+        raise JudgeInputError(f"judge {judge!r} is not offered here")
+    api_base = options.get("api_base")
+    if api_base is not None and (not isinstance(api_base, str) or not api_base_allowed(cfg, api_base)):
+        raise JudgeInputError(f"api_base {api_base!r} is not allowed here")
+    k = options.get("num_permutations") or 1
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= cfg.max_permutations:
+        raise JudgeInputError(f"num_permutations {k!r}: at most {cfg.max_permutations} orderings here")
+    tokens = options.get("max_prompt_tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                               or not MIN_PROMPT_TOKENS <= tokens <= (cfg.max_prompt_tokens or MAX_PROMPT_TOKENS)):
+        raise JudgeInputError(f"max_prompt_tokens {tokens!r}: from {MIN_PROMPT_TOKENS} to "
+                               f"{cfg.max_prompt_tokens or MAX_PROMPT_TOKENS} here")
+    rubric = options.get("rubric") or "default"
+    if not isinstance(rubric, str) or len(rubric) > MAX_RUBRIC_CHARS:
+        raise JudgeConfigError("the job's stored rubric is not rubric text")
+    text = rubric if options.get("rubric_resolved") else RUBRICS.get(rubric, rubric)
+    return {"judge_model": judge, "api_base": api_base, "rubric": RubricText(text), "num_permutations": k,
+            "max_prompt_tokens": tokens}
 
 
 async def judge_with_config(cfg: ServiceConfig, group: TrajectoryGroup, options: dict) -> TrajectoryGroup:
     """`ruler_score_group` as the service runs it: its judge credentials, cache, limits, retries and time limit,
     and the client's options as resolved by the endpoint (judge_model, api_base, rubric text, num_permutations,
-    max_prompt_tokens). Raises asyncio.TimeoutError past `judge_timeout_s`."""
+    max_prompt_tokens), checked again by `checked_options`. Raises asyncio.TimeoutError past `judge_timeout_s`."""
+    options = checked_options(cfg, options)
     params = dict(cfg.judge_params)
-    if options.get("api_base") is not None:
-        if not api_base_allowed(cfg, options["api_base"]):  # e.g. a job stored before the allow-list changed
-            raise JudgeConfigError(f"api_base {options['api_base']!r} is not allowed here")
+    if options["api_base"] is not None:
         params["api_base"] = options["api_base"]
     retry = RetryPolicy(attempts=cfg.judge_retries + 1)  # the whole group is bounded by judge_timeout_s below
     return await asyncio.wait_for(ruler_score_group(
-        group, options.get("judge_model"), params or None, options.get("rubric") or "default",
-        cache=cfg.cache, num_permutations=options.get("num_permutations") or 1, retry=retry,
-        max_prompt_tokens=options.get("max_prompt_tokens"), limits=cfg.limits), cfg.judge_timeout_s)
+        group, options["judge_model"], params or None, options["rubric"], cache=cfg.cache,
+        num_permutations=options["num_permutations"], retry=retry, max_prompt_tokens=options["max_prompt_tokens"],
+        limits=cfg.limits), cfg.judge_timeout_s)
 
 
 def group_result(scored: TrajectoryGroup, metrics: Metrics | None = None) -> dict:

@@ -199,17 +199,20 @@ class Store:
             self._close_job_if_finished(db, job_id, now)
             db.execute("COMMIT")
 
-    def give_up_exhausted(self, max_attempts: int) -> list[dict]:
-        """At start: groups left unfinished at their attempt budget become 'error' instead of being resumed."""
+    def give_up_exhausted(self, max_attempts: int, skip: set[tuple[str, int]] = frozenset(),
+                          running: str = "the last attempt never finished (the service stopped while judging it)"
+                          ) -> list[dict]:
+        """Groups left unfinished at their attempt budget become 'error' instead of being resumed: at start, and
+        while running for groups whose end could not be written (`skip`: (job, index) of groups being judged
+        now; `running`: why a group left 'running' ended)."""
         now = time.time()
         with self.connect() as db:
             db.execute("BEGIN IMMEDIATE")
             rows = [dict(r) for r in db.execute(
                 "SELECT job_id, idx, status, attempts, error FROM job_groups WHERE status IN ('pending', 'running') "
-                "AND attempts >= ?", (max_attempts,))]
+                "AND attempts >= ?", (max_attempts,)) if (r["job_id"], r["idx"]) not in skip]
             for r in rows:
-                why = ("the last attempt never finished (the service stopped while judging it)"
-                       if r["status"] == "running" else f"last error: {r['error']}")
+                why = running if r["status"] == "running" else f"last error: {r['error']}"
                 db.execute("UPDATE job_groups SET status = 'error', error = ?, updated = ? WHERE job_id = ? AND idx = ?",
                            (f"gave up after {r['attempts']} attempt(s): {why}"[:MAX_ERROR_CHARS], now,
                             r["job_id"], r["idx"]))

@@ -2,13 +2,19 @@
 
 It reads unfinished groups from the database, so after a crash or restart it picks up where the last
 process stopped (a group that was running is judged again; its first result was never committed).
-Every group ends: whatever goes wrong while judging it makes it `error` with the message, except a
+Every group ends: whatever goes wrong while judging it makes it `error` with a message (the exception's
+type, and its text where it is about the client's request: `public_error`; the detail is logged), except a
 judge that is unavailable (timeouts, 429/5xx after the call's own retries), which puts the group back
 with a backoff (`group_retry_s`, doubling, at most `MAX_BACKOFF_S`) until `max_group_attempts` attempts
 are spent. An attempt is counted when a group is taken up, so a process that dies while judging it
 spends one too, and at start groups at their budget are given up (`error`), never resumed. Cancelling
 a job stops its groups in flight. On shutdown the worker stops taking work and waits up to `grace_s`
 for groups in flight; any still running then are left for the next process.
+
+The database may fail (locked, disk full, I/O errors): a pass of the loop that fails is logged and tried
+again with a backoff (`health()` says `failing` meanwhile, and `/healthz` answers 503); a group whose
+result cannot be saved is ended `error` with a second, smaller write, and if that fails too, the loop
+gives it up (`error`) once the database answers again, instead of leaving it `running` until a restart.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ import json
 import logging
 import time
 
-from judges.errors import JudgeConfigError, JudgeError, JudgeUnavailableError
+from judges.errors import JudgeError, JudgeUnavailableError
 from ruler.trajectory import TrajectoryGroup, validate_trajectories
 
 log = logging.getLogger("ruler.service")
 MAX_BACKOFF_S = 300.0
+LOOP_RETRY_S = (0.5, 30.0)  # a failed pass of the loop waits from the first to at most the second, doubling
 
 
 class JobWorker:
@@ -33,6 +40,9 @@ class JobWorker:
         self._task: asyncio.Task | None = None
         self._inflight: dict[tuple[str, int], asyncio.Task] = {}
         self._cancelled: set[str] = set()  # jobs cancelled while this process runs: nothing more starts for them
+        self._unsaved = False  # a group's end could not be written: give up stranded groups when the database answers
+        self.failing: str | None = None  # why the last pass of the loop failed (None: it did not)
+        self.failing_since: float | None = None
 
     async def start(self) -> None:
         self._wake = asyncio.Event()
@@ -43,6 +53,15 @@ class JobWorker:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def health(self) -> dict:
+        """{"worker": "running"}, or "failing" (its passes raise: since when, the error's type) or "stopped"."""
+        if self._task is None or (self._task.done() and not self._stopping):
+            return {"worker": "stopped"}
+        if self.failing is not None:
+            return {"worker": "failing", "error": self.failing,
+                    "failing_for_s": round(time.time() - (self.failing_since or time.time()), 1)}
+        return {"worker": "running"}
 
     def backoff(self, attempts: int) -> float:
         """Seconds before a group's next attempt after `attempts` found its judge unavailable."""
@@ -68,35 +87,54 @@ class JobWorker:
                 t.cancel()
 
     async def _loop(self) -> None:
-        budget = self.cfg.max_group_attempts
+        failures = 0
         while not self._stopping:
-            free = self.cfg.worker_concurrency - len(self._inflight)
-            if free > 0:
-                for row in await asyncio.to_thread(self.store.pending_groups, free + len(self._inflight), budget):
-                    key = (row["job_id"], row["idx"])
-                    if key in self._inflight or len(self._inflight) >= self.cfg.worker_concurrency:
-                        continue
-                    if not await asyncio.to_thread(self.store.mark_running, *key, budget):
-                        continue
-                    if row["job_id"] in self._cancelled:  # cancelled while it was being taken up
-                        continue
-                    task = asyncio.create_task(self._judge(row, row["attempts"] + 1))
-                    self._inflight[key] = task
-                    task.add_done_callback(lambda _t, k=key: (self._inflight.pop(k, None), self._wake.set()))
+            try:
+                await self._take_up_work()
+            except Exception as exc:  # the database failed: log, wait, try again; /healthz says so meanwhile
+                failures += 1
+                self.failing, self.failing_since = type(exc).__name__, self.failing_since or time.time()
+                wait = min(LOOP_RETRY_S[1], LOOP_RETRY_S[0] * 2 ** (failures - 1))
+                log.exception("job worker: a pass failed (%d in a row); trying again in %g s", failures, wait)
+                await asyncio.sleep(wait)
+                continue
+            failures, self.failing, self.failing_since = 0, None, None
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=0.5)
             except asyncio.TimeoutError:
                 pass
 
+    async def _take_up_work(self) -> None:
+        """One pass: give up stranded groups (if a write failed), then start groups up to the concurrency."""
+        budget = self.cfg.max_group_attempts
+        if self._unsaved:
+            for row in await asyncio.to_thread(self.store.give_up_exhausted, budget, set(self._inflight),
+                                               "the result of the last attempt could not be saved"):
+                log.warning(json.dumps({"event": "group_given_up", "job": row["job_id"], "index": row["idx"],
+                                        "attempts": row["attempts"]}))
+            self._unsaved = False
+        free = self.cfg.worker_concurrency - len(self._inflight)
+        if free <= 0:
+            return
+        for row in await asyncio.to_thread(self.store.pending_groups, free + len(self._inflight), budget):
+            key = (row["job_id"], row["idx"])
+            if key in self._inflight or len(self._inflight) >= self.cfg.worker_concurrency:
+                continue
+            if not await asyncio.to_thread(self.store.mark_running, *key, budget):
+                continue
+            if row["job_id"] in self._cancelled:  # cancelled while it was being taken up
+                continue
+            task = asyncio.create_task(self._judge(row, row["attempts"] + 1))
+            self._inflight[key] = task
+            task.add_done_callback(lambda _t, k=key: (self._inflight.pop(k, None), self._wake.set()))
+
     async def _judge(self, row: dict, attempt: int) -> None:
-        from ruler.service.app import group_result, judge_with_config
+        from ruler.service.app import group_result, judge_with_config, public_error
 
         result, error, retry = None, None, False
         try:
-            options = json.loads(row["options"])
-            if not isinstance(options, dict):
-                raise JudgeConfigError("the job's stored options are not an object")
+            options = json.loads(row["options"])  # checked again against the configuration by judge_with_config
             group = TrajectoryGroup.model_validate(json.loads(row["request"]))
             validate_trajectories(group, limits=self.cfg.limits)  # the same check the endpoints ran
             scored = await judge_with_config(self.cfg, group, options)
@@ -107,23 +145,42 @@ class JobWorker:
             error, retry = f"timeout: the judge did not answer within {self.cfg.judge_timeout_s:g} s", True
             self.metrics.errors.labels("timeout").inc()
         except JudgeUnavailableError as exc:
-            error, retry = f"{type(exc).__name__}: {exc}", True
+            error, retry = f"{type(exc).__name__}: {public_error(exc)}", True
+            log.warning("job %s group %s: %s: %s", row["job_id"], row["idx"], type(exc).__name__, exc)
             self.metrics.errors.labels("judge").inc()
         except (JudgeError, ValueError, TypeError) as exc:  # bad input or a judge that cannot work: retrying won't help
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {public_error(exc)}"
+            log.warning("job %s group %s: %s: %s", row["job_id"], row["idx"], type(exc).__name__, exc)
             self.metrics.errors.labels("bad_request" if isinstance(exc, ValueError) else "judge").inc()
-        except Exception as exc:  # a bug: the group ends with the message instead of being picked up again
+        except Exception as exc:  # a bug: the group ends (its detail logged) instead of being picked up again
             log.exception("job %s group %s: unexpected error", row["job_id"], row["idx"])
-            error = f"internal error: {type(exc).__name__}: {exc}"
+            error = f"internal error: {type(exc).__name__}"
             self.metrics.errors.labels("internal").inc()
+        key = (row["job_id"], row["idx"])
         if retry and attempt < self.cfg.max_group_attempts:
             wait = self.backoff(attempt)
-            await asyncio.to_thread(self.store.retry_later, row["job_id"], row["idx"], error, time.time() + wait)
-            log.info(json.dumps({"event": "group", "job": row["job_id"], "index": row["idx"], "status": "retry",
+            try:
+                await asyncio.to_thread(self.store.retry_later, *key, error, time.time() + wait)
+            except Exception:  # left 'running' within its budget: the loop takes it up again
+                log.exception("job %s group %s: could not put the group back in the queue", *key)
+                return
+            log.info(json.dumps({"event": "group", "job": key[0], "index": key[1], "status": "retry",
                                  "attempt": attempt, "retry_in_s": round(wait, 3)}))
             return
         if retry:
             error = f"gave up after {attempt} attempt(s): {error}"
-        await asyncio.to_thread(self.store.finish_group, row["job_id"], row["idx"], result, error)
-        log.info(json.dumps({"event": "group", "job": row["job_id"], "index": row["idx"], "attempt": attempt,
+        try:
+            await asyncio.to_thread(self.store.finish_group, *key, result, error)
+        except Exception as exc:
+            log.exception("job %s group %s: could not save the group's %s", *key, "result" if error is None else "error")
+            self.metrics.errors.labels("internal").inc()
+            error = f"internal error: the result could not be saved ({type(exc).__name__})"
+            try:
+                await asyncio.to_thread(self.store.finish_group, *key, None, error)
+            except Exception:
+                log.exception("job %s group %s: could not save the error either; given up when the database answers",
+                              *key)
+                self._unsaved = True
+                return
+        log.info(json.dumps({"event": "group", "job": key[0], "index": key[1], "attempt": attempt,
                              "status": "done" if error is None else "error"}))
