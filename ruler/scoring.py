@@ -174,19 +174,26 @@ async def _judge_once(
 
 
 def permutation_orders(n: int, k: int, seed: int) -> list[list[int]]:
-    """k orderings of n items: the identity first, then seeded shuffles (distinct while possible)."""
+    """k orderings of n items, balanced against position bias: the identity first, then cyclic shifts of it
+    spread as evenly as k allows, so that while k <= n each item is shown first at most once, and with k = n
+    each item stands in every position exactly once (a Latin square: a bias for any position then adds the
+    same to every item). Past n, further Latin squares of seeded shuffles. Deterministic for a given seed,
+    so repeated judgments of a group hit the cache."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_PERMUTATIONS:
         raise ValueError(f"num_permutations must be an integer from 1 to {MAX_PERMUTATIONS}, got {k!r}")
     k = min(k, math.factorial(min(n, 10)))  # never more orderings than there are distinct ones
-    orders = [list(range(n))]
-    seen = {tuple(orders[0])}
+    orders: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
     rng = random.Random(seed)
+    base = list(range(n))
     while len(orders) < k:
-        o = list(range(n))
-        rng.shuffle(o)
-        if tuple(o) not in seen:
-            seen.add(tuple(o))
-            orders.append(o)
+        m = min(n, k - len(orders))  # shifts taken from this square
+        for shift in sorted({round(j * n / m) % n for j in range(m)}):
+            o = base[shift:] + base[:shift]
+            if tuple(o) not in seen and len(orders) < k:
+                seen.add(tuple(o))
+                orders.append(o)
+        base = rng.sample(range(n), n)
     return orders
 
 

@@ -35,6 +35,7 @@ class FakeJudge:
         self.slow_seconds = slow_seconds
         self.latency_s = latency_s
         self.drift = 0.0  # the k-th request adds k * drift to every score (a judge whose scale wanders)
+        self.first_bonus = 0.0  # added to the score of whichever trajectory is shown first (position bias)
         self.retry_after = retry_after
         self._lock = threading.Lock()
         judge = self
@@ -105,6 +106,7 @@ class FakeJudge:
             self.times.clear()
             self.script = []
             self.drift = 0.0
+            self.first_bonus = 0.0
 
     @staticmethod
     def user_text(body: dict) -> str:
@@ -118,6 +120,8 @@ class FakeJudge:
         scores = [{"trajectory_id": tid, "explanation": f"{len(text)} chars",
                    "score": round(min(1.0, (1 - marker_score(text) if flip else marker_score(text)) + bump), 6)}
                   for tid, text in blocks]
+        if scores and self.first_bonus:
+            scores[0]["score"] = round(min(1.0, scores[0]["score"] + self.first_bonus), 6)
         if mode == "malformed":
             return '{"scores": [{"trajectory_id": "1", "expl'
         if mode == "prose":

@@ -158,6 +158,33 @@ async def test_permutations_average_by_id_and_report_spread(judge):
     assert judge.requests == []  # same seed, same orderings: all three from cache
 
 
+async def test_balanced_orderings_cancel_a_judges_first_position_bias(judge):
+    """Four equally good answers and a judge that adds 0.3 to whichever it sees first: k=4 orderings (each
+    answer once in every position) give identical scores; k=3 (each first at most once) cut the spread to
+    0.1, a third of the bias, where orderings that show one answer first twice would leave 0.2."""
+    from ruler.scoring import permutation_orders
+
+    g = group("OK a", "OK b", "OK c", "OK d")
+    judge.first_bonus = 0.3
+    scored = await score(judge, g, num_permutations=4, seed=3)
+    assert len({round(t.reward, 9) for t in scored}) == 1
+    judge.reset()
+    judge.first_bonus = 0.3
+    scored = await score(judge, g, num_permutations=3, seed=3)
+    rewards = [t.reward for t in scored]
+    assert max(rewards) - min(rewards) == pytest.approx(0.1, abs=1e-6)
+    for n in range(1, 7):
+        for k in range(1, n + 1):
+            orders = permutation_orders(n, k, seed=11)
+            assert orders[0] == list(range(n)) and len({tuple(o) for o in orders}) == k
+            firsts = [o[0] for o in orders]
+            assert len(set(firsts)) == k  # nobody shown first twice
+            if k == n:  # a Latin square: every item in every position once
+                assert all(sorted(o[p] for o in orders) == list(range(n)) for p in range(n))
+    assert permutation_orders(5, 9, seed=2) == permutation_orders(5, 9, seed=2)  # deterministic (cache-stable)
+    assert len({tuple(o) for o in permutation_orders(4, 20, seed=2)}) == 20
+
+
 async def test_tools_sent_once(judge):
     tools = [{"type": "function", "function": {"name": "search_inbox", "parameters": {"type": "object"}}}]
     g = TrajectoryGroup([Trajectory(messages_and_choices=convo(a), tools=tools) for a in ("GOOD", "BAD")])
