@@ -61,14 +61,19 @@ class Row:
                 self.token_index.append(k)
 
     def attention_mask(self):
-        """[T, T] bool: query t sees key s when both are in one block and s <= t, or s is in t's parent."""
+        """[T, T] bool: query t sees key s when both are in one block and s <= t, or s is in t's parent.
+        Built once per row (a row is run up to three times: old, reference and current logprobs)."""
         import torch
 
+        cached = getattr(self, "_mask", None)
+        if cached is not None and cached.shape[0] == len(self.block_of):
+            return cached
         block = torch.tensor(self.block_of)
         parent_of_block = torch.tensor(self.parents)
         idx = torch.arange(len(block))
         same = (block[:, None] == block[None, :]) & (idx[None, :] <= idx[:, None])
-        return same | (parent_of_block[block][:, None] == block[None, :])
+        self._mask = same | (parent_of_block[block][:, None] == block[None, :])
+        return self._mask
 
 
 @dataclass
