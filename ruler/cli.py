@@ -247,6 +247,12 @@ def demo(
     scored = _score(group, model, None, "default", not no_cache, 1)
     _print_table(scored, "RULER demo: who answered the inbox question best?")
     console.print(f"demo wall time: {time.perf_counter() - started:.1f} s")
+    from judges import EMBEDDED_JUDGE
+
+    if model == EMBEDDED_JUDGE:
+        console.print("[yellow]The embedded SmolLM2-135M judge checks the plumbing, not quality: it is near chance "
+                      "on human-labelled pairs. For real scores give a real judge: --judge MODEL (any litellm "
+                      "model string, e.g. openai/o4-mini with OPENAI_API_KEY set) or $RULER_JUDGE_MODEL.[/yellow]")
 
 
 def main() -> None:  # pragma: no cover

@@ -43,3 +43,10 @@ def test_score_errors_are_clear(tmp_path, judge):
     assert res.exit_code == 2 and "unknown rubric" in res.output
     res = runner.invoke(app, ["score", str(write_group(tmp_path)), "--judge", "bogus-provider-q/x"])
     assert res.exit_code == 2 and "unknown judge model" in res.output
+
+
+def test_the_demo_says_the_embedded_judge_is_not_a_quality_measure():
+    res = CliRunner().invoke(app, ["demo"], env={"RULER_JUDGE_MODEL": "", "COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "RULER demo" in res.output and "checks the plumbing, not quality" in res.output
+    assert "--judge MODEL" in res.output
