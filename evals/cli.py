@@ -33,8 +33,12 @@ def eval_judge(
     judge: Optional[str] = typer.Option(None, "--judge", help="litellm model string (default: embedded judge)."),
     dataset: list[str] = typer.Option(["llmbar-natural"], "--dataset", "-d",
                                       help="llmbar-natural, llmbar-faireval, llmbar-llmeval2, llmbar-mtbench, "
-                                           "pandalm, or all. Repeatable."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many pairs per dataset."),
+                                           "pandalm, all, or the path of a JSONL file of your own labelled pairs "
+                                           "or groups. Repeatable."),
+    by: Optional[str] = typer.Option(None, "--by", help="Also one summary row per value of this extra field of "
+                                     "your rows (e.g. category); built-in sets get their whole-set row only."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many pairs per dataset (and, in your "
+                                        "own files, this many groups)."),
     permutations: list[int] = typer.Option([1, 3], "--permutations", "-k", help="Orderings averaged. Repeatable."),
     api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible base URL for the judge."),
     concurrency: int = typer.Option(4, "--concurrency", help="Judgments in flight at once."),
@@ -46,11 +50,11 @@ def eval_judge(
     from evals.judge_meta import DATASETS, DEFAULT_ROOT, evaluate, save_report
     from ruler import default_judge_model
 
-    names = DATASETS if "all" in dataset else dataset
+    names = [*DATASETS, *(d for d in dataset if d != "all" and d not in DATASETS)] if "all" in dataset else dataset
     params = {"api_base": api_base} if api_base else None
     summary, detail = asyncio.run(evaluate(
         names, judge, params=params, ks=tuple(permutations), limit=limit, root=data_root or DEFAULT_ROOT,
-        concurrency=concurrency, cache=False if no_cache else None))
+        concurrency=concurrency, by=by, cache=False if no_cache else None))
     model = judge or default_judge_model()
     print_frame(summary, f"judge meta-evaluation: {model}")
     paths = save_report(summary, detail, out, f"judge meta-evaluation: {model}")
