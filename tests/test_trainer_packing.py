@@ -126,3 +126,31 @@ def test_dr_grpo_divides_each_trajectorys_token_sum_by_the_completion_budget(mod
     expected = -sum(adv[t] * n for t, n in tokens.items()) / (constant * len(tokens))
     loss, _, _ = loss_and_grads(model, seqs, TrainConfig(loss="dr_grpo", completion_budget=budget))
     assert loss == pytest.approx(expected, abs=1e-6)
+
+
+def test_truncated_importance_sampling_weights_the_policy_term_by_the_sampler_mismatch(model):
+    """With sampler_correction="tis" and no update yet, the PPO ratio is 1 against the trainer's own logprobs
+    and each token's term is -A * min(exp(trainer - sampler), cap): a hand computation (dapo: one mean)."""
+    seqs = batch()
+    currents = []
+    with torch.no_grad():
+        for s in seqs:
+            rows, _ = pack([s], capacity=10_000)
+            currents.append(training._row_logprobs(model, rows[0], 64, full_forward=False, masked=True))
+    shifted, expected, n, truncated = [], 0.0, 0, 0
+    for s, cur in zip(seqs, currents):
+        old = [math.nan] * len(s.token_ids)
+        for j, k in enumerate(k for k in range(1, len(s.token_ids)) if s.trained[k]):
+            delta = (-1.0, 0.5)[j % 2]  # the sampler gave these tokens exp(1)x less / exp(0.5)x more mass
+            old[k] = float(cur[j]) + delta
+            expected += -s.advantage * min(math.exp(-delta), 2.0)
+            n += 1
+            truncated += math.exp(-delta) > 2.0
+        shifted.append(TrainingSequence(s.token_ids, s.trained, old, advantage=s.advantage,
+                                        trajectory=s.trajectory, group=s.group))
+    loss, _, stats = loss_and_grads(model, shifted, TrainConfig(loss="dapo", sampler_correction="tis", sampler_cap=2.0))
+    assert loss == pytest.approx(expected / n, abs=1e-5)
+    assert stats["sampler_truncated"] == truncated > 0
+    assert stats["ratio_dev_max"] < 1e-4  # the PPO ratio is taken against the trainer itself
+    plain, _, _ = loss_and_grads(model, shifted, TrainConfig(loss="dapo"))
+    assert plain != pytest.approx(loss, abs=1e-3)  # without the correction the sampled logprobs are the old policy

@@ -88,6 +88,12 @@ class TrainConfig(_Strict):
     # Choices without served token ids (e.g. from an API model, or a streamed answer) are refused unless this
     # is on: then their text is re-rendered with the chat template, trained with ratio 1, and counted.
     allow_off_policy_text: bool = False
+    # Tokens sampled by vLLM get logprobs from its kernels, which differ from the trainer's (bf16: mean
+    # |ratio - 1| ~0.05 measured). "tis": the PPO ratio uses the trainer's own logprobs before the update,
+    # and each token's policy term is scaled by min(exp(trainer - sampler), sampler_cap) (truncated importance
+    # sampling, as TRL's vLLM correction). "none": the sampled logprobs are the old policy as they are.
+    sampler_correction: Literal["none", "tis"] = "none"
+    sampler_cap: float = pydantic.Field(2.0, gt=0)
 
     def scales_advantages(self) -> bool:
         return self.loss != "dr_grpo" if self.scale_advantages is None else self.scale_advantages

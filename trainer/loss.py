@@ -11,7 +11,8 @@ micro-batches adds up to exactly the full-batch loss:
 n is the number of trajectories in the batch and len_i the trained tokens of row i's trajectory (a
 multi-turn trajectory may span several sequences: `row_tokens` gives each row its trajectory's count).
 
-Per token:  -min(r * A, clip(r, 1-eps, 1+eps') * A) + kl_coef * KL,   r = exp(new - old),
+Per token:  -w_s * min(r * A, clip(r, 1-eps, 1+eps') * A) + kl_coef * KL,   r = exp(new - old),
+w_s = 1, or with a sampler correction the truncated importance weight min(exp(old_trainer - sampled), C),
 KL is the k3 estimator exp(ref - new) - (ref - new) - 1 (zero when no reference is given).
 """
 
@@ -43,8 +44,13 @@ def token_weights(mask: torch.Tensor, kind: LossKind, *, n_seqs: int, total_toke
 
 def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 weights: torch.Tensor, *, kind: LossKind, epsilon: float = 0.2, epsilon_high: float = 0.28,
-                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """(loss, stats) for logprobs [B, T], advantages [B] and token weights [B, T] from `token_weights`."""
+                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
+                sampler_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """(loss, stats) for logprobs [B, T], advantages [B] and token weights [B, T] from `token_weights`.
+
+    `sampler_weights` [B, T]: truncated importance weights min(pi_trainer_old / pi_sampler, C) for tokens that
+    another engine sampled (vLLM's kernels differ from the trainer's); they scale the clipped policy term,
+    not the KL term (as TRL's vLLM importance-sampling correction)."""
     if kind not in KINDS:
         raise ValueError(f"loss must be one of {KINDS}, got {kind!r}")
     if new_logprobs.shape != old_logprobs.shape or new_logprobs.shape != weights.shape:
@@ -58,6 +64,8 @@ def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if sampler_weights is not None:
+        per_token = per_token * sampler_weights.to(per_token.dtype)
     kl = torch.zeros_like(per_token)
     if ref_logprobs is not None:
         delta = ref_logprobs - new_logprobs

@@ -208,12 +208,19 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                            device=device, dtype=torch.float32)
         adv = torch.tensor([seqs[i].advantage for i in row.sequence_of], device=device)
         traj_tokens = torch.tensor([per_traj[seqs[i].trajectory] for i in row.sequence_of], device=device)
-        ref = None
+        ref = sampler = None
         with torch.no_grad():
-            if torch.isnan(old).any():  # no sampled logprobs: the current policy's (ratio 1)
+            if torch.isnan(old).any() or config.sampler_correction == "tis":
                 current = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward,
                                         masked=masked)
-                old = torch.where(torch.isnan(old), current, old)
+                if config.sampler_correction == "tis":  # ratio against the trainer; sampler mismatch weighted
+                    sampled = torch.where(torch.isnan(old), current, old)
+                    sampler = torch.clamp(torch.exp(current - sampled), max=config.sampler_cap)[:, None]
+                    stats["sampler_weight"] += sampler.sum().item()
+                    stats["sampler_truncated"] += (torch.exp(current - sampled) > config.sampler_cap).sum().item()
+                    old = current
+                else:  # no sampled logprobs: the current policy's (ratio 1)
+                    old = torch.where(torch.isnan(old), current, old)
             if config.kl_coef > 0:
                 with model.disable_adapter():
                     ref = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward,
@@ -224,7 +231,8 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
         weights = token_weights(ones, config.loss, n_seqs=n_traj, total_tokens=max(1, total_tokens),
                                 norm_len=budget, row_tokens=traj_tokens)
         loss, part = policy_loss(new[:, None], old[:, None], adv, weights, kind=config.loss, epsilon=config.epsilon,
-                                 epsilon_high=config.epsilon_high, ref_logprobs=ref, kl_coef=config.kl_coef)
+                                 epsilon_high=config.epsilon_high, ref_logprobs=ref, kl_coef=config.kl_coef,
+                                 sampler_weights=sampler)
         loss.backward()
         loss_sum += loss.item()
         for key in ("clip_fraction", "kl", "ratio_mean", "ratio_dev_mean"):
@@ -235,6 +243,9 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
     return loss_sum, {"clip_fraction": stats["clip_fraction"] / n, "kl": stats["kl"] / n,
                       "ratio_mean": stats["ratio_mean"] / n, "ratio_dev_mean": stats["ratio_dev_mean"] / n,
                       "ratio_dev_max": ratio_dev_max, "trained_tokens": int(stats["tokens"]),
+                      **({"sampler_weight_mean": stats["sampler_weight"] / n,
+                          "sampler_truncated": int(stats["sampler_truncated"])}
+                         if config.sampler_correction == "tis" else {}),
                       "sequence_tokens": packed.sequence_tokens, "forward_tokens": packed.forward_tokens,
                       "rows": packed.rows, "shared_prefix_groups": packed.shared_groups,
                       "unshared_groups": packed.no_shared_prefix, "unmaskable_fallback": packed.unmaskable_fallback}
