@@ -111,23 +111,6 @@ class RawVLLM:
         del self.llm
 
 
-def turn_spans(seqs):
-    """(context, trained ids, old logprobs) of each trained run of tokens, in order."""
-    out = []
-    for s in seqs:
-        i = 0
-        while i < len(s.token_ids):
-            if s.trained[i]:
-                j = i
-                while j < len(s.token_ids) and s.trained[j]:
-                    j += 1
-                out.append((s.token_ids[:i], s.token_ids[i:j], s.old_logprobs[i:j]))
-                i = j
-            else:
-                i += 1
-    return out
-
-
 async def art_e_token_exact(model, args, tokenizer) -> dict:
     """32 multi-turn ART·E rollouts through the served path (ART's litellm parameters, native tools): per
     turn, is the training context the served prompt and are the trained ids the sampled ones?"""
@@ -137,7 +120,7 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
     from evals.art_e.inbox import build_inbox_db
     from evals.art_e.questions import generate_scenarios
     from ruler import TrajectoryGroup
-    from trainer.sequences import SequenceReport, training_sequences
+    from trainer.sequences import SequenceReport, trained_spans, training_sequences
 
     db = args.out / "inbox.db"
     if not db.is_file():
@@ -163,7 +146,7 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
         for t in g:
             choices = [c for c in t.messages_and_choices if isinstance(c, Choice)]
             tool_calls += sum(bool(c.message.tool_calls) for c in choices)
-            spans = turn_spans(training_sequences(t, tokenizer, report=report))
+            spans = trained_spans(training_sequences(t, tokenizer, report=report))
             for (context, trained, old), c in zip(spans, choices):
                 turns += 1
                 extra = c.model_extra or {}

@@ -11,7 +11,7 @@ from openai.types.chat.chat_completion import Choice
 from ruler import Trajectory, TrajectoryGroup
 from trainer.chat import HERMES_CHATML_TEMPLATE, parse_tool_calls, pick_chat_template, prompt_ids
 from trainer.config import TrainConfig
-from trainer.sequences import MissingTokenIdsError, SequenceReport, training_sequences
+from trainer.sequences import MissingTokenIdsError, SequenceReport, trained_spans, training_sequences
 from trainer.server import BackgroundServer, Served, create_server_app
 from trainer.training import prepare
 
@@ -165,23 +165,6 @@ async def served():
     await server.stop()
 
 
-def turn_spans(seqs):
-    """(context, trained tokens, old logprobs) of every trained run, in order, read back from the sequences."""
-    out = []
-    for s in seqs:
-        i = 0
-        while i < len(s.token_ids):
-            if not s.trained[i]:
-                i += 1
-                continue
-            j = i
-            while j < len(s.token_ids) and s.trained[j]:
-                j += 1
-            out.append((s.token_ids[:i], s.token_ids[i:j], s.old_logprobs[i:j]))
-            i = j
-    return out
-
-
 async def agent(client, name, *, extra=None, drop_tool_result=False):
     """Three turns: a (greedy, few-shot) tool call, an answer after the tool result, a reply to a follow-up."""
     items = [*FEW_SHOT, {"role": "user", "content": "Find emails about the budget meeting."}]
@@ -215,7 +198,7 @@ async def agent(client, name, *, extra=None, drop_tool_result=False):
 
 def assert_token_exact(traj, replies, tokenizer, report=None):
     seqs = training_sequences(traj, tokenizer, report=report)
-    spans = turn_spans(seqs)
+    spans = trained_spans(seqs)
     assert len(spans) == len(replies) == 3
     for (context, trained, old), reply in zip(spans, replies):
         choice = reply.choices[0]
@@ -264,7 +247,7 @@ async def test_additional_histories_are_trained_too(served):
     both = Trajectory(messages_and_choices=traj.messages_and_choices, tools=TOOLS, reward=1.0,
                       additional_histories=[{"messages_and_choices": extra.messages_and_choices, "tools": TOOLS}])
     seqs = training_sequences(both, tokenizer)
-    assert len(turn_spans(seqs)) == 6 and turn_spans(seqs)[3][0] == extra_replies[0].model_extra["prompt_token_ids"]
+    assert len(trained_spans(seqs)) == 6 and trained_spans(seqs)[3][0] == extra_replies[0].model_extra["prompt_token_ids"]
 
 
 async def test_choices_without_token_ids_are_refused_unless_off_policy_text_is_allowed(served):
@@ -335,6 +318,9 @@ def test_malformed_trajectories_are_refused_by_the_one_validation_naming_group_t
                                            {"role": "tool", "content": "[]"}], reward=0.0)
     with pytest.raises(TrajectoryError, match=r"group 1, trajectory 2, message 2: .*tool_call_id"):
         prepare([TrajectoryGroup([ok, ok]), TrajectoryGroup([ok, bad])], None, TrainConfig(), 512)
+    nan = Trajectory(messages_and_choices=ok.messages_and_choices, reward=float("nan"))
+    with pytest.raises(TrajectoryError, match=r"group 0, trajectory 2: reward is nan"):
+        prepare([TrajectoryGroup([ok, nan])], None, TrainConfig(), 512)
 
 
 def test_messages_reach_the_template_as_vllm_hands_them_over(served):

@@ -208,3 +208,21 @@ def training_sequences(trajectory: Trajectory, tokenizer=None, *, allow_off_poli
                                    {"chat_template": chat_template, "end_of_turn": end_of_turn})
     report.sequences += len(seqs)
     return seqs
+
+
+def trained_spans(seqs: list[TrainingSequence]) -> list[tuple[list[int], list[int], list[float]]]:
+    """(context, trained ids, their old logprobs) of each run of trained tokens, in order: for sequences built
+    by `training_sequences`, one per assistant turn, to compare with what the server answered."""
+    spans = []
+    for seq in seqs:
+        i = 0
+        while i < len(seq.token_ids):
+            if not seq.trained[i]:
+                i += 1
+                continue
+            j = i
+            while j < len(seq.token_ids) and seq.trained[j]:
+                j += 1
+            spans.append((seq.token_ids[:i], seq.token_ids[i:j], seq.old_logprobs[i:j]))
+            i = j
+    return spans

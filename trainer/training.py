@@ -100,13 +100,8 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
         if len(trajs) < 2:
             skipped["group with fewer than 2 trajectories"] += 1
             continue
-        try:
-            has_signal = group_has_signal(values)  # ruler's reward validation: finite numbers only
-        except (TypeError, ValueError):
-            skipped["group with a NaN/inf/non-numeric reward"] += 1
-            continue
-        rewards += values
-        if not has_signal:
+        rewards += values  # finite: validate_trajectories refused NaN/inf above
+        if not group_has_signal(values):
             skipped["group with all-equal rewards"] += 1
             continue
         for t, (traj, adv) in enumerate(zip(trajs, group_advantages(values, scale=config.scales_advantages()))):
