@@ -24,6 +24,7 @@ from rich.table import Table
 from judges.completion import MAX_ATTEMPTS
 from judges.errors import JudgeConfigError, JudgeError
 from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, load_rubric_file
+from ruler.results import score_rows
 from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, UNKNOWN_CONTEXT_TOKENS
 from ruler.trajectory import Limits
 
@@ -146,18 +147,16 @@ def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: b
 
 
 def _print_table(scored, title: str) -> None:
-    from ruler import group_advantages, group_has_signal
+    from ruler import group_has_signal
 
     rewards = [t.reward for t in scored.trajectories]
-    adv = group_advantages(rewards)
     table = Table(title=escape(title), show_lines=True)
     for col, kw in (("id", {"justify": "right"}), ("label", {}), ("score", {"justify": "right"}),
                     ("advantage", {"justify": "right"}), ("explanation", {"overflow": "fold"})):
         table.add_column(col, **kw)
-    for i, (t, a) in enumerate(zip(scored.trajectories, adv), 1):
-        expl = next((line.removeprefix("RULER explanation: ") for line in reversed(t.logs)
-                     if line.startswith("RULER explanation: ")), "")
-        table.add_row(str(i), escape(str(t.metadata.get("label", ""))), f"{t.reward:.3f}", f"{a:+.2f}", escape(expl))
+    for t, row in zip(scored.trajectories, score_rows(scored)):
+        table.add_row(row.trajectory_id, escape(str(t.metadata.get("label", ""))), f"{row.score:.3f}",
+                      f"{row.advantage:+.2f}", escape(row.explanation))
     console.print(table)
     meta = scored.metadata
     console.print(
@@ -172,15 +171,9 @@ def _print_table(scored, title: str) -> None:
 
 
 def _to_json(scored) -> str:
-    from ruler import group_advantages
-
-    adv = group_advantages([t.reward for t in scored.trajectories])
     return json.dumps(allow_nan=False, obj={
         "metadata": scored.metadata,
-        "scores": [{"trajectory_id": str(i), "score": t.reward, "advantage": a,
-                    "explanation": next((x.removeprefix("RULER explanation: ") for x in t.logs
-                                         if x.startswith("RULER explanation: ")), "")}
-                   for i, (t, a) in enumerate(zip(scored.trajectories, adv), 1)],
+        "scores": [row.model_dump() for row in score_rows(scored)],
     }, indent=2)
 
 

@@ -34,6 +34,7 @@ from judges.rubrics import RubricText, get_rubric
 from ruler import budget
 from ruler.cache import CacheLike, cache_key, open_cache
 from ruler.parse import ScoreProblems, TrajectoryScore, parse_scores
+from ruler.results import EXPLANATION_KEY
 from ruler.prompt import JudgePrompt, Render, build_prompt, response_schema
 from ruler.trajectory import (Limits, Trajectory, TrajectoryGroup, require_task_stated, validate_message_lists,
                               validate_trajectories)
@@ -509,7 +510,8 @@ async def ruler_score_group(
 
     Each trajectory gets `metrics["ruler_score"]`, `metrics["independent_reward"]` (its old reward),
     its share of the judge bill (`judge_prompt_tokens`, `judge_completion_tokens`, `judge_cost`; shares
-    add up to the group's total), `judge_cached`, and the explanation in `logs`. The input group is
+    add up to the group's total), `judge_cached`, and the judge's explanation in `metadata["ruler_explanation"]`
+    (also written to `logs` as ART does; `ruler.results.score_rows` reads it). The input group is
     not modified. With `swallow_exceptions=True` a failure returns None instead of raising (ART's
     behaviour). Options as for `ruler`.
 
@@ -562,7 +564,8 @@ async def ruler_score_group(
         if options.get("num_permutations", 1) > 1 or result.per_judge:
             t.metrics["ruler_score_spread"] = spread
         t.reward = s.score
-        t.log(f"RULER explanation: {s.explanation}")
+        t.metadata[EXPLANATION_KEY] = s.explanation
+        t.log(f"RULER explanation: {s.explanation}")  # as ART writes it
         for note in result.notes:
             t.log(f"RULER note: {note}")
     for k, t in enumerate(new):

@@ -268,3 +268,17 @@ async def test_additional_histories_rejected(judge):
 def test_fake_judge_records_json_bodies(judge):
     # sanity of the fixture itself: a body it can't score still gets a well-formed reply
     assert json.loads(judge.answer({"messages": []}, "ok")) == {"scores": []}
+
+
+async def test_a_rescored_group_shows_its_latest_explanation_everywhere(judge):
+    from ruler.results import score_rows
+
+    g = group("GOOD a", "BAD b")
+    for t in g.trajectories:
+        t.log("RULER explanation: stale, from an earlier scoring")
+    scored = await score(judge, g, cache=False)
+    rows = score_rows(scored)
+    assert [r.explanation for r in rows] == [t.metadata["ruler_explanation"] for t in scored.trajectories]
+    assert all(r.explanation.endswith(" chars") for r in rows)
+    assert [r.trajectory_id for r in rows] == ["1", "2"] and rows[0].advantage > 0 > rows[1].advantage
+    assert f"RULER explanation: {rows[0].explanation}" in scored.trajectories[0].logs  # ART's log line too

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from judges.completion import RetryPolicy
 from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
 from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, RubricText, get_rubric, load_rubric_folder
-from ruler.advantages import group_advantages
+from ruler.results import score_rows
 from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, ruler_score_group
 from ruler.service.store import Store
 from ruler.trajectory import (MAX_PROBLEMS, History, Limits, MetadataValue, Trajectory, TrajectoryError,
@@ -590,13 +590,8 @@ def group_result(scored: TrajectoryGroup, metrics: Metrics | None = None) -> dic
         metrics.judge_calls.inc(int(meta.get("judge_calls") or 0))
         if meta.get("judge_cached"):
             metrics.cache_hits.inc()
-    rewards = [t.reward for t in scored.trajectories]
-    adv = group_advantages(rewards) if rewards else []
     return {
-        "scores": [{"trajectory_id": str(i), "score": t.reward, "advantage": a,
-                    "explanation": next((x.removeprefix("RULER explanation: ") for x in t.logs
-                                         if x.startswith("RULER explanation: ")), "")}
-                   for i, (t, a) in enumerate(zip(scored.trajectories, adv), 1)],
+        "scores": [row.model_dump() for row in score_rows(scored)],
         "group": scored.model_dump(mode="json"),
         "usage": {k: meta.get(k) for k in ("judge_calls", "judge_prompt_tokens", "judge_completion_tokens", "judge_cost")},
         "cached": bool(meta.get("judge_cached")),
