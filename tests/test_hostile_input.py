@@ -727,7 +727,7 @@ def test_serve_body_timeout_flag_reaches_the_service(tmp_path, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
     res = runner.invoke(ruler_cli, ["serve", "--db", str(tmp_path / "svc.db"), "--judge", MODEL, "--body-timeout", "2.5"])
     assert res.exit_code == 0, res.output
-    assert started["app"].state.config.body_timeout_s == 2.5
+    assert started["app"].state.service.cfg.body_timeout_s == 2.5
     assert ServiceConfig().body_timeout_s == 60.0
     res = runner.invoke(ruler_cli, ["serve", "--db", str(tmp_path / "svc.db"), "--body-timeout", "0"])
     assert res.exit_code == 2 and "--body-timeout" in res.output
@@ -931,7 +931,7 @@ def wait_health(service, until, timeout: float = 10):
 
 def test_the_worker_survives_database_errors_and_healthz_says_when_it_fails_or_dies(tmp_path, judge):
     service = Service(service_config(tmp_path, judge))
-    worker = service.server.config.app.state.worker
+    worker = service.server.config.app.state.service.worker
     flaky = worker.store = FlakyStore(worker.store)
     try:
         assert health(service).json() == {"status": "ok", "queue_depth": 0, "worker": "running"}
@@ -956,7 +956,7 @@ def test_the_worker_survives_database_errors_and_healthz_says_when_it_fails_or_d
 @pytest.mark.parametrize("both_writes_fail", [False, True])
 def test_a_group_whose_result_cannot_be_saved_ends_error_not_running(tmp_path, judge, both_writes_fail):
     service = Service(service_config(tmp_path, judge, max_group_attempts=1))
-    worker = service.server.config.app.state.worker
+    worker = service.server.config.app.state.service.worker
     flaky = worker.store = FlakyStore(worker.store)
     broken = {"on": True}
     flaky.fail["finish_group"] = lambda job, idx, result, error: broken["on"] and (both_writes_fail or result is not None)

@@ -3,10 +3,10 @@
 It reads unfinished groups from the database, so after a crash or restart it picks up where the last
 process stopped (a group that was running is judged again; its first result was never committed).
 Every group ends: whatever goes wrong while judging it makes it `error` with a message (the exception's
-type, and its text where it is about the client's request: `public_error`; the detail is logged), except a
-judge that is unavailable (timeouts, 429/5xx after the call's own retries), which puts the group back
-with a backoff (`group_retry_s`, doubling, at most `MAX_BACKOFF_S`) until `max_group_attempts` attempts
-are spent. An attempt is counted when a group is taken up, so a process that dies while judging it
+type and what a client may be told, classified as /v1/score classifies it: `ruler.service.judging.failure`;
+the detail is logged), except a judge that is slow or unavailable (the group's time limit, or 429/5xx after
+the call's own retries), which puts the group back with a backoff (`group_retry_s`, doubling, at most
+`MAX_BACKOFF_S`) until `max_group_attempts` attempts are spent. An attempt is counted when a group is taken up, so a process that dies while judging it
 spends one too, and at start groups at their budget are given up (`error`), never resumed. Cancelling
 a job stops its groups in flight. On shutdown the worker stops taking work and waits up to `grace_s`
 for groups in flight; any still running then are left for the next process.
@@ -24,7 +24,10 @@ import json
 import logging
 import time
 
-from judges.errors import JudgeError, JudgeUnavailableError
+from ruler.service.config import ServiceConfig
+from ruler.service.judging import group_result, judge_with_config, judging_failed
+from ruler.service.metrics import Metrics
+from ruler.service.store import Store
 from ruler.trajectory import TrajectoryGroup, validate_trajectories
 
 log = logging.getLogger("ruler.service")
@@ -33,7 +36,13 @@ LOOP_RETRY_S = (0.5, 30.0)  # a failed pass of the loop waits from the first to 
 
 
 class JobWorker:
-    def __init__(self, store, cfg, metrics, grace_s: float = 30.0):
+    """Judges job groups in the background, `cfg.worker_concurrency` at a time (see the module's docstring)."""
+
+    def __init__(self, store: Store, cfg: ServiceConfig, metrics: Metrics, grace_s: float = 30.0):
+        if not isinstance(cfg, ServiceConfig):
+            raise TypeError(f"JobWorker takes a ServiceConfig, got {type(cfg).__name__}")
+        if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or grace_s < 0:
+            raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
         self.store, self.cfg, self.metrics, self.grace_s = store, cfg, metrics, grace_s
         self._wake = asyncio.Event()
         self._stopping = False
@@ -82,7 +91,7 @@ class JobWorker:
         if self._task:
             await self._task
         if self._inflight:
-            done, pending = await asyncio.wait(list(self._inflight.values()), timeout=self.grace_s)
+            _, pending = await asyncio.wait(list(self._inflight.values()), timeout=self.grace_s)
             for t in pending:  # left 'running' in the database: the next process resumes them (within budget)
                 t.cancel()
 
@@ -130,32 +139,18 @@ class JobWorker:
             task.add_done_callback(lambda _t, k=key: (self._inflight.pop(k, None), self._wake.set()))
 
     async def _judge(self, row: dict, attempt: int) -> None:
-        from ruler.service.app import group_result, judge_with_config, public_error
-
         result, error, retry = None, None, False
         try:
             options = json.loads(row["options"])  # checked again against the configuration by judge_with_config
             group = TrajectoryGroup.model_validate(json.loads(row["request"]))
             validate_trajectories(group, limits=self.cfg.limits)  # the same check the endpoints ran
             scored = await judge_with_config(self.cfg, group, options)
-            result = group_result(scored, self.metrics)
+            result = group_result(scored, self.metrics).model_dump(mode="json")
         except asyncio.CancelledError:
             raise  # a cancelled job, or shutting down: the database already says what happens next
-        except asyncio.TimeoutError:
-            error, retry = f"timeout: the judge did not answer within {self.cfg.judge_timeout_s:g} s", True
-            self.metrics.errors.labels("timeout").inc()
-        except JudgeUnavailableError as exc:
-            error, retry = f"{type(exc).__name__}: {public_error(exc)}", True
-            log.warning("job %s group %s: %s: %s", row["job_id"], row["idx"], type(exc).__name__, exc)
-            self.metrics.errors.labels("judge").inc()
-        except (JudgeError, ValueError, TypeError) as exc:  # bad input or a judge that cannot work: retrying won't help
-            error = f"{type(exc).__name__}: {public_error(exc)}"
-            log.warning("job %s group %s: %s: %s", row["job_id"], row["idx"], type(exc).__name__, exc)
-            self.metrics.errors.labels("bad_request" if isinstance(exc, ValueError) else "judge").inc()
-        except Exception as exc:  # a bug: the group ends (its detail logged) instead of being picked up again
-            log.exception("job %s group %s: unexpected error", row["job_id"], row["idx"])
-            error = f"internal error: {type(exc).__name__}"
-            self.metrics.errors.labels("internal").inc()
+        except Exception as exc:  # classified as /v1/score does; a bug ends the group instead of looping on it
+            failed = judging_failed(exc, self.cfg, self.metrics, f"job {row['job_id']} group {row['idx']}")
+            error, retry = failed.job_error, failed.retry
         key = (row["job_id"], row["idx"])
         if retry and attempt < self.cfg.max_group_attempts:
             wait = self.backoff(attempt)
@@ -173,7 +168,7 @@ class JobWorker:
             await asyncio.to_thread(self.store.finish_group, *key, result, error)
         except Exception as exc:
             log.exception("job %s group %s: could not save the group's %s", *key, "result" if error is None else "error")
-            self.metrics.errors.labels("internal").inc()
+            self.metrics.failed("internal")
             error = f"internal error: the result could not be saved ({type(exc).__name__})"
             try:
                 await asyncio.to_thread(self.store.finish_group, *key, None, error)
