@@ -257,3 +257,42 @@ def test_client_retries_429_and_503_honouring_retry_after():
         server.shutdown()
     assert len(seen) == 3 and seen[1] - seen[0] >= 0.9 and seen[2] - seen[1] >= 0.9
     assert scored.trajectories[0].reward == 0.9
+
+
+def test_a_judge_config_error_is_the_clients_fault_on_score_and_in_a_job(service, judge):
+    """A judge that refuses the request (HTTP 400: JudgeConfigError) is classified once for both paths: 422 on
+    /v1/score, and in a job the group ends `error` at its first attempt (never put back for a retry) with the
+    same public message; both count as `bad_request` in the metrics, never as `judge`."""
+    judge.script = ["400"] * 10
+    s = service(judge_retries=0, max_group_attempts=3, group_retry_s=0.1)
+    said = "the judge refused the request or is misconfigured (details in the service's log)"
+    headers = {"Authorization": f"Bearer {s.key}"}
+    body = {"trajectories": [{"messages_and_choices": convo("GOOD")}, {"messages_and_choices": convo("BAD")}]}
+    r = httpx.post(f"{s.base}/v1/score", json=body, headers=headers, timeout=30)
+    assert r.status_code == 422 and r.json() == {"detail": said}
+    with RulerClient(s.base, s.key) as client:
+        state = client.wait_job(client.submit_job([group("GOOD", "BAD")]), poll_s=0.1, timeout_s=30)
+    assert state["status"] == "done"
+    assert state["results"] == [{"index": 0, "status": "error", "attempts": 1, "result": None,
+                                 "error": f"JudgeConfigError: {said}"}]
+    assert len(judge.requests) == 2  # one call for /v1/score, one for the job's group: no retry
+    metrics = httpx.get(f"{s.base}/metrics").text
+    assert 'ruler_errors_total{kind="bad_request"} 2.0' in metrics and 'kind="judge"' not in metrics
+
+
+def test_openapi_documents_every_json_answer(service):
+    """Each route's answer has a named schema; a score row is `ScoreRow` (the CLI's and the library's rows)."""
+    spec = httpx.get(f"{service().base}/openapi.json").json()
+
+    def answer(path: str, method: str, status: str) -> str:
+        return spec["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+
+    assert answer("/v1/score", "post", "200").endswith("/ScoreResponse")
+    assert answer("/v1/jobs", "post", "202").endswith("/JobCreated")
+    assert answer("/v1/jobs/{job_id}", "get", "200").endswith("/JobStatus")
+    assert answer("/v1/jobs/{job_id}", "delete", "200").endswith("/Cancelled")
+    assert answer("/healthz", "get", "200").endswith("/Health") and answer("/healthz", "get", "503").endswith("/Health")
+    schemas = spec["components"]["schemas"]
+    assert schemas["ScoreResponse"]["properties"]["scores"]["items"]["$ref"].endswith("/ScoreRow")
+    assert set(schemas["ScoreRow"]["properties"]) == {"trajectory_id", "score", "advantage", "explanation"}
+    assert schemas["JobStatus"]["properties"]["results"]["items"]["$ref"].endswith("/GroupResult")

@@ -16,7 +16,8 @@ class Metrics:
         self.requests = Counter("ruler_requests_total", "HTTP requests", ["path", "status"], registry=self.registry)
         self.latency = Histogram("ruler_request_seconds", "HTTP request latency", ["path"], registry=self.registry)
         self.judge_calls = Counter("ruler_judge_calls_total", "Judge LLM calls made", registry=self.registry)
-        self.cache_hits = Counter("ruler_cache_hits_total", "Groups answered from the judge cache", registry=self.registry)
+        self.cache_hits = Counter("ruler_cache_hits_total", "Groups answered from the judge cache",
+                                  registry=self.registry)
         self.errors = Counter("ruler_errors_total", "Groups that failed", ["kind"], registry=self.registry)
         self.queue = Gauge("ruler_queue_depth", "Job groups waiting or running", registry=self.registry)
 

@@ -6,9 +6,9 @@ Every group ends: whatever goes wrong while judging it makes it `error` with a m
 type and what a client may be told, classified as /v1/score classifies it: `ruler.service.judging.failure`;
 the detail is logged), except a judge that is slow or unavailable (the group's time limit, or 429/5xx after
 the call's own retries), which puts the group back with a backoff (`group_retry_s`, doubling, at most
-`MAX_BACKOFF_S`) until `max_group_attempts` attempts are spent. An attempt is counted when a group is taken up, so a process that dies while judging it
-spends one too, and at start groups at their budget are given up (`error`), never resumed. Cancelling
-a job stops its groups in flight. On shutdown the worker stops taking work and waits up to `grace_s`
+`MAX_BACKOFF_S`) until `max_group_attempts` attempts are spent. An attempt is counted when a group is taken
+up, so a process that dies while judging it spends one too, and at start groups at their budget are given
+up (`error`), never resumed. Cancelling a job stops its groups in flight. On shutdown the worker stops taking work and waits up to `grace_s`
 for groups in flight; any still running then are left for the next process.
 
 The database may fail (locked, disk full, I/O errors): a pass of the loop that fails is logged and tried
@@ -111,7 +111,7 @@ class JobWorker:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _take_up_work(self) -> None:
