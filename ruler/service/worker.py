@@ -8,8 +8,9 @@ the detail is logged), except a judge that is slow or unavailable (the group's t
 the call's own retries), which puts the group back with a backoff (`group_retry_s`, doubling, at most
 `MAX_BACKOFF_S`) until `max_group_attempts` attempts are spent. An attempt is counted when a group is taken
 up, so a process that dies while judging it spends one too, and at start groups at their budget are given
-up (`error`), never resumed. Cancelling a job stops its groups in flight. On shutdown the worker stops taking work and waits up to `grace_s`
-for groups in flight; any still running then are left for the next process.
+up (`error`), never resumed. Cancelling a job stops its groups in flight. On shutdown the worker stops
+taking work and waits up to `grace_s` for groups in flight; any still running then are left for the next
+process.
 
 The database may fail (locked, disk full, I/O errors): a pass of the loop that fails is logged and tried
 again with a backoff (`health()` says `failing` meanwhile, and `/healthz` answers 503); a group whose
