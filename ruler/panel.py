@@ -38,8 +38,8 @@ async def score_panel(message_lists: list[list[dict]], panel: JudgePanel, opts: 
     n = len(message_lists)
     scores = [TrajectoryScore(trajectory_id=str(i + 1), score=agg[i], explanation=" | ".join(
         f"{m}: {r.scores[i].explanation}" for m, r in answered)) for i in range(n)]
-    notes = [f"panel of {len(panel.models)} ({panel.aggregate}): {len(answered)} answered, "
-             f"disagreement {disagreement:.3f}"] + [f"judge {m} failed: {type(e).__name__}: {e}" for m, e in failed]
+    notes = [(f"panel of {len(panel.models)} ({panel.aggregate}): {len(answered)} answered, "
+              f"disagreement {disagreement:.3f}")] + [f"judge {m} failed: {type(e).__name__}: {e}" for m, e in failed]
     result = RulerResult.combine([r for _, r in answered], scores,
                                  [statistics.pstdev([p[i] for p in per_judge]) for i in range(n)], notes)
     result.disagreement = disagreement

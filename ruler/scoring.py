@@ -26,7 +26,8 @@ from ruler.panel import score_panel
 from ruler.parse import TrajectoryScore
 from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge
 from ruler.results import EXPLANATION_KEY, RulerResult
-from ruler.trajectory import Trajectory, TrajectoryGroup, require_task_stated, validate_message_lists, validate_trajectories
+from ruler.trajectory import (Trajectory, TrajectoryGroup, require_task_stated, validate_message_lists,
+                              validate_trajectories)
 
 __all__ = ["MAX_PERMUTATIONS", "MAX_PROMPT_TOKENS", "MIN_PROMPT_TOKENS", "UNKNOWN_CONTEXT_TOKENS", "RulerResult",
            "ruler", "ruler_result", "ruler_score_group"]
@@ -61,19 +62,14 @@ async def ruler(
     return result.scores
 
 
-async def ruler_result(
-    message_lists: list[list[dict]],
-    judge_model: JudgeSpec = None,
-    extra_litellm_params: dict | None = None,
-    rubric: str = DEFAULT_RUBRIC,
-    *,
-    debug: bool = False,
-    **options: Any,
-) -> RulerResult:
+async def ruler_result(message_lists: list[list[dict]], judge_model: JudgeSpec = None,
+                       extra_litellm_params: dict | None = None, rubric: str = DEFAULT_RUBRIC,
+                       **options: Any) -> RulerResult:
     """`ruler`, returning the whole `RulerResult` instead of only its scores: token usage, cost, judge calls,
     whether it all came from the cache, each trajectory's spread across orderings (or judges), notes on what
-    was done (cuts, splits, retries), and for a panel each judge's scores and their disagreement."""
-    opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, debug=debug, caller="ruler", **options)
+    was done (cuts, splits, retries), and for a panel each judge's scores and their disagreement. Options
+    (`debug` among them) as for `ruler`."""
+    opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, caller="ruler", **options)
     return await _judge_group(validate_message_lists(message_lists, limits=opts.limits), opts)
 
 
