@@ -54,7 +54,7 @@ class RulerOptions:
     limits: caps on the group's size (a `Limits`; default `Limits()`), enforced by the input check.
     """
 
-    judge_model: str | JudgePanel | None = None
+    judge_model: str | list[str] | JudgePanel | None = None
     extra_litellm_params: dict | None = None
     rubric: str = DEFAULT_RUBRIC
     tools: list[dict] | None = None
@@ -136,4 +136,4 @@ class RulerOptions:
 
 KEYWORD_OPTIONS = frozenset(f.name for f in fields(RulerOptions) if f.init) - {
     "judge_model", "extra_litellm_params", "rubric"}
-"""The keyword options of `ruler`, `ruler_result` and `ruler_score_group` (`debug` is in their signatures)."""
+"""The keyword options of `ruler`, `ruler_result` and `ruler_score_group` (the judge and rubric are arguments)."""
