@@ -48,7 +48,7 @@ def eval_judge(
 ) -> None:
     """How often does a judge agree with people? Accuracy, swap consistency, Kendall tau."""
     from evals.judge_meta import DATASETS, DEFAULT_ROOT, evaluate, save_report
-    from ruler import default_judge_model
+    from ruler.providers import default_judge_model
 
     names = [*DATASETS, *(d for d in dataset if d != "all" and d not in DATASETS)] if "all" in dataset else dataset
     params = {"api_base": api_base} if api_base else None

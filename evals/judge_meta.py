@@ -7,7 +7,7 @@ Datasets (under `../shared/data/judge-meta`, or `--data-root`):
                  5 responses, a group of 5 judged at once and Kendall's tau against the human ranking.
 Your own labels: `--dataset PATH` takes a JSONL file of pairs or groups (`load_user_dataset`, formats in the
 README's `ruler eval judge` section); `by=FIELD` adds one summary row per value of an extra field.
-Every pair and group goes through `score_group_messages`, the code path of `ruler()` that scores training groups. Each pair is
+Every pair and group goes through `ruler_result`, the code path of `ruler()` that scores training groups. Each pair is
 judged in both orders (A,B) and (B,A): swap consistency is how often the two verdicts agree. With
 `num_permutations=k > 1` every judgment is itself averaged over k orderings. Resumable: every judgment
 is cached, so a rerun only pays for what is missing.
@@ -22,7 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ruler import JudgeOutputError, score_group_messages
+from ruler.errors import JudgeOutputError
+from ruler.scoring import ruler_result
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "judge-meta"
 LLMBAR = {
@@ -230,7 +231,8 @@ def _user_group(r: dict, where: str, rid: str) -> Group | None:
 def _trajectory_group(r: dict, where: str, rid: str) -> Group:
     import pydantic
 
-    from ruler import TrajectoryGroup, validate_trajectories
+    from ruler import TrajectoryGroup
+    from ruler.trajectory import validate_trajectories
 
     try:
         group = TrajectoryGroup.model_validate(r)
@@ -312,7 +314,7 @@ def _verdict(s1: float, s2: float) -> int:
 async def _scores(convs, judge, params, k, **opts) -> tuple[list[float] | None, float]:
     """(The judge's scores, or None when it gave no valid answer (an error, not a verdict); what the call cost)."""
     try:
-        result = await score_group_messages(convs, judge, params, num_permutations=k, **opts)
+        result = await ruler_result(convs, judge, params, num_permutations=k, **opts)
     except JudgeOutputError:
         return None, 0.0
     return [s.score for s in result.scores], result.cost

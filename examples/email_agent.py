@@ -45,9 +45,8 @@ from evals.art_e.inbox import ENRON_DIR, build_inbox_db  # noqa: E402
 from evals.art_e.questions import generate_scenarios, question_mix  # noqa: E402
 from evals.art_e.rewards import grade  # noqa: E402
 from judges.errors import JudgeError  # noqa: E402
-from ruler import TrajectoryGroup, ruler_score_group  # noqa: E402
+from ruler import TrajectoryGroup, gather_trajectory_groups, ruler_score_group  # noqa: E402
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig  # noqa: E402
-from trainer import gather_trajectory_groups  # noqa: E402
 from trainer.runlog import plot_train_report  # noqa: E402
 
 

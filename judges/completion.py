@@ -72,9 +72,6 @@ class JudgeReply:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
-    latency_s: float = 0.0
-    attempts: int = 1
-    raw: dict = field(default_factory=dict, repr=False)
     response: object = field(default=None, repr=False)  # litellm's ModelResponse (choices, tool calls)
 
 
@@ -170,7 +167,6 @@ async def complete(
     kwargs = {"timeout": policy.timeout, "num_retries": 0, "max_retries": 0, **(params or {})}
     if response_format is not None:
         kwargs["response_format"] = response_format
-    started = time.perf_counter()
     deadline = time.monotonic() + policy.deadline
     attempts = 0
     try:
@@ -209,5 +205,5 @@ async def complete(
     prompt, completion, cost = _usage_and_cost(response, model)
     return JudgeReply(
         content=content, model=model, prompt_tokens=prompt, completion_tokens=completion, cost=cost,
-        latency_s=time.perf_counter() - started, attempts=attempts, response=response,
+        response=response,
     )

@@ -1,8 +1,12 @@
 """Fitting a group into the judge's context: count, truncate, then split with anchors.
 
+`score_within_budget` is the whole decision for one judge; every prompt it weighs is built once and the
+one that fits is the one sent (with the further orderings of `num_permutations`).
+
 1. Count the prompt's tokens for the judge model (the embedded model's own tokenizer, else litellm's
-   counter for that model). The budget is the judge's input limit (or `max_prompt_tokens`) minus room
-   for its answer.
+   counter for that model). The budget is the judge's input limit (or `max_prompt_tokens`; else
+   `UNKNOWN_CONTEXT_TOKENS`) minus room for its answer. A prompt with no more characters than that budget
+   fits without counting (a token is at least one character).
 2. Over budget: shorten what matters least first: long tool outputs and long message bodies (never
    the shared system prompt and question) are cut in the middle with an explicit marker, at the
    largest cap (in characters) that fits, down to `MIN_CAP`.
@@ -13,13 +17,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from judges.errors import JudgeInputError
-from ruler.prompt import build_prompt, common_prefix_len
+from ruler.judgment import judge_orderings
+from ruler.options import RulerOptions
+from ruler.parse import TrajectoryScore
+from ruler.prompt import JudgePrompt, common_prefix_len
+from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge, TokenCounter
+from ruler.results import RulerResult
 
 CAPS = (16000, 8000, 4000, 2000, 1200, 800, 500)
 MIN_CAP = CAPS[-1]
@@ -27,7 +37,8 @@ ANSWER_TOKENS_PER_TRAJECTORY = 60  # room left for the judge's answer, per traje
 ANSWER_TOKENS_BASE = 64
 MARK = "[... {n} characters cut to fit the judge's context ...]"
 
-Counter = Callable[[list[dict]], int]
+PromptBuilder = Callable[[list[list[dict]]], JudgePrompt]
+"""Builds the judge prompt for a group's message lists (`RulerOptions.prompt`)."""
 
 
 def truncate_middle(text: str, cap: int) -> str:
@@ -71,29 +82,39 @@ def truncate_group(message_lists: list[list[dict]], cap: int) -> list[list[dict]
 
 
 def answer_reserve(n: int) -> int:
+    """Tokens left free for the judge's answer about `n` trajectories."""
     return ANSWER_TOKENS_BASE + ANSWER_TOKENS_PER_TRAJECTORY * n
 
 
 @dataclass
 class Fit:
-    """How a group (or sub-group) fits: the message lists to send and what was done to them."""
+    """How a group (or sub-group) fits: the message lists to send, their prompt and what was done to them."""
 
     message_lists: list[list[dict]]
-    tokens: int
+    prompt: JudgePrompt
     cap: int | None = None  # truncation cap applied, None when nothing was cut
 
 
-def fit_by_truncation(message_lists, rubric, tools, render, count: Counter, limit: int) -> Fit | None:
-    """The least truncation that makes the prompt fit `limit` minus the answer reserve, or None."""
+def fit_by_truncation(message_lists: list[list[dict]], build: PromptBuilder, count: TokenCounter, limit: int,
+                      prompt: JudgePrompt | None = None) -> Fit | None:
+    """The least truncation that makes the prompt fit `limit` minus the answer reserve, or None.
+
+    `prompt` is the group's prompt as it is, when already built. Each prompt is built once; a cap that
+    cuts nothing more than the previous one is skipped.
+    """
     budget = limit - answer_reserve(len(message_lists))
-    tokens = count(build_prompt(message_lists, rubric, tools=tools, render=render).messages)
-    if tokens <= budget:
-        return Fit(message_lists, tokens)
+    prompt = prompt or build(message_lists)
+    if count(prompt.messages) <= budget:
+        return Fit(message_lists, prompt)
+    previous = message_lists
     for cap in CAPS:
         cut = truncate_group(message_lists, cap)
-        tokens = count(build_prompt(cut, rubric, tools=tools, render=render).messages)
-        if tokens <= budget:
-            return Fit(cut, tokens, cap)
+        if cut == previous:
+            continue
+        previous = cut
+        prompt = build(cut)
+        if count(prompt.messages) <= budget:
+            return Fit(cut, prompt, cap)
     return None
 
 
@@ -104,13 +125,13 @@ class SplitPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def plan_split(message_lists, rubric, tools, render, count: Counter, limit: int, n_anchors: int = 2) -> SplitPlan:
+def plan_split(message_lists: list[list[dict]], build: PromptBuilder, count: TokenCounter, limit: int,
+               n_anchors: int = 2) -> SplitPlan:
     """Sub-groups that each fit at the floor truncation, all sharing the same anchors."""
     n = len(message_lists)
     floor = truncate_group(message_lists, MIN_CAP)
     prefix = common_prefix_len(message_lists)
-    empty = build_prompt([ml[:prefix] + [{"role": "assistant", "content": ""}] for ml in floor[:2]], rubric,
-                         tools=tools, render=render)
+    empty = build([ml[:prefix] + [{"role": "assistant", "content": ""}] for ml in floor[:2]])
     context_tokens = count(empty.messages)
     sizes = [count([{"role": "user", "content": json.dumps(ml[prefix:], ensure_ascii=False)}]) for ml in floor]
     n_anchors = min(n_anchors, max(n - 2, 0))
@@ -171,3 +192,42 @@ def calibrate(sub_scores: list[dict[int, float]], anchors: list[int]) -> dict[in
             if i not in ref:
                 out[i] = min(1.0, max(0.0, slope * v + shift))
     return out
+
+
+async def score_within_budget(message_lists: list[list[dict]], judge: Judge, opts: RulerOptions) -> RulerResult:
+    """`judge`'s scores for the group: as it is when it fits; else with long bodies cut; else in sub-groups
+    sharing anchors, put on one scale by `calibrate`. Notes say what was done."""
+    limit = opts.max_prompt_tokens or judge.context_limit()
+    result = await _fit_and_score(message_lists, judge, opts, limit or UNKNOWN_CONTEXT_TOKENS)
+    if limit is None and any(n.startswith(("long bodies cut", "group of")) for n in result.notes):
+        result.notes.insert(0, f"litellm does not know this judge's context: {UNKNOWN_CONTEXT_TOKENS} tokens assumed "
+                            "(set max_prompt_tokens)")
+    return result
+
+
+async def _fit_and_score(message_lists: list[list[dict]], judge: Judge, opts: RulerOptions,
+                         limit: int) -> RulerResult:
+    n = len(message_lists)
+    prompt = opts.prompt(message_lists)
+    if sum(len(m["content"]) for m in prompt.messages) <= limit - answer_reserve(n):
+        return await judge_orderings(message_lists, prompt, judge, opts)
+    count = judge.token_counter()
+    fit = fit_by_truncation(message_lists, opts.prompt, count, limit, prompt)
+    if fit is not None:
+        result = await judge_orderings(fit.message_lists, fit.prompt, judge, opts)
+        if fit.cap:
+            result.notes.insert(0, f"long bodies cut to {fit.cap} characters to fit {limit} tokens")
+        return result
+    plan = plan_split(message_lists, opts.prompt, count, limit)
+    fits = []
+    for idx in plan.subgroups:
+        sub_fit = fit_by_truncation([message_lists[i] for i in idx], opts.prompt, count, limit)
+        if sub_fit is None:
+            raise JudgeInputError(f"a sub-group of {len(idx)} trajectories still exceeds {limit} tokens")
+        fits.append(sub_fit)
+    results = await asyncio.gather(*(judge_orderings(f.message_lists, f.prompt, judge, opts) for f in fits))
+    merged = calibrate(
+        [{i: r.scores[k].score for k, i in enumerate(idx)} for idx, r in zip(plan.subgroups, results)], plan.anchors)
+    expl = {i: r.scores[k].explanation for idx, r in zip(plan.subgroups, results) for k, i in enumerate(idx)}
+    scores = [TrajectoryScore(trajectory_id=str(i + 1), explanation=expl[i], score=merged[i]) for i in range(n)]
+    return RulerResult.combine(list(results), scores, [0.0] * n, plan.notes)

@@ -147,7 +147,7 @@ def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: b
 
 
 def _print_table(scored, title: str) -> None:
-    from ruler import group_has_signal
+    from ruler.advantages import group_has_signal
 
     rewards = [t.reward for t in scored.trajectories]
     table = Table(title=escape(title), show_lines=True)
@@ -203,7 +203,8 @@ def score(
              "does not know it). Longer groups have long bodies cut, then are split."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    from ruler import TrajectoryError, TrajectoryGroup
+    from ruler import TrajectoryGroup
+    from ruler.errors import TrajectoryError
 
     _not_empty(judge, "--judge")
     _check_api_base(api_base)
@@ -228,7 +229,8 @@ def demo(
     no_cache: bool = typer.Option(True, "--no-cache/--cache", help="Judge afresh (default) or allow cache hits."),
 ) -> None:
     """Score the bundled example group (an email agent's rollouts of differing quality)."""
-    from ruler import TrajectoryGroup, default_judge_model
+    from ruler import TrajectoryGroup
+    from ruler.providers import default_judge_model
 
     _not_empty(judge, "--judge")
     path = resources.files("ruler") / "data" / DEMO_GROUP

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 
 import httpx
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt
@@ -55,7 +56,7 @@ def _body(group: TrajectoryGroup, options: dict) -> dict:
             "metadata": group.metadata, **{k: v for k, v in options.items() if v is not None}}
 
 
-class RulerClient:
+class RulerClient(AbstractContextManager):
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 660.0, attempts: int = 5):
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
                                   headers={"Authorization": f"Bearer {api_key}"})
@@ -92,14 +93,11 @@ class RulerClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self):
-        return self
-
     def __exit__(self, *exc):
         self.close()
 
 
-class AsyncRulerClient:
+class AsyncRulerClient(AbstractAsyncContextManager):
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 660.0, attempts: int = 5):
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout,
                                        headers={"Authorization": f"Bearer {api_key}"})
@@ -116,9 +114,6 @@ class AsyncRulerClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-    async def __aenter__(self):
-        return self
 
     async def __aexit__(self, *exc):
         await self.aclose()

@@ -241,13 +241,14 @@ def _join(pieces: list[_Piece], refs: dict[str, str]) -> str:
 
 @dataclass
 class JudgePrompt:
-    """The messages to send and what was done to build them (for logs, tests and token accounting)."""
+    """The messages to send, the trajectory ids they ask scores for (in the order shown), how many leading
+    messages all trajectories share (shown once, in <context>, unless all are identical), and whether every
+    trajectory was identical (then only trajectory "1" is shown and its score goes to all)."""
 
     messages: list[dict[str, str]]
     ids: list[str]
     prefix_len: int
     identical: bool
-    shared_blocks: int = 0
 
 
 def common_prefix_len(message_lists: list[list[dict]]) -> int:
@@ -304,7 +305,6 @@ def build_prompt(
         for i in shown:
             body = message_lists[i] if identical else message_lists[i][prefix:]
             blocks.append(f'<trajectory id="{ids[i]}">\n{escape(json.dumps(body))}\n</trajectory>')
-        shared_count = 0
     else:
         names = _tool_names([m for ml in message_lists for m in ml])
         head = _pieces(message_lists[0][:prefix], names) if prefix and not identical else []
@@ -324,7 +324,6 @@ def build_prompt(
             context_parts.append(f'<shared id="{refs[b]}">\n{inner}\n</shared>')
         for i, tail in zip(shown, tails):
             blocks.append(f'<trajectory id="{ids[i]}">\n{_join(tail, refs)}\n</trajectory>')
-        shared_count = len(repeated)
 
     user = ""
     context = "\n".join(p for p in context_parts if p)
@@ -338,7 +337,7 @@ def build_prompt(
     )
     return JudgePrompt(
         messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-        ids=shown_ids, prefix_len=prefix, identical=identical, shared_blocks=shared_count,
+        ids=shown_ids, prefix_len=prefix, identical=identical,
     )
 
 

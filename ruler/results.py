@@ -1,12 +1,45 @@
-"""One scored group as rows: the same id, score, advantage and explanation for the CLI table, its JSON
-and the service's answer."""
+"""What a RULER call gives back: `RulerResult` (the scores and what it took to get them) and, for a scored
+group, its rows: the same id, score, advantage and explanation for the CLI table, its JSON and the service's
+answer."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
 from ruler.advantages import group_advantages
+from ruler.parse import TrajectoryScore
 from ruler.trajectory import TrajectoryGroup
+
+
+@dataclass
+class RulerResult:
+    """Scores, ids "1".."N" in input order, plus what it took to get them."""
+
+    scores: list[TrajectoryScore]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    calls: int = 0          # judge calls actually made (0 when everything came from the cache)
+    cached: bool = False    # every judgment came from the cache
+    spread: list[float] = field(default_factory=list)  # per-trajectory std across orderings (or judges)
+    notes: list[str] = field(default_factory=list)
+    disagreement: float | None = None  # panels: mean per-trajectory std of the judges' scores
+    per_judge: dict[str, list[float]] = field(default_factory=dict)  # panels: each judge's scores
+
+    @classmethod
+    def combine(cls, results: list[RulerResult], scores: list[TrajectoryScore], spread: list[float],
+                notes: list[str]) -> RulerResult:
+        """One result for `scores` made of several judgments: their usage summed, their notes after `notes`
+        (each once), cached only if every one was."""
+        notes = list(notes)
+        for r in results:
+            notes += [x for x in r.notes if x not in notes]
+        return cls(scores=scores, prompt_tokens=sum(r.prompt_tokens for r in results),
+                   completion_tokens=sum(r.completion_tokens for r in results), cost=sum(r.cost for r in results),
+                   calls=sum(r.calls for r in results), cached=all(r.cached for r in results), spread=spread,
+                   notes=notes)
 
 EXPLANATION_KEY = "ruler_explanation"
 """The metadata key under which `ruler_score_group` stores the judge's explanation of each trajectory."""

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from ruler import group_advantages, group_has_signal
+from ruler import group_advantages
+from ruler.advantages import group_has_signal
 
 
 def test_scaled_advantages_are_zero_mean_unit_std():

@@ -82,3 +82,45 @@ async def test_anchors_remove_a_judge_that_drifts_between_subgroups(judge):
             if MARKS[qa] > MARKS[qb]:
                 assert a > b
     assert max(abs(x - MARKS[q]) for x, q in zip(got, qualities)) < 0.1
+
+
+def count_prompt_builds(monkeypatch) -> list[str]:
+    """Every judge prompt built from now on (as JSON text), in order: all are built by `RulerOptions.prompt`."""
+    import ruler.options
+
+    built: list[str] = []
+    real = ruler.options.build_prompt
+
+    def counting(*args, **kwargs):
+        prompt = real(*args, **kwargs)
+        built.append(json.dumps(prompt.messages))
+        return prompt
+
+    monkeypatch.setattr(ruler.options, "build_prompt", counting)
+    return built
+
+
+async def test_an_over_budget_group_builds_its_prompt_once_per_decision(judge, monkeypatch):
+    """Three rollouts of ~3,200 tokens under a 2,000-token budget: the full prompt is built once (measured, too
+    long), then the first cap that cuts anything (1,200 characters: the ~1,500-character tool results are
+    untouched by 16,000 to 2,000) once, and that prompt is the one sent. No prompt is built twice."""
+    built = count_prompt_builds(monkeypatch)
+    g, qualities = big_group(3)
+    scored = await ruler_score_group(g, "openai/fake-judge", judge.params, retry=FAST, max_prompt_tokens=2000,
+                                     cache=False)
+    assert [round(t.reward, 6) for t in scored] == [MARKS[q] for q in qualities]
+    assert any("long bodies cut to 1200 characters" in line for line in scored.trajectories[0].logs)
+    assert len(built) == 2
+    assert len(judge.requests) == 1 and json.dumps(judge.requests[0]["messages"]) == built[-1]
+
+
+async def test_a_split_group_builds_no_prompt_twice_and_sends_only_prompts_it_measured(judge, monkeypatch):
+    built = count_prompt_builds(monkeypatch)
+    g, qualities = big_group(12)
+    scored = await ruler_score_group(g, "openai/fake-judge", judge.params, retry=FAST, max_prompt_tokens=2000,
+                                     num_permutations=2, cache=False)
+    assert any("split into" in line for line in scored.trajectories[0].logs)
+    assert [round(t.reward, 6) for t in scored] == [MARKS[q] for q in qualities]
+    assert len(built) == len(set(built))
+    sent = [json.dumps(r["messages"]) for r in judge.requests]
+    assert len(sent) >= 4 and set(sent) <= set(built)  # two orderings of each sub-group, each built once

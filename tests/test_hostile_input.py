@@ -23,12 +23,12 @@ from openai.types.chat.chat_completion import Choice
 from typer.testing import CliRunner
 
 from evals.cli import app as cli
-from ruler import (JudgeConfigError, JudgeUnavailableError, Limits, RetryPolicy, Trajectory, TrajectoryError,
-                   TrajectoryGroup, ruler, ruler_score_group, validate_trajectories)
+from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_group
+from ruler.errors import JudgeConfigError, JudgeUnavailableError, TrajectoryError
 from ruler.service.app import ServiceConfig, create_app
 from ruler.service.store import Store
 from ruler.testing import SilentJudge, free_port
-from ruler.trajectory import group_from_data
+from ruler.trajectory import Limits, group_from_data, validate_trajectories
 
 MODEL = "openai/fake-judge"
 FAST = RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.05, timeout=10)

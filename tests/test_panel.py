@@ -4,8 +4,8 @@ import pytest
 from conftest import convo
 
 from judges.panel import aggregate_scores, borda
-from ruler import (JudgeConfigError, JudgePanel, JudgeUnavailableError, RetryPolicy, Trajectory, TrajectoryGroup,
-                   ruler_score_group)
+from ruler import JudgePanel, RetryPolicy, Trajectory, TrajectoryGroup, ruler_score_group
+from ruler.errors import JudgeConfigError, JudgeUnavailableError
 
 ONCE = RetryPolicy(attempts=1, timeout=3)
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from conftest import SYSTEM, USER, convo
 
-from ruler import (JudgeConfigError, JudgeOutputError, JudgeUnavailableError, RetryPolicy, Trajectory,
-                   TrajectoryGroup, ruler, ruler_score_group)
+from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_group
+from ruler.errors import JudgeConfigError, JudgeOutputError, JudgeUnavailableError
 
 FAST = RetryPolicy(attempts=4, initial_wait=0.01, max_wait=0.05, timeout=5)
 MODEL = "openai/fake-judge"
@@ -130,6 +130,8 @@ async def test_persistent_bad_output_raises_never_defaults(judge):
         await score(judge, group("GOOD a", "BAD b"), max_format_retries=2)
     assert "missing trajectory ids: 1" in str(info.value)
     assert len(judge.requests) == 3
+    assert info.value.problems == ["missing trajectory ids: 1"]  # what was wrong with the last answer
+    assert '"trajectory_id": "2"' in info.value.raw and '"trajectory_id": "1"' not in info.value.raw
 
 
 async def test_swallow_exceptions_returns_none(judge):
@@ -162,7 +164,7 @@ async def test_balanced_orderings_cancel_a_judges_first_position_bias(judge):
     """Four equally good answers and a judge that adds 0.3 to whichever it sees first: k=4 orderings (each
     answer once in every position) give identical scores; k=3 (each first at most once) cut the spread to
     0.1, a third of the bias, where orderings that show one answer first twice would leave 0.2."""
-    from ruler.scoring import permutation_orders
+    from ruler.judgment import permutation_orders
 
     g = group("OK a", "OK b", "OK c", "OK d")
     judge.first_bonus = 0.3

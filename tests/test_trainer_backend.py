@@ -54,7 +54,7 @@ async def test_server_serves_the_freshly_trained_adapter_and_resumes_from_checkp
             import litellm
             from trainer.sequences import served_turn
 
-            from ruler import convert_litellm_choice_to_openai
+            from ruler.trajectory import convert_litellm_choice_to_openai
             from trainer.sequences import training_sequences
 
             params = model.litellm_completion_params()

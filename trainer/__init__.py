@@ -3,7 +3,7 @@ transformers), rewards from RULER or your own code, one training step per `await
 
 from trainer.backend import LocalBackend
 from trainer.config import EngineConfig, LoRAConfig, ModelConfig, TrainConfig
-from trainer.gather import TooManyExceptions, gather_trajectory_groups
+from ruler.gather import TooManyExceptions, gather_trajectory_groups  # they depend only on ruler
 from trainer.model import TrainableModel
 
 __all__ = ["EngineConfig", "LoRAConfig", "LocalBackend", "ModelConfig", "TooManyExceptions", "TrainConfig",

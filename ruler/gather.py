@@ -11,13 +11,10 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from tqdm.auto import tqdm
 
+from ruler.errors import TooManyExceptions
 from ruler.trajectory import TrajectoryGroup
 
-log = logging.getLogger("ruler.trainer")
-
-
-class TooManyExceptions(RuntimeError):
-    pass
+log = logging.getLogger("ruler")
 
 
 async def gather_trajectory_groups(
