@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from evals.tiny_task import QUESTIONS, messages, questions_for_step, reward  # noqa: E402
+from evals.tiny_task import QUESTIONS, messages, questions_for_step, reward
 
 LORA = {"rank": 8, "alpha": 16.0}
 

@@ -38,17 +38,17 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from evals.art_e import harness  # noqa: E402
-from evals.art_e.agent import run_agent  # noqa: E402
-from evals.art_e.annotated import load_annotated  # noqa: E402
-from evals.art_e.inbox import ENRON_DIR, build_inbox_db  # noqa: E402
-from evals.art_e.questions import generate_scenarios, question_mix  # noqa: E402
-from evals.art_e.rewards import grade  # noqa: E402
-from judges.errors import JudgeError  # noqa: E402
-from ruler import TrajectoryGroup, ruler_score_group  # noqa: E402
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig  # noqa: E402
-from trainer import gather_trajectory_groups  # noqa: E402
-from trainer.runlog import plot_train_report  # noqa: E402
+from evals.art_e import harness
+from evals.art_e.agent import run_agent
+from evals.art_e.annotated import load_annotated
+from evals.art_e.inbox import ENRON_DIR, build_inbox_db
+from evals.art_e.questions import generate_scenarios, question_mix
+from evals.art_e.rewards import grade
+from judges.errors import JudgeError
+from ruler import TrajectoryGroup, ruler_score_group
+from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from trainer import gather_trajectory_groups
+from trainer.runlog import plot_train_report
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -19,11 +19,11 @@ import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from evals.tiny_task import messages, questions_for_step, reward  # noqa: E402
-from ruler import Trajectory, TrajectoryGroup  # noqa: E402
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig  # noqa: E402
-from trainer import gather_trajectory_groups  # noqa: E402
-from trainer.runlog import plot_train_report  # noqa: E402
+from evals.tiny_task import messages, questions_for_step, reward
+from ruler import Trajectory, TrajectoryGroup
+from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from trainer import gather_trajectory_groups
+from trainer.runlog import plot_train_report
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

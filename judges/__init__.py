@@ -7,13 +7,13 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-table download at import
 
-from judges.completion import JudgeReply, RetryPolicy, complete  # noqa: E402
-from judges.errors import (JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError,  # noqa: E402
+from judges.completion import JudgeReply, RetryPolicy, complete
+from judges.errors import (JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError,
                            JudgeUnavailableError)
-from judges.local_provider import EMBEDDED_JUDGE, register_local_provider  # noqa: E402
-from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, RubricText, get_rubric  # noqa: E402
+from judges.local_provider import EMBEDDED_JUDGE, register_local_provider
+from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, RubricText, get_rubric
 
-import litellm  # noqa: E402
+import litellm
 
 litellm.suppress_debug_info = True  # no provider-list banners on our errors
 register_local_provider()
