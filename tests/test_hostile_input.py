@@ -22,9 +22,9 @@ from conftest import SYSTEM, USER, convo
 from openai.types.chat.chat_completion import Choice
 from typer.testing import CliRunner
 
-from evals.cli import app as cli
 from ruler import (JudgeConfigError, JudgeUnavailableError, Limits, RetryPolicy, Trajectory, TrajectoryError,
                    TrajectoryGroup, ruler, ruler_score_group, validate_trajectories)
+from ruler.cli import app as cli
 from ruler.service.app import ServiceConfig, create_app
 from ruler.service.store import Store
 from ruler.testing import SilentJudge, free_port
