@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import convo
 
 from judges.choice import JUDGES_BY_KEY
 from ruler import Trajectory, TrajectoryGroup
@@ -53,7 +52,9 @@ def test_the_blocker_hides_every_heavy_module(light_env, tmp_path):
 
 
 def test_ruler_score_works_without_the_extras(light_env, tmp_path, judge):
-    group = TrajectoryGroup([Trajectory(messages_and_choices=convo(a)) for a in ("GOOD a", "BAD b", "OK c")])
+    task = [{"role": "system", "content": "Answer from the inbox."}, {"role": "user", "content": "When?"}]
+    group = TrajectoryGroup([Trajectory(messages_and_choices=[*task, {"role": "assistant", "content": a}])
+                             for a in ("GOOD a", "BAD b", "OK c")])
     path = group.save(tmp_path / "group.json")
     res = light({**light_env, "OPENAI_API_KEY": "sk-test"}, tmp_path, "-m", "ruler", "score", str(path),
                 "--judge", "openai/x", "--api-base", judge.base, "--json")
