@@ -106,10 +106,11 @@ def _unavailable_command(name: str, why: str) -> click.Command:
         error_line(why)
         raise typer.Exit(2)
 
-    listed = f"unavailable: {why}"  # the root's help renders rich markup: the extra's [brackets] must survive it
-    return click.Command(name, callback=explain, short_help=escape(listed) if app.rich_markup_mode == "rich" else listed,
-                         add_help_option=False, context_settings={"ignore_unknown_options": True,
-                                                                  "allow_extra_args": True})
+    listed = f"unavailable: {why}"
+    if app.rich_markup_mode == "rich":  # the root's help renders rich markup: the extra's [brackets] must survive
+        listed = escape(listed)
+    return click.Command(name, callback=explain, short_help=listed, add_help_option=False,
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 
 
 class CliGroup(typer.core.TyperGroup):
