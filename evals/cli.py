@@ -1,34 +1,20 @@
-"""The full `ruler` command line: ruler's own commands plus `ruler eval ...` (evals sits on top of ruler)."""
+"""`ruler eval ...`: the evaluations' commands. `ruler.cli` loads `app` by name when `eval` is run or listed
+(see `ruler.cli.PLUGIN_COMMANDS`); evals runs from a checkout and needs the `eval` extra."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from ruler.cli import app
+from ruler.cli import console, print_frame
 
-console = Console()
-eval_app = typer.Typer(no_args_is_help=True, help="Evaluations: judge meta-evaluation, benchmarks.")
-app.add_typer(eval_app, name="eval")
+app = typer.Typer(no_args_is_help=True, help="Evaluations: judge meta-evaluation, benchmarks.")
 
 
-def print_frame(df, title: str, fmt: str = "{:.3f}") -> None:
-    """A DataFrame as a rich table, wide enough not to wrap the numbers."""
-    table = Table(title=title)
-    for col in df.columns:
-        table.add_column(str(col), justify="right")
-    for row in df.itertuples(index=False):
-        table.add_row(*[fmt.format(v) if isinstance(v, float) else str(v) for v in row])
-    Console(width=max(console.width, 240)).print(table)
-
-
-@eval_app.command("judge")
+@app.command("judge")
 def eval_judge(
     judge: Optional[str] = typer.Option(None, "--judge", help="litellm model string (default: embedded judge)."),
     dataset: list[str] = typer.Option(["llmbar-natural"], "--dataset", "-d",
@@ -61,7 +47,7 @@ def eval_judge(
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
 
 
-@eval_app.command("art-e")
+@app.command("art-e")
 def eval_art_e(
     model: list[str] = typer.Option(None, "--model", "-m", help="litellm model string, or MODEL@http://host/v1 for an "
                                     "OpenAI-compatible server. Repeatable. Default: the embedded model."),
@@ -151,28 +137,3 @@ def eval_art_e(
     print_frame(summary, f"ART·E, {len(picked)} {split} questions (accuracy: {df.attrs['accuracy_by']})")
     paths = harness.save_benchmark(df, summary, out)
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)
-
-
-@app.command("train-report")
-def train_report(
-    run: Path = typer.Argument(..., help="A run folder ({path}/{project}/{name}) holding history.jsonl."),
-    out: Optional[Path] = typer.Option(None, "--out", help="PNG path (default: RUN/train-report.png)."),
-) -> None:
-    """Plot a training run's reward and loss curves to a PNG and print the last steps."""
-    from trainer.runlog import load_run_log, plot_train_report
-
-    path = plot_train_report(run, out)
-    df = load_run_log(run)
-    cols = [c for c in ("step", "reward_mean", "reward_std", "loss", "kl", "grad_norm", "clip_fraction",
-                        "trained_tokens", "rollout_s", "train_s") if c in df]
-    print_frame(df[cols].tail(10), f"{run}: {len(df)} steps", "{:.4g}")
-    console.print(f"saved: {path}", soft_wrap=True)
-
-
-def main() -> None:  # pragma: no cover
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

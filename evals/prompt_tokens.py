@@ -13,7 +13,7 @@ from pathlib import Path
 
 from judges import DEFAULT_RUBRIC  # first: it keeps litellm offline (local price table)
 
-from litellm.litellm_core_utils.default_encoding import encoding  # noqa: E402
+from litellm.litellm_core_utils.default_encoding import encoding
 from ruler.budget import CAPS, answer_reserve, truncate_group
 from ruler.prompt import build_prompt
 

@@ -9,7 +9,7 @@ GRPOTrainer, one command per part.
 litellm parameters, native tools, 3 turns) checked turn by turn — training context == served
 `prompt_token_ids`, trained ids == sampled `token_ids`, old logprobs == sampled — then one training step,
 whose importance ratios (before the update) compare vLLM's bf16 logprobs with the trainer's; requests sent
-during that step must come back whole; (2) the tiny task (`evals/tiny_task.py`) for `--steps` GRPO steps:
+during that step must come back whole; (2) the tiny task (`examples/tiny_task.py`) for `--steps` GRPO steps:
 seconds per step, reward, sleep/wake and adapter-load seconds; (3) rollout tokens/s through the served
 path vs raw `vllm.LLM.generate` on the same prompt tokens, fixed length (`ignore_eos`), after the server
 is closed; (4) peak GPU memory (NVML, whole device, sampled every 50 ms). `--steps 0 --art-e-groups 0`
@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # the tiny task: one copy, the example's
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from evals.tiny_task import QUESTIONS, messages, questions_for_step, reward  # noqa: E402
+from tiny_task import QUESTIONS, messages, questions_for_step, reward
 
 LORA = {"rank": 8, "alpha": 16.0}
 

@@ -24,6 +24,10 @@ summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, befor
 and curves.png (the training curves), questions.csv (the mix of question kinds), and run.json (the
 arguments). Accuracy is the matcher's (plus the correctness judge's, if given); the RULER judge's scores
 are rewards for training, never accuracy.
+
+Unlike the other examples this one runs from a checkout of the ruler-rl repository: the ART·E task (inbox
+database, tools, questions, ART's rubric) lives in `evals/`, which the ruler-rl wheel does not ship. Set the
+checkout up with `bash .ci/setup` (the `all` extras, the checkout on the venv's path) and run it from there.
 """
 
 from __future__ import annotations
@@ -38,16 +42,23 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from evals.art_e import harness  # noqa: E402
-from evals.art_e.agent import run_agent  # noqa: E402
-from evals.art_e.annotated import load_annotated  # noqa: E402
-from evals.art_e.inbox import ENRON_DIR, build_inbox_db  # noqa: E402
-from evals.art_e.questions import generate_scenarios, question_mix  # noqa: E402
-from evals.art_e.rewards import grade  # noqa: E402
-from judges.errors import JudgeError  # noqa: E402
-from ruler import TrajectoryGroup, gather_trajectory_groups, ruler_score_group  # noqa: E402
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig  # noqa: E402
-from trainer.runlog import plot_train_report  # noqa: E402
+from judges.errors import JudgeError
+from ruler import TrajectoryGroup, gather_trajectory_groups, ruler_score_group
+from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from trainer.runlog import plot_train_report
+
+try:
+    from evals.art_e import harness
+    from evals.art_e.agent import run_agent
+    from evals.art_e.annotated import load_annotated
+    from evals.art_e.inbox import ENRON_DIR, build_inbox_db
+    from evals.art_e.questions import generate_scenarios, question_mix
+    from evals.art_e.rewards import grade
+except ModuleNotFoundError as exc:
+    if exc.name != "evals":
+        raise
+    raise SystemExit("examples/email_agent.py runs from a checkout of the ruler-rl repository: the ART·E task "
+                     "lives in evals/, which is not installed here (in the checkout: bash .ci/setup)") from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:

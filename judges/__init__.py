@@ -1,28 +1,29 @@
 """Talking to judge LLMs: litellm calls with retries, the embedded offline model, rubrics.
 
 `judges` knows nothing about trajectories; `ruler` builds prompts and reads scores on top of it.
+Importing it registers two litellm providers, `local/...` (the embedded judge) and `vllm-engine/...`;
+neither imports torch or vLLM until a judge of theirs is called (`judges.extras` says what is missing).
 """
 
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-table download at import
 
-from judges.completion import JudgeReply, RetryPolicy, complete  # noqa: E402
-from judges.errors import (JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError,  # noqa: E402
-                           JudgeUnavailableError)
-from judges.local_provider import EMBEDDED_JUDGE, register_local_provider  # noqa: E402
-from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, RubricText, get_rubric  # noqa: E402
+import litellm
 
-import litellm  # noqa: E402
+from judges.completion import JudgeReply, RetryPolicy, complete
+from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
+from judges.extras import MissingExtraError
+from judges.local_provider import EMBEDDED_JUDGE, register_local_provider
+from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, RubricText, get_rubric
+from judges.vllm_engine import register_vllm_engine_provider
 
 litellm.suppress_debug_info = True  # no provider-list banners on our errors
 register_local_provider()
-
-from judges.vllm_engine import register_vllm_engine_provider  # noqa: E402
-
 register_vllm_engine_provider()
 
 __all__ = [
-    "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "RUBRICS", "JudgeConfigError", "JudgeError", "JudgeInputError", "JudgeOutputError",
-    "JudgeReply", "JudgeUnavailableError", "RetryPolicy", "RubricText", "complete", "get_rubric", "register_local_provider",
+    "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "RUBRICS", "JudgeConfigError", "JudgeError", "JudgeInputError",
+    "JudgeOutputError", "JudgeReply", "JudgeUnavailableError", "MissingExtraError", "RetryPolicy", "RubricText",
+    "complete", "get_rubric", "register_local_provider",
 ]

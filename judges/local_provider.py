@@ -3,6 +3,8 @@
 `register_local_provider()` adds a litellm `CustomLLM` under the provider name `local`, so every code
 path that takes a litellm `judge_model` (RULER, panels, the answer-correctness judge, ...) accepts the
 embedded model too. A `response_format` of type `json_schema` is honoured by constrained decoding.
+Registering imports nothing heavy; calling a `local/...` model without the `embedded` extra (torch,
+transformers, xgrammar, ...) raises `MissingExtraError` naming the `pip install` to run.
 """
 
 from __future__ import annotations
@@ -18,17 +20,32 @@ from litellm.types.utils import ModelResponse
 
 from judges.embedded import EMBEDDED_MODEL_NAME, load_embedded_model
 from judges.errors import JudgeConfigError
+from judges.extras import require
 
 LOCAL_PROVIDER = "local"
+VLLM_ENGINE_PROVIDER = "vllm-engine"  # judges/vllm_engine.py
 EMBEDDED_JUDGE = f"{LOCAL_PROVIDER}/{EMBEDDED_MODEL_NAME}"
 LOCAL_MODELS = {EMBEDDED_MODEL_NAME}
 
 
+REAL_JUDGE_HINT = ("or use a real judge instead: any litellm model string as the judge model (--judge MODEL or "
+                   "$RULER_JUDGE_MODEL on the command line, e.g. openai/gpt-4.1-mini with OPENAI_API_KEY set)")
+
+
 def check_local_model(model: str) -> None:
-    """Raise JudgeConfigError for `local/<name>` strings naming no embedded model (others pass)."""
+    """Check a judge of the providers ruler registers itself before litellm is called (litellm would wrap an
+    error raised inside the provider): JudgeConfigError for `local/<name>` naming no embedded model,
+    MissingExtraError (a JudgeConfigError) for `local/...` without the `embedded` extra and for
+    `vllm-engine/...` without the `gpu` extra. Other model strings pass."""
     provider, _, name = model.partition("/")
-    if provider == LOCAL_PROVIDER and name not in LOCAL_MODELS:
+    if provider == VLLM_ENGINE_PROVIDER:
+        require("gpu", f"the judge {model}")
+        return
+    if provider != LOCAL_PROVIDER:
+        return
+    if name not in LOCAL_MODELS:
         raise JudgeConfigError(f"unknown local model {name!r}; available: {sorted(LOCAL_MODELS)}")
+    require("embedded", f"the embedded judge {model}", REAL_JUDGE_HINT)
 
 
 def schema_from_response_format(response_format) -> dict | None:

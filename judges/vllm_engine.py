@@ -19,10 +19,9 @@ import litellm
 from litellm import CustomLLM
 from litellm.types.utils import ModelResponse
 
-from judges.errors import JudgeConfigError
+from judges.extras import require
+from judges.local_provider import VLLM_ENGINE_PROVIDER as PROVIDER
 from judges.local_provider import schema_from_response_format
-
-PROVIDER = "vllm-engine"
 
 
 class VLLMEngineLLM(CustomLLM):
@@ -34,11 +33,10 @@ class VLLMEngineLLM(CustomLLM):
     async def _engine(self, model: str):
         async with self._lock:
             if model not in self._engines:
-                try:
-                    from vllm import AsyncEngineArgs
-                    from vllm.v1.engine.async_llm import AsyncLLM
-                except ImportError as exc:
-                    raise JudgeConfigError("vllm-engine judges need vLLM: pip install 'ruler-rl[gpu]'") from exc
+                require("gpu", f"the judge {PROVIDER}/{model}")
+                from vllm import AsyncEngineArgs
+                from vllm.v1.engine.async_llm import AsyncLLM
+
                 extra = json.loads(os.environ.get("RULER_VLLM_ENGINE_ARGS") or "{}")
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **extra))
                 tokenizer = await engine.get_tokenizer() if asyncio.iscoroutinefunction(engine.get_tokenizer) \
@@ -48,10 +46,10 @@ class VLLMEngineLLM(CustomLLM):
 
     async def acompletion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,
                           encoding, api_key, logging_obj, optional_params, *args, **kwargs) -> ModelResponse:
+        name = model.split("/", 1)[-1] if model.startswith(PROVIDER + "/") else model
+        engine, tokenizer = await self._engine(name)  # first: without vLLM it names the extra to install
         from vllm import SamplingParams
 
-        name = model.split("/", 1)[-1] if model.startswith(PROVIDER + "/") else model
-        engine, tokenizer = await self._engine(name)
         params = dict(optional_params or {})
         prompt = tokenizer.apply_chat_template(
             [{"role": m["role"], "content": m.get("content") or ""} for m in messages],

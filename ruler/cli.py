@@ -1,4 +1,8 @@
-"""The `ruler` command line: `ruler score FILE`, `ruler demo`, `ruler serve`, `ruler keys ...`.
+"""The `ruler` command line (`ruler` or `python -m ruler`): `ruler score FILE`, `ruler demo`, `ruler serve`,
+`ruler keys ...`, and the commands of the packages above ruler: `ruler train-report` (trainer) and
+`ruler eval ...` (evals, from a checkout). Those are looked up by module name when used or listed
+(`PLUGIN_COMMANDS`), so ruler never imports trainer or evals; when one cannot load (its extra is missing, or
+evals is absent from an installed wheel) the command still shows and prints one line saying what to install.
 
 Every error is one line on stderr naming the problem and a non-zero exit: 2 for bad input or options
 (usage errors included), 1 when the judge failed or for anything unexpected. `--debug` (or
@@ -8,6 +12,7 @@ Every error is one line on stderr naming the problem and a non-zero exit: 2 for 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import sys
@@ -16,13 +21,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from judges.choice import JUDGES_BY_KEY, choose_judge
 from judges.completion import MAX_ATTEMPTS
 from judges.errors import JudgeConfigError, JudgeError
+from judges.extras import MissingExtraError, pip_command, require
 from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, load_rubric_file
 from ruler.results import score_rows
 from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, UNKNOWN_CONTEXT_TOKENS
@@ -59,8 +67,66 @@ def exit_code_and_message(exc: BaseException) -> tuple[int, str]:
     return 1, f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)"
 
 
+# Commands of the packages above ruler, imported by module name only when run or listed (ruler never imports
+# trainer or evals): command name -> (module, its typer.Typer attribute, the extra it needs).
+PLUGIN_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "train-report": ("trainer.cli", "app", "train"),
+    "eval": ("evals.cli", "app", "eval"),
+}
+
+
+def load_plugin_command(name: str) -> click.Command:
+    """The click command of plugin `name`; one that only prints why it is unavailable if its module cannot load."""
+    if name not in PLUGIN_COMMANDS:
+        raise ValueError(f"unknown plugin command {name!r}; known: {', '.join(PLUGIN_COMMANDS)}")
+    module_name, attribute, extra = PLUGIN_COMMANDS[name]
+    package = module_name.partition(".")[0]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # MissingExtraError included
+        if isinstance(exc, ModuleNotFoundError) and exc.name == package:
+            why = (f"`ruler {name}` runs from a checkout of the ruler-rl repository ({package} is not in the "
+                   f"installed package): in the checkout run `bash .ci/setup`, or `python -m ruler {name} ...` "
+                   f"from its root with the '{extra}' extra installed ({pip_command(extra)})")
+        elif isinstance(exc, MissingExtraError):
+            why = (f"`ruler {name}` needs the '{exc.extra}' extra ({', '.join(exc.missing)} not installed): "
+                   f"{pip_command(exc.extra)}")
+        else:
+            why = f"`ruler {name}` cannot load ({exc}); it needs the '{extra}' extra: {pip_command(extra)}"
+        return _unavailable_command(name, why)
+    command = typer.main.get_command(getattr(module, attribute))
+    command.name = name
+    return command
+
+
+def _unavailable_command(name: str, why: str) -> click.Command:
+    """A command that takes any arguments, `--help` included, and prints `why` as one error line (exit 2)."""
+
+    def explain() -> None:
+        error_line(why)
+        raise typer.Exit(2)
+
+    listed = f"unavailable: {why}"
+    if app.rich_markup_mode == "rich":  # the root's help renders rich markup: the extra's [brackets] must survive
+        listed = escape(listed)
+    return click.Command(name, callback=explain, short_help=listed, add_help_option=False,
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+
+
 class CliGroup(typer.core.TyperGroup):
-    """The root command: usage errors and exceptions become one line and an exit code (no traceback)."""
+    """The root command: usage errors and exceptions become one line and an exit code (no traceback); the
+    commands of `PLUGIN_COMMANDS` are loaded when named or listed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        own = super().list_commands(ctx)
+        return [*own, *(name for name in PLUGIN_COMMANDS if name not in own)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in PLUGIN_COMMANDS:
+            command = load_plugin_command(cmd_name)
+            self.add_command(command, cmd_name)
+        return command
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -223,37 +289,62 @@ def score(
         _print_table(scored, f"RULER scores for {file}")
 
 
-@app.command()
+def _key_judges() -> str:
+    return ", ".join(f"{var} picks {model}" for var, model in JUDGES_BY_KEY)
+
+
+@app.command(help=f"""Score the bundled example group (an email agent's rollouts of differing quality).
+
+The judge: --judge, else $RULER_JUDGE_MODEL, else a real judge picked by an API key in the environment
+({_key_judges()}), else the embedded SmolLM2-135M judge, which checks the plumbing, not quality.""")
 def demo(
-    judge: Optional[str] = typer.Option(None, "--judge", help="litellm model string (default: embedded judge)."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="litellm model string (default: $RULER_JUDGE_MODEL, "
+                                        "else one picked by an API key in the environment, else the embedded judge)."),
+    api_base: Optional[str] = typer.Option(None, "--api-base", help="OpenAI-compatible base URL for the judge."),
     no_cache: bool = typer.Option(True, "--no-cache/--cache", help="Judge afresh (default) or allow cache hits."),
 ) -> None:
     """Score the bundled example group (an email agent's rollouts of differing quality)."""
     from ruler import TrajectoryGroup
-    from ruler.providers import default_judge_model
 
     _not_empty(judge, "--judge")
+    _check_api_base(api_base)
+    choice = choose_judge(judge)
+    embedded = choice.source == "embedded"
+    if embedded:  # before anything is printed: without the extra, one line says what to do
+        require("embedded", f"the demo's default judge ({choice.model})",
+                f"or use a real judge: --judge MODEL (any litellm model string), $RULER_JUDGE_MODEL, or an API key "
+                f"in the environment ({_key_judges()})")
+    why = {"given": "--judge", "env": "$RULER_JUDGE_MODEL", "key": f"{choice.key_var} is set",
+           "embedded": "no --judge, no $RULER_JUDGE_MODEL, no API key in the environment"}[choice.source]
     path = resources.files("ruler") / "data" / DEMO_GROUP
     group = TrajectoryGroup.model_validate_json(path.read_text(encoding="utf-8"))
-    model = judge or default_judge_model()
-    console.print(f"Scoring {len(group)} trajectories of the bundled email-agent group with [bold]{model}[/bold] "
-                  "(the first run converts the embedded model, ~1 min)...")
+    console.print(f"Scoring {len(group)} trajectories of the bundled email-agent group with [bold]"
+                  f"{escape(choice.model)}[/bold] ({escape(why)})"
+                  + ("; the first run converts the embedded model, ~1 min..." if embedded else "..."))
     started = time.perf_counter()
-    scored = _score(group, model, None, "default", not no_cache, 1)
+    scored = _score(group, choice.model, api_base, "default", not no_cache, 1)
     _print_table(scored, "RULER demo: who answered the inbox question best?")
     console.print(f"demo wall time: {time.perf_counter() - started:.1f} s")
-    from judges import EMBEDDED_JUDGE
-
-    if model == EMBEDDED_JUDGE:
+    if embedded:
         console.print("[yellow]The embedded SmolLM2-135M judge checks the plumbing, not quality: it is near chance "
                       "on human-labelled pairs. For real scores give a real judge: --judge MODEL (any litellm "
-                      "model string, e.g. openai/o4-mini with OPENAI_API_KEY set) or $RULER_JUDGE_MODEL.[/yellow]")
+                      f"model string; or $RULER_JUDGE_MODEL), or set an API key ({escape(_key_judges())}).[/yellow]")
 
 
-def main() -> None:  # pragma: no cover
+def print_frame(df, title: str, fmt: str = "{:.3f}") -> None:
+    """A DataFrame as a rich table, wide enough not to wrap the numbers (for the plugin commands' summaries)."""
+    table = Table(title=escape(title))
+    for col in df.columns:
+        table.add_column(escape(str(col)), justify="right")
+    for row in df.itertuples(index=False):
+        table.add_row(*[fmt.format(v) if isinstance(v, float) else escape(str(v)) for v in row])
+    Console(width=max(console.width, 240)).print(table)
+
+
+def main() -> None:
+    """The `ruler` console script and `python -m ruler`: the same commands and help, named `ruler`."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    app()
-
+    app(prog_name="ruler")
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of the judging service.")
@@ -333,6 +424,7 @@ def serve(
     metrics_key: bool = typer.Option(False, "--metrics-require-key", help="Protect /metrics with an API key."),
 ) -> None:
     """Run the judging service (FastAPI + uvicorn): /v1/score, /v1/jobs, /healthz, /metrics, /docs."""
+    require("serve", "the judging service (ruler serve)")
     import logging
 
     import uvicorn
@@ -357,5 +449,5 @@ def serve(
                 timeout_graceful_shutdown=30, limit_concurrency=1024)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+if __name__ == "__main__":  # pragma: no cover  (`python -m ruler` is the documented way)
+    main()

@@ -5,9 +5,9 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).parent))
 
-import pytest  # noqa: E402
+import pytest
 
-from ruler.testing import FakeJudge  # noqa: E402
+from ruler.testing import FakeJudge
 
 SYSTEM = {"role": "system", "content": "You are an email agent. Answer the user's question from their inbox."}
 USER = {"role": "user", "content": "When is the budget meeting?"}

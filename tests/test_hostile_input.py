@@ -22,8 +22,8 @@ from conftest import SYSTEM, USER, convo
 from openai.types.chat.chat_completion import Choice
 from typer.testing import CliRunner
 
-from evals.cli import app as cli
 from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_group
+from ruler.cli import app as cli
 from ruler.errors import JudgeConfigError, JudgeUnavailableError, TrajectoryError
 from ruler.service.app import ServiceConfig, create_app
 from ruler.service.store import Store

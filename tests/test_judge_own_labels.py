@@ -154,7 +154,7 @@ async def test_mixed_with_a_built_in_set_and_bad_input_stops_before_judging(tmp_
 def test_command_line(tmp_path, judge, monkeypatch):
     from typer.testing import CliRunner
 
-    from evals.cli import app
+    from ruler.cli import app
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     res = CliRunner().invoke(app, ["eval", "judge", "--judge", "openai/fake-judge", "--api-base", judge.base,

@@ -74,7 +74,7 @@ def test_killed_mid_step_resumes_from_the_last_complete_checkpoint(tmp_path):
 def test_train_report_command_plots_a_run(tmp_path):
     from typer.testing import CliRunner
 
-    from evals.cli import app
+    from ruler.cli import app
     from trainer.runlog import append_row
 
     run = tmp_path / "proj" / "m"

@@ -1,0 +1,72 @@
+"""Optional parts of ruler-rl and the one error raised when one is used without its extra installed.
+
+`pip install ruler-rl` gives RULER with any litellm judge, the cache and retries. Everything heavier is an
+extra: `embedded` (the offline judge), `serve` (the judging service), `train` (the GRPO/LoRA trainer),
+`gpu` (vLLM), `eval` (the evaluations, which run from a checkout). Code that needs an extra calls
+`require(extra, what)` before importing it, so the user reads which `pip install` to run instead of a
+`ModuleNotFoundError` for a module they never asked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from judges.errors import JudgeConfigError
+
+# the modules each extra installs that its code imports (import names, not distribution names)
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "embedded": ("torch", "transformers", "accelerate", "gguf", "xgrammar"),
+    "serve": ("fastapi", "uvicorn", "prometheus_client"),
+    "train": ("torch", "transformers", "peft", "accelerate", "fastapi", "uvicorn", "pandas", "matplotlib"),
+    "gpu": ("vllm",),
+    "eval": ("pandas", "pyarrow", "matplotlib", "scipy", "dateutil"),
+}
+
+
+class MissingExtraError(JudgeConfigError, ImportError):
+    """A part of ruler-rl was used without its extra installed. `extra` names it, `missing` lists the modules
+    that could not be found, and the message carries the `pip install` command to run."""
+
+    def __init__(self, message: str, *, extra: str, missing: list[str]):
+        super().__init__(message)
+        self.extra = extra
+        self.missing = missing
+
+
+def pip_command(extra: str) -> str:
+    """The command that installs `extra`: `pip install 'ruler-rl[EXTRA]'`."""
+    _check_extra(extra)
+    return f"pip install 'ruler-rl[{extra}]'"
+
+
+def missing_modules(extra: str) -> list[str]:
+    """The modules of `extra` that are not installed (found without importing them)."""
+    _check_extra(extra)
+    missing = []
+    for name in EXTRAS[extra]:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a broken or blocked installation counts as missing
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def require(extra: str, what: str, hint: str = "") -> None:
+    """Raise MissingExtraError unless every module of `extra` is installed.
+
+    `what` names the part being used (e.g. "the judging service (ruler serve)"); `hint` is appended to the
+    message (another way out, such as passing a real judge).
+    """
+    if not isinstance(what, str) or not what.strip():
+        raise ValueError("require() needs `what`: the part of ruler-rl that needs the extra")
+    missing = missing_modules(extra)
+    if missing:
+        message = f"{what} needs the '{extra}' extra ({', '.join(missing)} not installed): {pip_command(extra)}"
+        raise MissingExtraError(message + (f"; {hint}" if hint else ""), extra=extra, missing=missing)
+
+
+def _check_extra(extra: str) -> None:
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r}; extras: {', '.join(EXTRAS)}")
