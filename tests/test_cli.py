@@ -2,11 +2,11 @@
 
 import json
 
-from conftest import convo
 from typer.testing import CliRunner
 
 from ruler import Trajectory, TrajectoryGroup
 from ruler.cli import app
+from tests.helpers import convo
 
 runner = CliRunner()
 

@@ -34,10 +34,16 @@ def test_empty_responses_are_skipped_and_counted(tmp_path):
 
 
 def test_pandalm_unanimous_pairs_ties_and_full_groups_from_real_data():
-    decided, ties, groups, skipped = load_pandalm(DEFAULT_ROOT / "PandaLM" / "testset-v1.json")
+    path = DEFAULT_ROOT / "PandaLM" / "testset-v1.json"
+    decided, ties, groups, skipped = load_pandalm(path)
     assert len(groups) == 20 and all(len(g.responses) == 5 for g in groups)
     assert all(p.label in (1, 2) for p in decided) and all(p.label == 0 for p in ties)
-    assert len(decided) > 500 and len(ties) > 50 and skipped >= 0
+    # of the 999 records, 879 have three agreeing annotators; 51 of those have an empty response
+    assert (len(decided), len(ties), skipped) == (744, 84, 51)
+    rows = json.loads(path.read_text())
+    unanimous = [r for r in rows if r["annotator1"] == r["annotator2"] == r["annotator3"]]
+    empty = [r for r in unanimous if not str(r["response1"]).strip() or not str(r["response2"]).strip()]
+    assert len(rows) == 999 and len(unanimous) == len(decided) + len(ties) + skipped and len(empty) == skipped
     assert all(sum(g.human) == 30 for g in groups)  # 10 pairings x 3 annotators, one point each
 
 
