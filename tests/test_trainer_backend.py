@@ -87,7 +87,8 @@ async def test_the_model_keeps_one_openai_client_as_art_does(step_one):
 async def test_a_step_trains_on_exactly_what_was_sampled(step_one):
     row = step_one.row
     assert row["trained"] and row["step"] == 1 and await step_one.model.get_step() == 1
-    assert row["sequences"] == 4 and row["trained_tokens"] > 0 and row["grad_norm"] > 0
+    sampled = sum(len(t.messages_and_choices[-1].model_extra["token_ids"]) for t in step_one.group.trajectories)
+    assert row["sequences"] == 4 and row["trained_tokens"] == sampled and row["grad_norm"] > 0
     # the ratio of fresh sampled logprobs to training logprobs is 1: training saw what was sampled
     assert row["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
 
