@@ -21,24 +21,25 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8
 
 
-# Run as `python -c HOLD script args`: the script runs as written, except that while the checkpoint of step
-# $HOLD_STEP is being written, its optimizer state is written only half-way, $HOLD_SIGNAL is created, and the
-# process waits there to be killed. So a test kills the trainer mid-write every time, not by luck of timing.
+# Run as `python -c HOLD script args`: the script runs as written, except that when the optimizer state of
+# step $HOLD_STEP's checkpoint is written (into its temporary folder, `.tmp-NNNN-pid`), only half of it is
+# written, $HOLD_SIGNAL is created, and the process waits there to be killed. So a test kills the trainer
+# mid-write every time, not by luck of timing.
 HOLD = """
 import io, os, runpy, sys, time
 from pathlib import Path
 
 import torch
 
-from trainer import checkpoints
-
-step_to_hold, signal_file = int(os.environ["HOLD_STEP"]), Path(os.environ["HOLD_SIGNAL"])
-real_save_checkpoint, real_torch_save = checkpoints.save_checkpoint, torch.save
+prefix, signal_file = f".tmp-{int(os.environ['HOLD_STEP']):04d}-", Path(os.environ["HOLD_SIGNAL"])
+real_save = torch.save
 
 
-def half_save(obj, f, *args, **kwargs):
+def save(obj, f, *args, **kwargs):
+    if not (isinstance(f, (str, os.PathLike)) and Path(f).parent.name.startswith(prefix)):
+        return real_save(obj, f, *args, **kwargs)
     buffer = io.BytesIO()
-    real_torch_save(obj, buffer, *args, **kwargs)
+    real_save(obj, buffer, *args, **kwargs)
     data = buffer.getvalue()
     with open(f, "wb") as out:
         out.write(data[: len(data) // 2])
@@ -49,13 +50,7 @@ def half_save(obj, f, *args, **kwargs):
     time.sleep(3600)
 
 
-def holding_save_checkpoint(run_dir, step, *args, **kwargs):
-    if step == step_to_hold:
-        torch.save = half_save
-    return real_save_checkpoint(run_dir, step, *args, **kwargs)
-
-
-checkpoints.save_checkpoint = holding_save_checkpoint
+torch.save = save
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -96,13 +91,16 @@ def test_killed_mid_step_resumes_from_the_last_complete_checkpoint(tmp_path):
     with open(log, "w") as first_out:
         proc = tiny(tmp_path, "--steps", 4, *args, hold=(2, signal_file), stdout=first_out)
     deadline = time.time() + 900
-    while not signal_file.exists():
-        assert proc.poll() is None, f"the trainer ended before step 2's checkpoint was held: {log.read_text()[-3000:]}"
-        assert ckpt.latest_checkpoint(run) in (None, 1), "step 2's checkpoint completed: the hold never fired"
-        assert time.time() < deadline, "step 2's checkpoint was not reached in time"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # half-way through writing step 2's optimizer state
-    proc.wait()
+    try:
+        while not signal_file.exists():
+            assert proc.poll() is None, f"the trainer ended before step 2's checkpoint: {log.read_text()[-3000:]}"
+            assert ckpt.latest_checkpoint(run) in (None, 1), ("step 2's checkpoint completed without the hold: is "
+                                                              "its optimizer state still written with torch.save?")
+            assert time.time() < deadline, "step 2's checkpoint was not reached in time"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # half-way through writing step 2's optimizer state
+        proc.wait()
     half = Path(signal_file.read_text())
     assert half.parent.parent == run / "checkpoints" and half.parent.name.startswith(".tmp-0002-")
     assert (half.parent / "adapter_model.safetensors").is_file() and not (half.parent / ckpt.STATE).exists()
