@@ -5,14 +5,17 @@
 
 It answers RULER prompts by reading the `<trajectory id="N">` blocks of the user message and scoring
 each by a marker in its text (GOOD -> 0.9, OK -> 0.5, BAD -> 0.1, else 0.3). `script` is a list of
-fault modes consumed one per request ("ok" when empty); an item that is a dict is sent back as the
-assistant message itself (`{"content": ...}` or `{"tool_calls": [...]}`: a scripted agent). `latency_s`
-delays every answer. Every request body is recorded. Loopback only.
+fault modes (`MODES`) consumed one per request ("ok" when empty); an item that is a dict is sent back as the
+assistant message itself (`{"content": ...}` or `{"tool_calls": [...]}`: a scripted agent). An unknown mode
+is refused with a `ValueError` when the script is set. `latency_s` delays every answer. Every request body
+is recorded (`requests`, with arrival times in `times`); `reset()` forgets them and restores every setting
+to what the constructor was given. Loopback only.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -27,17 +30,42 @@ def marker_score(text: str) -> float:
     return 0.9 if "GOOD" in text else 0.5 if "OK" in text else 0.1 if "BAD" in text else 0.3
 
 
+def _check_seconds(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_script_item(i: int, item) -> str | dict:
+    if isinstance(item, dict):
+        if not ({"content", "tool_calls"} & item.keys()):
+            raise ValueError(f"script[{i}]: a scripted assistant message needs 'content' or 'tool_calls', "
+                             f"got keys {sorted(item)}")
+        return item
+    if isinstance(item, str) and item in MODES:
+        return item
+    raise ValueError(f"script[{i}]: unknown fault mode {item!r}; the modes are {sorted(MODES)} "
+                     "(or a dict: an assistant message to send back)")
+
+
 class FakeJudge:
+    """The scripted judge server (see the module docstring). Settings tests may change: `script`,
+    `slow_seconds` (how long "slow" sleeps), `retry_after` (the 429's Retry-After header), `latency_s`,
+    `drift` (the k-th request adds k * drift to every score: a judge whose scale wanders) and `first_bonus`
+    (added to the score of whichever trajectory is shown first: a position bias)."""
+
     def __init__(self, slow_seconds: float = 2.0, retry_after: str = "0", latency_s: float = 0.0):
+        if not isinstance(retry_after, str):
+            raise TypeError(f"retry_after must be the header's text (e.g. \"1\"), got {retry_after!r}")
+        self._defaults = {"slow_seconds": _check_seconds("slow_seconds", slow_seconds),
+                          "latency_s": _check_seconds("latency_s", latency_s), "retry_after": retry_after,
+                          "drift": 0.0, "first_bonus": 0.0}
         self.requests: list[dict] = []
         self.times: list[float] = []
-        self.script: list[str] = []
-        self.slow_seconds = slow_seconds
-        self.latency_s = latency_s
-        self.drift = 0.0  # the k-th request adds k * drift to every score (a judge whose scale wanders)
-        self.first_bonus = 0.0  # added to the score of whichever trajectory is shown first (position bias)
-        self.retry_after = retry_after
+        self._script: list[str | dict] = []
         self._lock = threading.Lock()
+        for name, value in self._defaults.items():
+            setattr(self, name, value)
         judge = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,7 +78,7 @@ class FakeJudge:
                     body["_index"] = len(judge.requests)
                     judge.requests.append(body)
                     judge.times.append(time.monotonic())
-                    mode = judge.script.pop(0) if judge.script else "ok"
+                    mode = judge._script.pop(0) if judge._script else "ok"
                 if isinstance(mode, dict):  # a scripted assistant message
                     message = {"role": "assistant", "content": None, **mode}
                     return self._send(200, {
@@ -100,13 +128,28 @@ class FakeJudge:
     def params(self) -> dict:
         return {"api_base": self.base, "api_key": "sk-test"}
 
+    @property
+    def script(self) -> tuple:
+        """The fault modes (and scripted messages) not yet consumed, in order; set it to a new list."""
+        with self._lock:
+            return tuple(self._script)
+
+    @script.setter
+    def script(self, items) -> None:
+        if isinstance(items, (str, dict)) or not hasattr(items, "__iter__"):
+            raise TypeError(f"script must be a list of fault modes or messages, got {items!r}")
+        checked = [_check_script_item(i, item) for i, item in enumerate(items)]
+        with self._lock:
+            self._script = checked
+
     def reset(self) -> None:
+        """Forget the recorded requests and the script; restore every setting to the constructor's."""
         with self._lock:
             self.requests.clear()
             self.times.clear()
-            self.script = []
-            self.drift = 0.0
-            self.first_bonus = 0.0
+            self._script = []
+            for name, value in self._defaults.items():
+                setattr(self, name, value)
 
     @staticmethod
     def user_text(body: dict) -> str:
@@ -114,6 +157,9 @@ class FakeJudge:
         return users[-1]["content"] if users else ""
 
     def answer(self, body: dict, mode: str) -> str:
+        """The assistant text the judge sends back for `body` under fault `mode` (one of `MODES`)."""
+        if mode not in MODES:
+            raise ValueError(f"unknown fault mode {mode!r}; the modes are {sorted(MODES)}")
         blocks = BLOCK.findall(self.user_text(body))
         bump = self.drift * body.get("_index", 0)
         flip = "contrarian" in str(body.get("model", ""))  # a model that ranks everything backwards

@@ -1,20 +1,11 @@
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest
 
+from evals.art_e.inbox import ENRON_DIR
 from ruler.testing import FakeJudge
-
-SYSTEM = {"role": "system", "content": "You are an email agent. Answer the user's question from their inbox."}
-USER = {"role": "user", "content": "When is the budget meeting?"}
-
-
-def convo(answer: str, *extra: dict) -> list[dict]:
-    return [SYSTEM, USER, *extra, {"role": "assistant", "content": answer}]
 
 
 @pytest.fixture(autouse=True)
@@ -45,15 +36,12 @@ def embedded_model():
     return load_embedded_model()
 
 
-from evals.art_e.inbox import ENRON_DIR as ENRON  # noqa: E402
-
-
 @pytest.fixture(scope="session")
 def inbox_db(tmp_path_factory):
     db = tmp_path_factory.mktemp("inbox") / "inbox.db"
     from evals.art_e.inbox import build_inbox_db
 
-    report = build_inbox_db([ENRON / "beck-s.tar.gz"], db)
+    report = build_inbox_db([ENRON_DIR / "beck-s.tar.gz"], db)
     return db, report
 
 

@@ -211,7 +211,8 @@ async def test_question_writer_cites_only_emails_it_was_shown(inbox_db, embedded
     db, _ = inbox_db
     scenarios, report = await write_questions(db, EMBEDDED_JUDGE, inbox="beck-s", batch_size=3, per_batch=2,
                                               body_chars=300, seed=1)
-    assert report.batches == 1 and report.written == len(scenarios) and report.written + sum(report.dropped.values()) >= 1
+    assert report.batches == 1 and report.written == len(scenarios)
+    assert 1 <= report.written + sum(report.dropped.values()) <= 2  # the schema allows per_batch questions
     import sqlite3
 
     con = sqlite3.connect(db)

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from evals.art_e.inbox import ENRON_DIR as ENRON
 from evals.art_e.inbox import InboxError, build_inbox_db, inbox_size, parse_email
 from evals.art_e.tools import TOOL_SCHEMAS, InboxTools, ToolError, fts_query, parse_day
-
-from conftest import ENRON
 
 SALLY = "sally.beck@enron.com"
 

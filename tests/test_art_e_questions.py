@@ -123,9 +123,8 @@ def test_the_mix_is_reported(generated):
 
 
 def test_human_written_annotated_set_keeps_only_questions_that_identify_their_email(inbox_db, tmp_path):
-    from conftest import ENRON
-
     from evals.art_e.annotated import load_annotated
+    from evals.art_e.inbox import ENRON_DIR as ENRON
 
     db = tmp_path / "annotated.db"
     db.write_bytes(inbox_db[0].read_bytes())

@@ -200,7 +200,15 @@ async def test_no_answer_is_never_correct_and_needs_no_judge(scenario):
 
 
 @pytest.mark.slow
-async def test_correctness_judge_with_the_embedded_model_returns_a_cached_verdict(embedded_model, scenario, tmp_path):
+async def test_correctness_judge_with_the_embedded_model_returns_a_cached_verdict(embedded_model, scenario, tmp_path,
+                                                                                monkeypatch):
+    from evals.art_e import rewards
+
     first = await judge_answer(scenario, "It was sent by someone.", EMBEDDED_JUDGE, cache=tmp_path)
     assert isinstance(first, bool)
+
+    async def no_judge(*args, **kwargs):
+        raise AssertionError("the judge was asked again: the verdict was not cached")
+
+    monkeypatch.setattr(rewards, "complete", no_judge)  # a readable verdict is cached: the rerun asks nobody
     assert await judge_answer(scenario, "It was sent by someone.", EMBEDDED_JUDGE, cache=tmp_path) is first

@@ -6,10 +6,10 @@ import re
 
 import litellm
 import pytest
-from conftest import SYSTEM, USER
 
 from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler_score_group
 from ruler.budget import MARK, calibrate, truncate_group, truncate_middle
+from tests.helpers import SYSTEM, USER
 
 FAST = RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.05)
 MARKS = {"GOOD": 0.9, "OK": 0.5, "BAD": 0.1}
@@ -32,6 +32,12 @@ def big_group(n: int, seed: int = 0):
     return TrajectoryGroup([Trajectory(messages_and_choices=multi_turn(i, q, rng)) for i, q in enumerate(qualities)]), qualities
 
 
+def subgroups(scored) -> int:
+    """How many sub-groups the group was split into, as its log says."""
+    (line,) = [line for line in scored.trajectories[0].logs if "split into" in line]
+    return int(re.search(r"split into (\d+) sub-groups", line).group(1))
+
+
 def test_truncate_middle_keeps_both_ends_and_says_how_much():
     text = "HEAD" + "x" * 5000 + "TAIL"
     cut = truncate_middle(text, 500)
@@ -51,31 +57,37 @@ def test_truncate_group_never_touches_the_shared_prefix():
     assert json.loads(cut[0][3]["content"])["body"]  # JSON tool results stay JSON
 
 
-def test_calibrate_maps_subgroups_through_anchors():
-    # sub-group 2 sees everything 0.2 higher and stretched; anchors 0 and 1 reveal it
+@pytest.mark.parametrize("s2", [
+    {0: 0.4, 1: 1.0, 3: 0.5},  # the second sub-group's judge sees everything 0.2 higher
+    {0: 0.0, 1: 1.0, 3: 1 / 6},  # ... or stretched by 5/3 around 0.5
+], ids=["shifted", "stretched"])
+def test_calibrate_puts_subgroups_on_one_scale_through_anchors(s2):
+    # the true scores; the first sub-group is judged truthfully; 0 and 1 are the anchors both sub-groups see
     truth = {0: 0.2, 1: 0.8, 2: 0.5, 3: 0.3}
     s1 = {0: 0.2, 1: 0.8, 2: 0.5}
-    s2 = {0: 0.4, 1: 1.0, 3: 0.5}
     out = calibrate([s1, s2], [0, 1])
-    assert out[2] == pytest.approx(0.5, abs=0.11) and out[3] == pytest.approx(0.3, abs=0.11)
-    assert out[2] > out[3] and out[1] > out[2] > out[0] and truth
+    assert sorted(out) == [0, 1, 2, 3]
+    # anchors get their mean score; every trajectory lands on the one line through the anchors (truth -> out)
+    assert out[0] == pytest.approx((s1[0] + s2[0]) / 2) and out[1] == pytest.approx((s1[1] + s2[1]) / 2)
+    slope = (out[1] - out[0]) / (truth[1] - truth[0])
+    for i, true in truth.items():
+        assert out[i] == pytest.approx(out[0] + slope * (true - truth[0]), abs=1e-9), i
 
 
 async def test_64_multi_turn_trajectories_score_under_an_8k_judge(judge):
     g, qualities = big_group(64)
     scored = await ruler_score_group(g, "openai/fake-judge", judge.params, retry=FAST, max_prompt_tokens=8000)
-    assert len(judge.requests) >= 2
+    assert len(judge.requests) == subgroups(scored) >= 2  # one judge call per sub-group
     for req in judge.requests:
         assert litellm.token_counter(model="openai/fake-judge", messages=req["messages"]) <= 8000
     assert [round(t.reward, 6) for t in scored] == [MARKS[q] for q in qualities]
-    assert any("split into" in line for line in scored.trajectories[0].logs)
 
 
 async def test_anchors_remove_a_judge_that_drifts_between_subgroups(judge):
     g, qualities = big_group(24, seed=3)
     judge.drift = 0.02  # each later sub-group is judged more generously
     scored = await ruler_score_group(g, "openai/fake-judge", judge.params, retry=FAST, max_prompt_tokens=6000)
-    assert len(judge.requests) >= 3
+    assert len(judge.requests) == subgroups(scored) >= 3
     got = [t.reward for t in scored]
     for a, qa in zip(got, qualities):
         for b, qb in zip(got, qualities):

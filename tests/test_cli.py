@@ -9,13 +9,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import convo
 from typer.testing import CliRunner
 
 from judges import EMBEDDED_JUDGE
 from judges.choice import JUDGES_BY_KEY, JudgeChoice, choose_judge
 from ruler import Trajectory, TrajectoryGroup
 from ruler.cli import PLUGIN_COMMANDS, app
+from tests.helpers import convo
 
 ROOT = Path(__file__).resolve().parents[1]
 

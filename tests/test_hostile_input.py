@@ -18,7 +18,6 @@ import httpx
 import pydantic
 import pytest
 import uvicorn
-from conftest import SYSTEM, USER, convo
 from openai.types.chat.chat_completion import Choice
 from typer.testing import CliRunner
 
@@ -29,6 +28,7 @@ from ruler.service.app import ServiceConfig, create_app
 from ruler.service.store import Store
 from ruler.testing import SilentJudge, free_port
 from ruler.trajectory import Limits, group_from_data, validate_trajectories
+from tests.helpers import SYSTEM, USER, convo
 
 MODEL = "openai/fake-judge"
 FAST = RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.05, timeout=10)

@@ -4,6 +4,7 @@ import json
 import math
 from pathlib import Path
 
+import litellm
 import pytest
 
 from evals.judge_meta import DatasetError, evaluate, load_user_dataset
@@ -117,13 +118,16 @@ def labelled(tmp_path: Path) -> Path:
 
 async def test_own_labels_end_to_end_with_a_breakdown(tmp_path, judge):
     path = labelled(tmp_path)
-    summary, detail = await evaluate([path], "openai/fake-judge", params=judge.params, ks=(1,), progress=False,
+    # the scripted judge answers under a priced model's name, so every call's cost is known (100 + 20 tokens)
+    summary, detail = await evaluate([path], "openai/gpt-4o-mini", params=judge.params, ks=(1,), progress=False,
                                      by="category")
     rows = {r["subset"]: r for r in summary.to_dict("records")}
     assert list(rows) == ["all", "category=agent", "category=easy", "category=hard"]
     assert rows["all"]["pairs"] == 4 and rows["all"]["accuracy"] == 0.5 and rows["all"]["swap_consistency"] == 1.0
     assert rows["all"]["groups"] == 2 and rows["all"]["kendall_tau"] == 1.0  # independent_reward is the label
-    assert rows["all"]["judge_ties"] == 0 and rows["all"]["pairs_per_s"] > 0 and rows["all"]["cost"] >= 0
+    assert rows["all"]["judge_ties"] == 0 and rows["all"]["pairs_per_s"] > 0
+    per_call = sum(litellm.cost_per_token(model="gpt-4o-mini", prompt_tokens=100, completion_tokens=20))
+    assert rows["all"]["cost"] == pytest.approx(len(judge.requests) * per_call, rel=1e-9) and per_call > 0
     assert rows["category=easy"]["accuracy"] == 1.0 and rows["category=hard"]["accuracy"] == 0.0
     assert rows["category=easy"]["groups"] == 1 and rows["category=agent"]["pairs"] == 0
     assert rows["category=agent"]["kendall_tau"] == 1.0 and math.isnan(rows["category=easy"]["pairs_per_s"])

@@ -1,11 +1,11 @@
 """Judge panels: aggregation, disagreement, quorum."""
 
 import pytest
-from conftest import convo
 
 from judges.panel import aggregate_scores, borda
 from ruler import JudgePanel, RetryPolicy, Trajectory, TrajectoryGroup, ruler_score_group
 from ruler.errors import JudgeConfigError, JudgeUnavailableError
+from tests.helpers import convo
 
 ONCE = RetryPolicy(attempts=1, timeout=3)
 

@@ -4,10 +4,10 @@ import json
 import re
 
 import pytest
-from conftest import SYSTEM, USER
 
 from judges import DEFAULT_RUBRIC
 from ruler.prompt import build_prompt, escape, response_schema
+from tests.helpers import SYSTEM, USER
 
 BODY = "Hi team,\nthe Q3 budget review is Thursday at 2pm in EB 3321.\n" + "Details follow. " * 20
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from conftest import convo
 
 from ruler import Trajectory, TrajectoryGroup
 from ruler.client import AsyncRulerClient, RulerClient, RulerServiceError
 from ruler.service.app import ServiceConfig, create_app
 from ruler.service.store import Store
 from ruler.testing import free_port, start_service
+from tests.helpers import convo
 
 ROOT = Path(__file__).resolve().parents[1]
 

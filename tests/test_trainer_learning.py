@@ -1,6 +1,8 @@
 """The CPU learning run (SmolLM2-135M + LoRA, GRPO on the tiny verifiable task: reward must rise) and a
 trainer killed mid-step that resumes from its last complete checkpoint."""
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainer import checkpoints as ckpt
 from trainer.runlog import load_run_log
@@ -18,11 +21,55 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8
 
 
-def tiny(out, *args, **popen):
-    cmd = [sys.executable, str(ROOT / "examples" / "tiny_task.py"), "--out", str(out), *map(str, args)]
+# Run as `python -c HOLD script args`: the script runs as written, except that when the optimizer state of
+# step $HOLD_STEP's checkpoint is written (into its temporary folder, `.tmp-NNNN-pid`), only half of it is
+# written, $HOLD_SIGNAL is created, and the process waits there to be killed. So a test kills the trainer
+# mid-write every time, not by luck of timing.
+HOLD = """
+import io, os, runpy, sys, time
+from pathlib import Path
+
+import torch
+
+prefix, signal_file = f".tmp-{int(os.environ['HOLD_STEP']):04d}-", Path(os.environ["HOLD_SIGNAL"])
+real_save = torch.save
+
+
+def save(obj, f, *args, **kwargs):
+    if not (isinstance(f, (str, os.PathLike)) and Path(f).parent.name.startswith(prefix)):
+        return real_save(obj, f, *args, **kwargs)
+    buffer = io.BytesIO()
+    real_save(obj, buffer, *args, **kwargs)
+    data = buffer.getvalue()
+    with open(f, "wb") as out:
+        out.write(data[: len(data) // 2])
+        out.flush()
+        os.fsync(out.fileno())
+    signal_file.with_suffix(".tmp").write_text(str(f))
+    os.replace(signal_file.with_suffix(".tmp"), signal_file)
+    time.sleep(3600)
+
+
+torch.save = save
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def tiny(out, *args, hold: tuple[int, Path] | None = None, **popen):
+    """examples/tiny_task.py in a child process (its own process group); `hold=(step, signal_file)` holds
+    it half-way through writing that step's checkpoint (see HOLD)."""
+    script = [str(ROOT / "examples" / "tiny_task.py"), "--out", str(out), *map(str, args)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **popen)
+    if hold:
+        env.update(HOLD_STEP=str(hold[0]), HOLD_SIGNAL=str(hold[1]))
+    cmd = [sys.executable, *(["-c", HOLD] if hold else []), *script]
+    return subprocess.Popen(cmd, env=env, stdout=popen.pop("stdout", subprocess.PIPE), stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, **popen)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
 def test_reward_rises_on_the_tiny_task(tmp_path):
@@ -40,35 +87,42 @@ def test_reward_rises_on_the_tiny_task(tmp_path):
 def test_killed_mid_step_resumes_from_the_last_complete_checkpoint(tmp_path):
     run = tmp_path / "tiny" / "one-word"
     args = ("--questions-per-step", 2, "--group-size", 3, "--max-tokens", 6)
-    proc = tiny(tmp_path, "--steps", 3, *args)
-    deadline = time.time() + 600
-    while time.time() < deadline and ckpt.latest_checkpoint(run) != 1:
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        time.sleep(0.05)
-    # step 2 is under way: kill it the moment its checkpoint starts being written (or soon after)
-    tmp_seen = False
-    until = time.time() + 120
-    while time.time() < until and ckpt.latest_checkpoint(run) == 1:
-        if any(p.name.startswith(".tmp-0002") for p in (run / "checkpoints").iterdir()):
-            tmp_seen = True
-            break
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    complete = ckpt.list_checkpoints(run)
-    assert complete in ([1], [1, 2])  # every folder with a step's name is complete
-    for step in complete:
-        assert (ckpt.checkpoint_dir(run, step) / "adapter_model.safetensors").stat().st_size > 0
-    print(f"killed with the step-2 checkpoint {'half-written' if tmp_seen else 'not started'}; complete: {complete}")
-    proc = tiny(tmp_path, "--steps", 3, *args)
+    signal_file, log = tmp_path / "holding", tmp_path / "first-run.log"
+    with open(log, "w") as first_out:
+        proc = tiny(tmp_path, "--steps", 4, *args, hold=(2, signal_file), stdout=first_out)
+    deadline = time.time() + 900
+    try:
+        while not signal_file.exists():
+            assert proc.poll() is None, f"the trainer ended before step 2's checkpoint: {log.read_text()[-3000:]}"
+            assert ckpt.latest_checkpoint(run) in (None, 1), ("step 2's checkpoint completed without the hold: is "
+                                                              "its optimizer state still written with torch.save?")
+            assert time.time() < deadline, "step 2's checkpoint was not reached in time"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # half-way through writing step 2's optimizer state
+        proc.wait()
+    half = Path(signal_file.read_text())
+    assert half.parent.parent == run / "checkpoints" and half.parent.name.startswith(".tmp-0002-")
+    assert (half.parent / "adapter_model.safetensors").is_file() and not (half.parent / ckpt.STATE).exists()
+    # the half-written folder is never taken for a checkpoint; step 1's is complete, and step 2 was not logged
+    assert ckpt.list_checkpoints(run) == [1] and ckpt.latest_checkpoint(run) == 1
+    step_one = digest(ckpt.checkpoint_dir(run, 1))
+    assert load_run_log(run).query("trained")["step"].tolist() == [1]
+
+    proc = tiny(tmp_path, "--steps", 4, *args)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
-    after = ckpt.list_checkpoints(run)
-    assert after[:len(complete)] == complete and after == list(range(1, len(after) + 1))
-    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-")]
-    assert f"resuming from step {complete[-1]}" in out
-    trained = load_run_log(run).query("trained")["step"].tolist()
-    assert trained == sorted(set(trained)) and trained[0] == 1  # no step trained twice, none lost before the kill
+    assert "resuming from step 1" in out
+    after = ckpt.list_checkpoints(run)  # a round whose groups all tie takes no step: not every round makes one
+    assert after[:2] == [1, 2] and after == list(range(1, len(after) + 1))
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-")]  # the leftover is gone
+    assert digest(ckpt.checkpoint_dir(run, 1)) == step_one  # the complete checkpoint was not touched
+    for step in after[1:]:  # the redone step 2 and any later one are whole: state file, loadable optimizer state
+        where = ckpt.checkpoint_dir(run, step)
+        assert json.loads((where / ckpt.STATE).read_text())["step"] == step
+        assert torch.load(where / "optimizer.pt", weights_only=True)["state"]
+    # each step trained once: step 2 only after the restart, none lost before the kill
+    assert load_run_log(run).query("trained")["step"].tolist() == after
 
 
 def test_train_report_command_plots_a_run(tmp_path):

@@ -1,11 +1,16 @@
-"""The three losses on hand-computed tensors, their gradients, and micro-batch accumulation."""
+"""The three losses on hand-computed tensors, their gradients, and micro-batch accumulation in a real\n`train_step` on a tiny model."""
 
 import math
+import random
 
 import pytest
 import torch
 
+from tests.helpers import tiny_lora_model
+from trainer import training
+from trainer.config import TrainConfig
 from trainer.loss import policy_loss, token_weights
+from trainer.sequences import TrainingSequence
 
 RATIOS = torch.tensor([[1.5, 0.5], [1.0, 1.1]])
 MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
@@ -54,17 +59,46 @@ def test_kl_to_the_reference_is_the_k3_estimator():
     assert stats["kl"] == pytest.approx(k3 / 3, rel=1e-5)
 
 
+def micro_batch_sequences() -> list[TrainingSequence]:
+    """Seven sequences of 18-30 tokens in three groups (one trajectory split in two sequences), trained
+    after a 6-token prompt, with sampled logprobs near the tiny model's own (some unknown: NaN)."""
+    rng = random.Random(3)
+    seqs = []
+    for t, (group, length, adv) in enumerate([(0, 18, 1.0), (0, 24, -1.0), (0, 30, 0.5), (1, 20, -0.5),
+                                              (1, 26, 0.7), (2, 22, 0.3), (2, 19, -0.3)]):
+        trained = [i >= 6 for i in range(length)]
+        old = [rng.uniform(-5.5, -3.5) if k and rng.random() < 0.7 else math.nan for k in trained]
+        seqs.append(TrainingSequence([rng.randrange(97) for _ in range(length)], trained, old, advantage=adv,
+                                     trajectory=min(t, 5), group=group))  # sequences 5 and 6: one trajectory
+    return seqs
+
+
+def one_step(kind: str, max_tokens: int) -> tuple[dict, dict]:
+    """`train_step` with plain SGD at lr 1 and no clipping, on a fresh tiny model: (stats, parameter change),
+    the change being minus the accumulated gradient."""
+    model = tiny_lora_model(seed=0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    config = TrainConfig(loss=kind, max_tokens_per_micro_batch=max_tokens, share_prefix=False, max_grad_norm=1e9)
+    stats = training.train_step(model, optimizer, micro_batch_sequences(), config)
+    return stats, {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
+
+
 @pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "dapo"])
-def test_micro_batches_add_up_to_the_full_batch(kind):
-    torch.manual_seed(0)
-    new, old = torch.randn(6, 5) * 0.1 - 2, torch.randn(6, 5) * 0.1 - 2
-    mask = (torch.rand(6, 5) > 0.3).float()
-    mask[:, 0] = 1
-    adv = torch.randn(6)
-    w = token_weights(mask, kind, n_seqs=6, total_tokens=int(mask.sum()), norm_len=5)
-    full, _ = policy_loss(new, old, adv, w, kind=kind)
-    parts = sum(policy_loss(new[i:i + 2], old[i:i + 2], adv[i:i + 2], w[i:i + 2], kind=kind)[0] for i in (0, 2, 4))
-    assert parts.item() == pytest.approx(full.item(), rel=1e-6)
+def test_micro_batches_add_up_to_the_full_batch_in_a_real_train_step(kind):
+    # 16 tokens per micro-batch: every sequence in a row (a micro-batch) of its own; 64: two or three a row;
+    # 8192: the whole batch at once
+    one, one_delta = one_step(kind, 16)
+    few, few_delta = one_step(kind, 64)
+    full, full_delta = one_step(kind, 8192)
+    assert (one["rows"], full["rows"]) == (7, 1) and 1 < few["rows"] < 7
+    assert one["trained_tokens"] == few["trained_tokens"] == full["trained_tokens"] == 159 - 7 * 6  # all but the prompts
+    for stats, delta in ((one, one_delta), (few, few_delta)):
+        assert stats["loss"] == pytest.approx(full["loss"], abs=1e-5)
+        assert stats["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-4)
+        assert max((delta[n] - full_delta[n]).abs().max().item() for n in full_delta) < 1e-5
+    assert max(d.abs().max().item() for d in full_delta.values()) > 1e-3  # the step moved the adapter
+    assert full["grad_norm"] > 1e-3
 
 
 def test_bad_input_is_named():

@@ -11,23 +11,13 @@ import torch
 from trainer.config import TrainConfig
 from trainer.packing import common_untrained_prefix, pack
 from trainer.sequences import TrainingSequence
+from tests.helpers import tiny_lora_model
 from trainer import training
 
 
 @pytest.fixture(scope="module")
 def model():
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=512, attn_implementation="sdpa")
-    base = LlamaForCausalLM(cfg).float()
-    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
-    for name, p in peft.named_parameters():  # LoRA B starts at zero: make the adapter matter
-        if "lora_B" in name:
-            p.data.normal_(0, 0.05)
-    return peft
+    return tiny_lora_model()
 
 
 def seq(tokens, trained_from, *, gaps=(), group, trajectory, advantage, rng):
@@ -104,6 +94,7 @@ def test_the_fallbacks_are_taken_and_counted(model, monkeypatch):
     loss_b, grads_b, stats = loss_and_grads(model, seqs, TrainConfig())
     assert stats["unmaskable_fallback"] == len(seqs) and stats["rows"] == len(seqs)
     assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
     # a prefix below the minimum is not shared, and counted
     _, report = pack(seqs, capacity=4096, min_prefix=41)
     assert report.shared_groups == 0 and report.no_shared_prefix == 4

@@ -4,10 +4,10 @@ import asyncio
 import json
 
 import pytest
-from conftest import convo
 from openai.types.chat.chat_completion import Choice
 
 from ruler import Trajectory, TrajectoryGroup
+from tests.helpers import convo
 
 CHOICE = Choice.model_validate({
     "index": 0, "finish_reason": "tool_calls", "logprobs": None,
