@@ -166,9 +166,12 @@ class EngineConfig(_Strict):
 class ModelConfig(_Strict):
     """Everything about one trainable model other than its name and base model: adapter, engine, memory, seed."""
 
-    lora: LoRAConfig = pydantic.Field(default_factory=LoRAConfig, description="The LoRA adapter (`LoRAConfig`).")
-    engine: EngineConfig = pydantic.Field(default_factory=EngineConfig,
-                                          description="The inference engine (`EngineConfig`).")
+    lora: LoRAConfig = pydantic.Field(default_factory=LoRAConfig, description=(
+        "The LoRA adapter trained on the base model (`LoRAConfig`). Default `LoRAConfig()`: rank 8, alpha 16, "
+        "Llama-like projections."))
+    engine: EngineConfig = pydantic.Field(default_factory=EngineConfig, description=(
+        "The inference engine that serves rollouts (`EngineConfig`). Default `EngineConfig()`: `auto` (vLLM "
+        "on a GPU when installed, else transformers), 2048-token sequences."))
     gradient_checkpointing: bool | None = pydantic.Field(None, description=(
         "Recompute activations in the backward pass instead of keeping them (less memory, more compute). "
         "Default None: on for models of 1B parameters or more on a GPU (activations of long agent sequences "
