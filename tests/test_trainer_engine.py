@@ -3,6 +3,7 @@
 backend trains the real tiny model with it, never asking which engine it holds."""
 
 import threading
+from typing import ClassVar
 
 import pytest
 from openai.types.chat.chat_completion import Choice
@@ -26,7 +27,7 @@ class ScriptedVLLM(VLLMServer):
     """`VLLMServer` with every control call real, whose child process is replaced by a loopback server that
     records the calls vLLM would get."""
 
-    calls: list[tuple[str, str]] = []
+    calls: ClassVar[list[tuple[str, str]]] = []
 
     async def start(self) -> None:
         async def record(request: Request):
@@ -68,7 +69,7 @@ async def test_both_engines_implement_the_protocol_and_only_the_transformers_one
                          log_dir=tmp_path, chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
     assert not no_port.can_sleep
     with pytest.raises(RuntimeError, match="start"):
-        no_port.base_url
+        _ = no_port.base_url
     with pytest.raises(ValueError, match="rank"):
         VLLMServer("some/model", EngineConfig(), served_name="m", lora_rank=600, log_dir=tmp_path,
                    chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
@@ -140,7 +141,7 @@ async def test_the_backend_drives_an_engine_with_its_own_server_through_the_prot
                                                                                       sleep_mode):
     """An engine with its own base_url: rollouts go there (no CPU server), each step sleeps and wakes it only
     when it can sleep, then loads the new adapter; a resumed run loads its checkpoint's adapter on start."""
-    import trainer.vllm_server as vllm_server
+    from trainer import vllm_server
 
     monkeypatch.setattr(vllm_server, "VLLMServer", ScriptedVLLM)
     ScriptedVLLM.calls = []
