@@ -218,9 +218,9 @@ class LocalBackend:
                 raise ValueError(f"the CPU engine parses tool calls with {sorted(TOOL_PARSERS)}; {base} defaults to "
                                  f"{tool_parser!r}: set EngineConfig.tool_call_parser")
             engine = TransformersEngine(peft_model, tokenizer, lock, stop_token_ids=end_of_turn)
-        served = Served(model.name, engine, tokenizer, cfg.engine.max_seq_length, step, chat_template=template,
-                        renders_tools=tools_ok, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
-                        end_of_turn=end_of_turn)
+        served = Served(model.name, engine if isinstance(engine, GeneratingEngine) else None, tokenizer,
+                        cfg.engine.max_seq_length, step, chat_template=template, renders_tools=tools_ok,
+                        tool_parser=tool_parser, reasoning_parser=reasoning_parser, end_of_turn=end_of_turn)
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward)
 
     def _run(self, model) -> _Run:

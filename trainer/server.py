@@ -36,9 +36,9 @@ from trainer.engine import GeneratingEngine
 
 @dataclass
 class Served:
-    """What the server needs of a registered model."""
+    """What the server needs of a registered model (the backend keeps one per model, served here or not)."""
     name: str
-    engine: GeneratingEngine
+    engine: GeneratingEngine | None       # None: an engine with its own server answers for this model
     tokenizer: Any
     max_seq_length: int
     step: int = 0
@@ -128,7 +128,7 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
     def resolve(name: str) -> Served:
         base, _, step = name.partition("@")
         served = models.get(base)
-        if served is None:
+        if served is None or served.engine is None:
             raise APIError(404, f"model {name!r} is not served here; models: {sorted(models)}", "not_found_error")
         if step and step != str(served.step):
             raise APIError(404, f"unknown adapter step {step!r} for {base}: it is at step {served.step}, and only "

@@ -105,7 +105,8 @@ class VLLMServer:
         self.lora_rank, self.log_dir = lora_rank, Path(log_dir)
         self.chat_template_file, self.tool_parser, self.reasoning_parser = (chat_template_file, tool_parser,
                                                                              reasoning_parser)
-        self.host, self.port = host, port
+        self.host = host
+        self.port = port or _free_port(host)  # chosen now, so that base_url is known before start()
         self.tools_ok = tools_ok
         self.loaded: list[int] = []
         self.proc: subprocess.Popen | None = None
@@ -113,9 +114,7 @@ class VLLMServer:
 
     @property
     def base_url(self) -> str:
-        """vLLM's OpenAI-compatible base URL; known once `start()` has picked the port."""
-        if self.port is None:
-            raise RuntimeError("the vLLM server has no port yet: start() it first")
+        """vLLM's OpenAI-compatible base URL (it answers once `start()` has returned)."""
         return f"http://{self.host}:{self.port}/v1"
 
     @property
@@ -155,7 +154,6 @@ class VLLMServer:
     async def start(self) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise RuntimeError("the vLLM engine needs vLLM: pip install 'ruler-rl[gpu]'")
-        self.port = self.port or _free_port(self.host)
         root = str(Path(__file__).resolve().parents[1])  # so vLLM's process imports the middleware
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "RULER_SERVED_NAME": self.served_name,
