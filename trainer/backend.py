@@ -252,7 +252,9 @@ class LocalBackend:
             return row
         for g in run.optimizer.param_groups:
             g["lr"], g["weight_decay"] = config.learning_rate, config.weight_decay
-        sleeps = run.engine.can_sleep  # else generation waits for the training step (the engine's lock)
+        # an engine that cannot sleep keeps its memory: vLLM without sleep mode keeps answering with the previous
+        # adapter, the transformers engine's requests wait on the training lock
+        sleeps = run.engine.can_sleep
         sleep_started = time.perf_counter()
         if sleeps:
             await run.engine.sleep()

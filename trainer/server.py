@@ -5,10 +5,11 @@ on the CPU and on a GPU (where vLLM's own server answers; `trainer/vllm_server.p
 The subset: tools (rendered by the chat template; calls parsed with a vLLM parser name, `hermes` or
 `llama3_json`), `tool_choice` `auto`/`none`, `n`, `max_tokens`/`max_completion_tokens`, `temperature`,
 `top_p`, `seed`, `logprobs`/`top_logprobs` (0-20 alternatives per token; as vLLM, `top_logprobs` > 0 needs
-`logprobs: true`), `return_tokens_as_token_ids`, `return_token_ids` and `chat_template_kwargs`. As on the GPU path, every non-streamed completion carries what training needs
-whatever the request asked: the response's and each choice's `prompt_token_ids`, each choice's
-`token_ids`, and the sampled tokens' logprobs (the policy's own, at temperature 1): standard `logprobs`
-when asked for, else one compact `token_logprobs` list per choice.
+`logprobs: true`), `return_tokens_as_token_ids`, `return_token_ids` and `chat_template_kwargs`. As on the GPU
+path, every non-streamed completion carries what training needs whatever the request asked: the response's
+and each choice's `prompt_token_ids`, each choice's `token_ids`, and the sampled tokens' logprobs (the
+policy's own, at temperature 1): standard `logprobs` when asked for, else one compact `token_logprobs` list
+per choice.
 
 `<model>` is the latest adapter; `<model>@<step>` names a step (only the latest is served here: the CPU
 engine generates with the very weights being trained). Requests that arrive during a training step wait
@@ -177,8 +178,7 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
             raise APIError(400, f"the prompt has {len(ids)} tokens; max_seq_length is {served.max_seq_length}")
         max_tokens = min(req.max_completion_tokens or req.max_tokens or room, room)
         samples = await served.engine.generate(ids, n=req.n, max_tokens=max_tokens, temperature=req.temperature,
-                                               top_p=req.top_p, seed=req.seed,
-                                               top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
+                                               top_p=req.top_p, seed=req.seed, top_logprobs=req.top_logprobs or 0)
         tok = served.tokenizer
         choices = []
         for i, s in enumerate(samples):
