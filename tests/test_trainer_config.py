@@ -37,6 +37,9 @@ def test_options_that_act_are_accepted_and_defaults_never_conflict():
     assert TrainConfig(min_shared_prefix=8).min_shared_prefix == 8
     for loss in ("grpo", "dr_grpo", "dapo"):
         TrainConfig(loss=loss, share_prefix=False)  # defaults of options that do not act are fine
+        dumped = TrainConfig(loss=loss).model_dump()  # every field given, at its default: reloads
+        assert TrainConfig.model_validate(dumped) == TrainConfig(loss=loss)
+    assert TrainConfig(epsilon_high=0.28, sampler_cap=2.0).loss == "grpo"
     assert TrainConfig().scales_advantages() and not TrainConfig(loss="dr_grpo").scales_advantages()
     assert TrainConfig(loss="dr_grpo", scale_advantages=True).scales_advantages()
     with pytest.raises(pydantic.ValidationError, match="epsilon_high .* must be >= epsilon"):
@@ -65,6 +68,7 @@ def test_vllm_only_options_warn_under_the_transformers_engine():
         EngineConfig(engine="vllm", gpu_memory_utilization=0.3)
         EngineConfig(engine="auto", gpu_memory_utilization=0.3)  # may resolve to vLLM
         EngineConfig(engine="transformers", max_seq_length=512)
+        EngineConfig.model_validate(EngineConfig(engine="transformers").model_dump())
 
 
 def test_vllm_args_may_not_set_what_the_engine_sets_itself(tmp_path):

@@ -7,13 +7,14 @@ it interacts with other fields. Unknown fields are refused, and so is assignment
 
 Options that only act together with another setting are checked:
 
-- `TrainConfig`: an option given explicitly that the chosen setting ignores is an error (`epsilon_high` only
-  acts under `loss="dapo"`, `completion_budget` only under `loss="dr_grpo"`, `sampler_cap` only with
-  `sampler_correction="tis"`, `min_shared_prefix` only with `share_prefix`), since it means the step would not
-  compute what its author wrote. A default value is never an error.
-- `EngineConfig`: a vLLM-only option given with `engine="transformers"` is a warning (`UserWarning`), since
-  one configuration often serves both engines (a script that switches engine by flag); flags in `vllm_args`
-  that the engine sets itself are an error.
+- `TrainConfig`: an option set to a value other than its default that the chosen setting ignores is an error
+  (`epsilon_high` only acts under `loss="dapo"`, `completion_budget` only under `loss="dr_grpo"`,
+  `sampler_cap` only with `sampler_correction="tis"`, `min_shared_prefix` only with `share_prefix`), since it
+  means the step would not compute what its author wrote. A default value is never an error, so a dumped
+  config reloads.
+- `EngineConfig`: a vLLM-only option set to a non-default value with `engine="transformers"` is a warning
+  (`UserWarning`), since one configuration often serves both engines (a script that switches engine by
+  flag); flags in `vllm_args` that the engine sets itself are an error.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ _VLLM_ONLY = ("gpu_memory_utilization", "max_model_len", "enforce_eager", "enabl
 
 class _Strict(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
+
+    def _changed(self, names) -> list[str]:
+        """Those of `names` given explicitly with a value other than their default (a dumped and reloaded config
+        gives every field explicitly, at its default where it was not set)."""
+        return [n for n in names if n in self.model_fields_set
+                and getattr(self, n) != type(self).model_fields[n].get_default(call_default_factory=True)]
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Validated assignment that leaves the object as it was when a cross-field check refuses it (pydantic
@@ -86,7 +93,7 @@ class EngineConfig(_Strict):
     small OpenAI-compatible server (CPU or a GPU without vLLM; no adapter loading, no sleep). `vllm` runs
     vLLM's own OpenAI server as a child process (GPU), loading each step's adapter and sleeping around
     training steps. Fields from `gpu_memory_utilization` on are vLLM's alone: with `engine="transformers"`
-    setting one only warns (they have no effect there).
+    setting one to a non-default value only warns (they have no effect there).
     """
 
     engine: Literal["auto", "transformers", "vllm"] = pydantic.Field("auto", description=(
@@ -156,7 +163,7 @@ class EngineConfig(_Strict):
     @pydantic.model_validator(mode="after")
     def _vllm_only_fields(self) -> EngineConfig:
         if self.engine == "transformers":
-            ignored = sorted(set(_VLLM_ONLY) & self.model_fields_set)
+            ignored = sorted(self._changed(_VLLM_ONLY))
             if ignored:
                 warnings.warn(f"EngineConfig: {', '.join(ignored)} only act(s) with the vLLM engine; "
                               "engine='transformers' ignores them", UserWarning, stacklevel=2)
@@ -209,7 +216,7 @@ class TrainConfig(_Strict):
         "get no gradient where clipping binds. Default 0.2; 0 < epsilon < 1."))
     epsilon_high: float = pydantic.Field(0.28, gt=0, description=(
         "`dapo` only: the upper clip bound is 1 + epsilon_high (clip-higher), letting unlikely tokens gain "
-        "probability faster. Default 0.28; must be >= epsilon. Set with another loss: an error."))
+        "probability faster. Default 0.28; must be >= epsilon. Set to another value under another loss: an error."))
     kl_coef: float = pydantic.Field(0.0, ge=0, description=(
         "Weight of the k3 KL estimate to the reference policy (the base model: the adapter disabled), added "
         "per token. Default 0.0 (no KL term and no reference forward pass); >= 0. Above 0 each micro-batch "
@@ -225,7 +232,7 @@ class TrainConfig(_Strict):
     completion_budget: int | None = pydantic.Field(None, ge=1, description=(
         "`dr_grpo` only: the constant each trajectory's token sum is divided by, in tokens - the most tokens a "
         "trajectory may generate (TRL's max_completion_length). Default None: the largest count of trained "
-        "tokens of any trajectory in the batch (so it varies between batches); >= 1. Set with another loss: "
+        "tokens of any trajectory in the batch (so it varies between batches); >= 1. Set under another loss: "
         "an error."))
     share_prefix: bool = pydantic.Field(True, description=(
         "Compute the prompt shared by a group's sequences once per forward pass (a 4-D attention mask; "
@@ -234,7 +241,7 @@ class TrainConfig(_Strict):
         "sequence per pass (counted as `unmaskable_fallback`)."))
     min_shared_prefix: int = pydantic.Field(32, ge=1, description=(
         "`share_prefix` only: the shortest shared prompt worth sharing, in tokens; sequences must agree on "
-        "their first this-many tokens to be grouped. Default 32; >= 1. Set with share_prefix=False: an error."))
+        "their first this-many tokens to be grouped. Default 32; >= 1. Set to another value with share_prefix=False: an error."))
     max_grad_norm: float = pydantic.Field(1.0, gt=0, description=(
         "Clip the global L2 norm of the LoRA gradients to this before the optimizer step. Default 1.0; > 0. "
         "A non-finite norm skips the step with an error (nothing applied)."))
@@ -258,11 +265,11 @@ class TrainConfig(_Strict):
         "Default `none`."))
     sampler_cap: float = pydantic.Field(2.0, gt=0, description=(
         "`sampler_correction='tis'` only: the truncation C of the importance weight min(pi_trainer / "
-        "pi_sampler, C). Default 2.0; > 0. Set without `tis`: an error."))
+        "pi_sampler, C). Default 2.0; > 0. Set to another value without `tis`: an error."))
 
     @pydantic.model_validator(mode="after")
     def _options_that_act(self) -> TrainConfig:
-        given = self.model_fields_set
+        given = self._changed(type(self).model_fields)
         needs = (("epsilon_high", self.loss == "dapo", "loss='dapo'"),
                  ("completion_budget", self.loss == "dr_grpo", "loss='dr_grpo'"),
                  ("sampler_cap", self.sampler_correction == "tis", "sampler_correction='tis'"),
