@@ -302,6 +302,7 @@ async def test_the_server_speaks_vllms_shapes_and_refuses_what_it_cannot_do(serv
                               ({"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
                               ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"),
                               ({"stream": True}, "stream"),
+                              ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
                               ({"messages": [{"role": "assistant", "content": "x", "tool_calls": "oops"}]},
                                "tool_calls must be a list")):
             res = await http.post("/chat/completions", json={"model": "chatml", "max_tokens": 2,

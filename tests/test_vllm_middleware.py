@@ -60,6 +60,14 @@ async def test_every_completion_carries_what_training_needs_and_the_bare_name_fo
         asked = (await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs,
                                                                   "logprobs": True})).json()["choices"][0]
         assert asked["logprobs"]["content"][1]["logprob"] == -1.5 and "token_logprobs" not in asked
+        # top_logprobs without logprobs: refused as vLLM (and the CPU server) refuse it, never reaching vLLM
+        before = len(seen)
+        tops = await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs, "top_logprobs": 2})
+        assert tops.status_code == 400 and "needs logprobs" in tops.json()["error"]["message"]
+        assert len(seen) == before
+        await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs, "logprobs": True,
+                                                         "top_logprobs": 2})
+        assert len(seen) == before + 1 and seen[-1]["top_logprobs"] == 2
         # a failed adapter load changes nothing; a loaded one becomes what the bare name means
         assert (await client.post("/v1/load_lora_adapter", json={"lora_name": "agent@1",
                                                                   "lora_path": "/missing"})).status_code == 404

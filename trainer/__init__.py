@@ -1,5 +1,7 @@
-"""GRPO on LoRA with ART's client/server loop: rollouts through an OpenAI-compatible server (vLLM or
-transformers), rewards from RULER or your own code, one training step per `await model.train(groups)`.
+"""GRPO-family training of a LoRA adapter with ART's client/server loop: rollouts talk to an OpenAI-compatible
+server (vLLM's own on a GPU, a small transformers-backed one otherwise; `trainer.engine.Engine`), rewards come
+from RULER or your own code, and each `await model.train(groups)` is one step (`TrainConfig`: grpo, dr_grpo
+or dapo) trained on exactly the tokens and logprobs the server sampled.
 
 Needs the `train` extra (`pip install 'ruler-rl[train]'`): without it, importing `trainer` raises
 `judges.extras.MissingExtraError` (an ImportError) naming that command."""

@@ -7,7 +7,9 @@ steps with checkpoints and the run log.
 Engine `auto`: vLLM's own OpenAI server (a child process per model, `trainer/vllm_server.py`) when vLLM is
 installed and a GPU is present, else the CPU engine (transformers behind `trainer/server.py`, one server
 for all models). Either way rollouts get `prompt_token_ids`, `token_ids` and sampled logprobs on every
-choice, and training uses exactly those (`trainer/sequences.py`).
+choice, and training uses exactly those (`trainer/sequences.py`). The backend drives both engines through
+the `trainer.engine.Engine` protocol alone: an engine with its own `base_url` answers rollouts itself, one
+without is served by the CPU server; `can_sleep` says whether to sleep it around a training step.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from trainer import checkpoints as ckpt
 from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
+from trainer.engine import Engine, GeneratingEngine
 from trainer.runlog import append_row, load_run_log
 from trainer.sequences import end_of_turn_ids
 from trainer.server import BackgroundServer, Served, create_server_app
@@ -76,7 +79,7 @@ class _Run:
     peft_model: Any
     tokenizer: Any
     optimizer: Any
-    engine: Any
+    engine: Engine
     served: Served
     lock: threading.Lock
     full_forward: bool = False
@@ -97,8 +100,9 @@ class LocalBackend:
     def inference_url(self, model) -> str:
         """The OpenAI-compatible base URL serving `model` (vLLM's server on a GPU, the CPU server otherwise)."""
         run = self._run(model)
-        if run.engine.name == "vllm":
-            return run.engine.base_url
+        own = run.engine.base_url
+        if own is not None:
+            return own
         if self._server is None:
             raise RuntimeError("the CPU server is not running")
         return self._server.url
@@ -116,8 +120,12 @@ class LocalBackend:
         run = await asyncio.to_thread(self._load, model, run_dir)
         try:
             await run.engine.start()
-            if run.served.step and run.engine.name == "vllm":
+            if run.served.step:  # resumed: the engine serves the checkpoint's adapter (a no-op in-process)
                 await run.engine.load_adapter(run.served.step, ckpt.checkpoint_dir(run_dir, run.served.step))
+            in_process = run.engine.base_url is None
+            if in_process and not isinstance(run.engine, GeneratingEngine):
+                raise TypeError(f"engine {run.engine.name!r} has no server of its own and cannot generate "
+                                "in-process: it implements neither half of trainer.engine's protocols")
         except BaseException:
             await run.engine.close()
             raise
@@ -130,10 +138,11 @@ class LocalBackend:
                                        id=f"{model.project}-{model.name}", resume="allow",
                                        config=model.config.model_dump())
         self._runs[model.name] = run
-        self._served[model.name] = run.served
-        if self._server is None and run.engine.name != "vllm":
-            self._server = BackgroundServer(create_server_app(self._served), self.host, self.port or 0)
-            await self._server.start()
+        if in_process:  # the CPU server answers for engines without a server of their own
+            self._served[model.name] = run.served
+            if self._server is None:
+                self._server = BackgroundServer(create_server_app(self._served), self.host, self.port or 0)
+                await self._server.start()
 
     def _load(self, model, run_dir: Path) -> _Run:
         import torch
@@ -209,9 +218,9 @@ class LocalBackend:
                 raise ValueError(f"the CPU engine parses tool calls with {sorted(TOOL_PARSERS)}; {base} defaults to "
                                  f"{tool_parser!r}: set EngineConfig.tool_call_parser")
             engine = TransformersEngine(peft_model, tokenizer, lock, stop_token_ids=end_of_turn)
-        served = Served(model.name, engine, tokenizer, cfg.engine.max_seq_length, step, chat_template=template,
-                        renders_tools=tools_ok, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
-                        end_of_turn=end_of_turn)
+        served = Served(model.name, engine if isinstance(engine, GeneratingEngine) else None, tokenizer,
+                        cfg.engine.max_seq_length, step, chat_template=template, renders_tools=tools_ok,
+                        tool_parser=tool_parser, reasoning_parser=reasoning_parser, end_of_turn=end_of_turn)
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward)
 
     def _run(self, model) -> _Run:
@@ -243,8 +252,12 @@ class LocalBackend:
             return row
         for g in run.optimizer.param_groups:
             g["lr"], g["weight_decay"] = config.learning_rate, config.weight_decay
+        # an engine that cannot sleep keeps its memory: vLLM without sleep mode keeps answering with the previous
+        # adapter, the transformers engine's requests wait on the training lock
+        sleeps = run.engine.can_sleep
         sleep_started = time.perf_counter()
-        await run.engine.sleep()
+        if sleeps:
+            await run.engine.sleep()
         slept = time.perf_counter() - sleep_started
         try:
             stats = await asyncio.to_thread(self._train_locked, run, seqs, config)
@@ -253,7 +266,8 @@ class LocalBackend:
                                             {"reward_mean": prep["reward_mean"], "loss": stats["loss"]})
         finally:
             wake_started = time.perf_counter()
-            await run.engine.wake()
+            if sleeps:
+                await run.engine.wake()
             slept += time.perf_counter() - wake_started
         swap_started = time.perf_counter()
         await run.engine.load_adapter(step, where)

@@ -65,10 +65,6 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer=None, state
     return final
 
 
-def load_state(run_dir: str | Path, step: int) -> dict:
-    return json.loads((checkpoint_dir(run_dir, step) / STATE).read_text(encoding="utf-8"))
-
-
 def delete_checkpoints(run_dir: str | Path, keep: set[int]) -> list[int]:
     """Delete every complete checkpoint not in `keep`; the steps deleted."""
     gone = []

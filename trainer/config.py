@@ -1,7 +1,25 @@
-"""What a run is configured with: the LoRA, the inference engine, and each training step."""
+"""What a run is configured with: the LoRA (`LoRAConfig`), the inference engine (`EngineConfig`), both per model
+(`ModelConfig`), and each training step (`TrainConfig`).
+
+Every field is documented where it is declared (`Field(description=...)`, also readable as
+`TrainConfig.model_fields["epsilon_high"].description`): what it does, its default, units, valid range, and how
+it interacts with other fields. Unknown fields are refused, and so is assignment of an invalid value.
+
+Options that only act together with another setting are checked:
+
+- `TrainConfig`: an option set to a value other than its default that the chosen setting ignores is an error
+  (`epsilon_high` only acts under `loss="dapo"`, `completion_budget` only under `loss="dr_grpo"`,
+  `sampler_cap` only with `sampler_correction="tis"`, `min_shared_prefix` only with `share_prefix`), since it
+  means the step would not compute what its author wrote. A default value is never an error, so a dumped
+  config reloads.
+- `EngineConfig`: a vLLM-only option set to a non-default value with `engine="transformers"` is a warning
+  (`UserWarning`), since one configuration often serves both engines (a script that switches engine by
+  flag); flags in `vllm_args` that the engine sets itself are an error.
+"""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import pydantic
@@ -9,91 +27,263 @@ import pydantic
 LossKind = Literal["grpo", "dr_grpo", "dapo"]
 LLAMA_LIKE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
+# vLLM server flags `trainer.vllm_server.VLLMServer` sets itself, and where to set them instead
+_ENGINE_OWNED_FLAGS = {
+    "model": "the model's base_model", "served_model_name": "the model's name", "host": "LocalBackend(host=...)",
+    "port": "a free port, picked at start", "enable_lora": "always on", "max_lora_rank": "LoRAConfig.rank",
+    "max_loras": "set by the engine", "max_cpu_loras": "keep_adapters", "middleware": "set by the engine",
+    "gpu_memory_utilization": "gpu_memory_utilization", "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs", "enable_sleep_mode": "enable_sleep_mode", "enforce_eager": "enforce_eager",
+    "generation_config": "set by the engine (vLLM's sampling defaults)", "enable_auto_tool_choice": "always on",
+    "tool_call_parser": "tool_call_parser", "reasoning_parser": "reasoning_parser",
+    "chat_template": "chat_template", "disable_uvicorn_access_log": "set by the engine",
+}
+_VLLM_ONLY = ("gpu_memory_utilization", "max_model_len", "enforce_eager", "enable_sleep_mode", "max_num_seqs",
+              "keep_adapters", "startup_timeout_s", "server_timeout_s", "vllm_args")
+
 
 class _Strict(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
 
+    def _changed(self, names) -> list[str]:
+        """Those of `names` given explicitly with a value other than their default (a dumped and reloaded config
+        gives every field explicitly, at its default where it was not set)."""
+        return [n for n in names if n in self.model_fields_set
+                and getattr(self, n) != type(self).model_fields[n].get_default(call_default_factory=True)]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Validated assignment that leaves the object as it was when a cross-field check refuses it (pydantic
+        would keep the refused value)."""
+        before, fields_set = dict(self.__dict__), set(self.__pydantic_fields_set__)
+        try:
+            super().__setattr__(name, value)
+        except pydantic.ValidationError:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            self.__pydantic_fields_set__ = fields_set
+            raise
+
 
 class LoRAConfig(_Strict):
-    rank: int = pydantic.Field(8, ge=1, le=512)
-    alpha: float = pydantic.Field(16.0, gt=0)
-    dropout: float = pydantic.Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = pydantic.Field(default_factory=lambda: list(LLAMA_LIKE_TARGETS), min_length=1)
+    """The LoRA adapter trained on the base model (peft `LoraConfig`, task `CAUSAL_LM`)."""
+
+    rank: int = pydantic.Field(8, ge=1, le=512, description=(
+        "LoRA rank r: the inner dimension of each adapter's A (r x in) and B (out x r) matrices. Default 8; "
+        "1-512. Trainable parameters grow linearly with it. The vLLM engine serves it with the smallest "
+        "`--max-lora-rank` vLLM accepts that holds it (1, 8, 16, 32, 64, 128, 256, 320, 512)."))
+    alpha: float = pydantic.Field(16.0, gt=0, description=(
+        "LoRA alpha: the adapter's output is scaled by alpha / rank. Default 16.0 (a scale of 2 at rank 8); "
+        "> 0. Changing rank without alpha changes the effective learning rate of the adapter."))
+    dropout: float = pydantic.Field(0.0, ge=0, lt=1, description=(
+        "Dropout on the adapter's input during training, a probability. Default 0.0; 0 <= dropout < 1. "
+        "Anything above 0 is active in the training forward pass but not when sampling, so importance "
+        "ratios no longer start at exactly 1 (the backend warns at register)."))
+    target_modules: list[str] = pydantic.Field(default_factory=lambda: list(LLAMA_LIKE_TARGETS), min_length=1,
+                                               description=(
+        "Names of the modules that get an adapter (matched by peft against the model's module names). Default: "
+        "the attention and MLP projections of Llama-like models (q/k/v/o_proj, gate/up/down_proj); at least "
+        "one. Names the model lacks fail at register. The vLLM engine serves LoRA on linear layers only: "
+        "`embed_tokens`, `lm_head`, `wte` or `word_embeddings` are refused with it."))
 
 
 class EngineConfig(_Strict):
-    """Which engine serves rollouts and how.
+    """Which engine serves rollouts and how (`trainer.engine.Engine`).
 
-    engine: `auto` picks vLLM's own OpenAI server when vLLM is installed and a GPU is there, else the CPU
-    engine (transformers behind a small server speaking the same API subset).
-    tool_call_parser / reasoning_parser: vLLM parser names; None picks by model family
-    (`trainer.vllm_server.default_parsers`: Qwen3 hermes+qwen3, Qwen2.5/ChatML hermes, Llama-3.x
-    llama3_json, Mistral mistral). The CPU server parses `hermes` and `llama3_json`.
-    chat_template: a jinja template replacing the tokenizer's (None: the tokenizer's; a ChatML template
-    that cannot render tools is replaced by `trainer.chat.HERMES_CHATML_TEMPLATE`).
-    The vLLM fields go to vLLM's server as flags; `vllm_args` adds any other (`{"swap_space": 8}` →
-    `--swap-space 8`, `True` → a bare flag).
+    `transformers` generates in the training process with the weights being trained, behind the backend's
+    small OpenAI-compatible server (CPU or a GPU without vLLM; no adapter loading, no sleep). `vllm` runs
+    vLLM's own OpenAI server as a child process (GPU), loading each step's adapter and sleeping around
+    training steps. Fields from `gpu_memory_utilization` on are vLLM's alone: with `engine="transformers"`
+    setting one to a non-default value only warns (they have no effect there).
     """
-    engine: Literal["auto", "transformers", "vllm"] = "auto"
-    max_seq_length: int = pydantic.Field(2048, ge=16)
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    chat_template: str | None = None
-    gpu_memory_utilization: float = pydantic.Field(0.5, gt=0, le=1)
-    max_model_len: int | None = pydantic.Field(None, ge=16)
-    enforce_eager: bool = False
-    enable_sleep_mode: bool = True
-    max_num_seqs: int = pydantic.Field(256, ge=1)
-    keep_adapters: int = pydantic.Field(2, ge=1)           # adapters of recent steps kept loaded in vLLM
-    startup_timeout_s: float = pydantic.Field(900, gt=0)   # how long vLLM's server may take to come up
-    server_timeout_s: float = pydantic.Field(600, gt=0)    # per control call (load adapter, sleep, wake)
-    vllm_args: dict[str, Any] = pydantic.Field(default_factory=dict)
+
+    engine: Literal["auto", "transformers", "vllm"] = pydantic.Field("auto", description=(
+        "The inference engine. Default `auto`: `vllm` when vLLM is installed and a CUDA GPU is present, else "
+        "`transformers`. `vllm` needs `pip install 'ruler-rl[gpu]'` and a GPU."))
+    max_seq_length: int = pydantic.Field(2048, ge=16, description=(
+        "The most tokens of one sequence (prompt + completion), in tokens. Default 2048; >= 16. The CPU server "
+        "refuses longer prompts and caps `max_tokens` at the room left; training truncates longer sequences to "
+        "it (counted as `truncated` in the run log); with vLLM it is also `--max-model-len` unless "
+        "`max_model_len` is set."))
+    tool_call_parser: str | None = pydantic.Field(None, description=(
+        "vLLM's tool-call parser name (`hermes`, `llama3_json`, `mistral`, ...). Default None: picked by model "
+        "family (`trainer.vllm_server.default_parsers`: Qwen3 and Qwen2.5/ChatML `hermes`, Llama-3.x "
+        "`llama3_json`, Mistral `mistral`, anything else `hermes`). The CPU server parses `hermes` and "
+        "`llama3_json` only and refuses others at register."))
+    reasoning_parser: str | None = pydantic.Field(None, description=(
+        "vLLM's reasoning parser name: text before `</think>` becomes `message.reasoning`. Default None: "
+        "`qwen3` for Qwen3 models, none otherwise. The CPU server knows `qwen3` only."))
+    chat_template: str | None = pydantic.Field(None, description=(
+        "A jinja chat template replacing the tokenizer's, for both engines and for re-rendered off-policy "
+        "text. Default None: the tokenizer's own (a ChatML template that cannot render tools is replaced by "
+        "`trainer.chat.HERMES_CHATML_TEMPLATE` for requests with tools)."))
+    gpu_memory_utilization: float = pydantic.Field(0.5, gt=0, le=1, description=(
+        "vLLM only: the fraction of the GPU's memory vLLM may take for weights and KV cache. Default 0.5; "
+        "0 < x <= 1. The trainer shares the GPU, so leave room for the model, its gradients and activations "
+        "(`enable_sleep_mode` frees vLLM's share during each step)."))
+    max_model_len: int | None = pydantic.Field(None, ge=16, description=(
+        "vLLM only: `--max-model-len`, the context length vLLM serves, in tokens. Default None: "
+        "`max_seq_length`; >= 16. Above `max_seq_length`, vLLM serves conversations that training truncates."))
+    enforce_eager: bool = pydantic.Field(False, description=(
+        "vLLM only: `--enforce-eager`, no CUDA graphs: faster start and less memory, slower generation. "
+        "Default False."))
+    enable_sleep_mode: bool = pydantic.Field(True, description=(
+        "vLLM only: run vLLM with `--enable-sleep-mode` and put it to sleep (weights offloaded, KV cache "
+        "freed) for each training step; requests that arrive meanwhile wait. Default True. Off: vLLM keeps "
+        "its memory during training (both must fit) and keeps answering with the previous step's adapter."))
+    max_num_seqs: int = pydantic.Field(256, ge=1, description=(
+        "vLLM only: `--max-num-seqs`, the most sequences vLLM generates concurrently. Default 256; >= 1."))
+    keep_adapters: int = pydantic.Field(2, ge=1, description=(
+        "vLLM only: how many of the latest steps' adapters stay servable as `<name>@<step>`; older names are "
+        "unloaded (requests naming them get 404). Default 2; >= 1. Also sets `--max-cpu-loras` "
+        "(keep_adapters + 1, at least 2)."))
+    startup_timeout_s: float = pydantic.Field(900, gt=0, description=(
+        "vLLM only: how long vLLM's server may take to answer its health check at register, in seconds. "
+        "Default 900; > 0. Weights download and CUDA-graph capture count."))
+    server_timeout_s: float = pydantic.Field(600, gt=0, description=(
+        "vLLM only: the timeout of each control call to vLLM (load/unload adapter, sleep, wake), in seconds. "
+        "Default 600; > 0. Sleep waits for in-flight requests, so allow for the longest rollout turn."))
+    vllm_args: dict[str, Any] = pydantic.Field(default_factory=dict, description=(
+        "vLLM only: further server flags, `{name: value}` with `_` or `-` in names: `{\"swap_space\": 8}` "
+        "becomes `--swap-space 8`, `True` a bare flag, `False`/None nothing, a dict or list JSON. Default none. "
+        "Flags the engine sets itself (model, port, LoRA, parsers, the fields above, ...) are refused: use "
+        "the field named in the error."))
+
+    @pydantic.field_validator("vllm_args")
+    @classmethod
+    def _no_owned_flags(cls, args: dict[str, Any]) -> dict[str, Any]:
+        for key in args:
+            flag = key.lstrip("-").replace("-", "_")
+            if not flag:
+                raise ValueError(f"vllm_args: {key!r} is not a flag name")
+            if flag in _ENGINE_OWNED_FLAGS:
+                raise ValueError(f"vllm_args[{key!r}] is set by the engine itself; use "
+                                 f"{_ENGINE_OWNED_FLAGS[flag]} instead")
+        return args
+
+    @pydantic.model_validator(mode="after")
+    def _vllm_only_fields(self) -> EngineConfig:
+        if self.engine == "transformers":
+            ignored = sorted(self._changed(_VLLM_ONLY))
+            if ignored:
+                warnings.warn(f"EngineConfig: {', '.join(ignored)} only act(s) with the vLLM engine; "
+                              "engine='transformers' ignores them", UserWarning, stacklevel=2)
+        return self
 
 
 class ModelConfig(_Strict):
-    lora: LoRAConfig = pydantic.Field(default_factory=LoRAConfig)
-    engine: EngineConfig = pydantic.Field(default_factory=EngineConfig)
-    # None: on for models of 1B parameters or more on a GPU (activations of long agent sequences dominate
-    # memory there), off otherwise
-    gradient_checkpointing: bool | None = None
-    seed: int = 0
+    """Everything about one trainable model other than its name and base model: adapter, engine, memory, seed."""
+
+    lora: LoRAConfig = pydantic.Field(default_factory=LoRAConfig, description=(
+        "The LoRA adapter trained on the base model (`LoRAConfig`). Default `LoRAConfig()`: rank 8, alpha 16, "
+        "Llama-like projections."))
+    engine: EngineConfig = pydantic.Field(default_factory=EngineConfig, description=(
+        "The inference engine that serves rollouts (`EngineConfig`). Default `EngineConfig()`: `auto` (vLLM "
+        "on a GPU when installed, else transformers), 2048-token sequences."))
+    gradient_checkpointing: bool | None = pydantic.Field(None, description=(
+        "Recompute activations in the backward pass instead of keeping them (less memory, more compute). "
+        "Default None: on for models of 1B parameters or more on a GPU (activations of long agent sequences "
+        "dominate memory there), off otherwise. Independent of the chunked logprobs, which always avoid the "
+        "full [tokens x vocabulary] logits."))
+    seed: int = pydantic.Field(0, description=(
+        "Seed of torch's generator when the model is loaded: the LoRA A matrices' initialisation (B starts at "
+        "zero) and, after it, dropout. Default 0; any int. Sampling seeds are per request (`seed` in a "
+        "chat-completion request)."))
 
 
 class TrainConfig(_Strict):
-    """One training step.
+    """One training step (`await model.train(groups, config)`).
 
-    loss: `grpo` (PPO-clip at ±epsilon, each trajectory's trained tokens averaged, then trajectories averaged),
-    `dr_grpo` (no length normalisation: each trajectory's token sum divided by `completion_budget`, then
-    averaged over trajectories; advantages not divided by the std),
-    `dapo` (clip-higher: 1-epsilon .. 1+epsilon_high, one mean over all trained tokens of the batch).
+    Per token the loss is the PPO-clip term on the ratio r = exp(new - old) of the trained token's logprob to its
+    sampled one, times the trajectory's advantage (`ruler.group_advantages` of its group's rewards); `loss`
+    picks the clip range and how token terms are weighted into one number (`trainer/loss.py` gives each
+    normalisation). Micro-batching is by tokens, not by a count of sequences: there is no `micro_batch_size`;
+    `max_tokens_per_micro_batch` bounds each forward pass, and gradients of all passes accumulate into one
+    optimizer step whose loss equals the whole batch's.
     """
-    learning_rate: float = pydantic.Field(5e-5, gt=0)
-    loss: LossKind = "grpo"
-    epsilon: float = pydantic.Field(0.2, gt=0, lt=1)
-    epsilon_high: float = pydantic.Field(0.28, gt=0)
-    kl_coef: float = pydantic.Field(0.0, ge=0)
-    scale_advantages: bool | None = None  # None: yes, except for dr_grpo
-    # A forward pass holds whole sequences packed up to this many tokens (one longer sequence gets a pass
-    # of its own); each group's shared prompt is computed once when `share_prefix` and it is at least
-    # `min_shared_prefix` tokens (trainer/packing.py).
-    max_tokens_per_micro_batch: int = pydantic.Field(8192, ge=16)
-    # dr_grpo's constant: the most tokens a trajectory may generate (TRL's max_completion_length). None: the
-    # largest count of trained tokens of any trajectory in the batch.
-    completion_budget: int | None = pydantic.Field(None, ge=1)
-    share_prefix: bool = True
-    min_shared_prefix: int = pydantic.Field(32, ge=1)
-    max_grad_norm: float = pydantic.Field(1.0, gt=0)
-    weight_decay: float = pydantic.Field(0.0, ge=0)
-    logprob_chunk_size: int = pydantic.Field(256, ge=1)
-    # Choices without served token ids (e.g. from an API model, or a streamed answer) are refused unless this
-    # is on: then their text is re-rendered with the chat template, trained with ratio 1, and counted.
-    allow_off_policy_text: bool = False
-    # Tokens sampled by vLLM get logprobs from its kernels, which differ from the trainer's (bf16: mean
-    # |ratio - 1| ~0.05 measured). "tis": the PPO ratio uses the trainer's own logprobs before the update,
-    # and each token's policy term is scaled by min(exp(trainer - sampler), sampler_cap) (truncated importance
-    # sampling, as TRL's vLLM correction). "none": the sampled logprobs are the old policy as they are.
-    sampler_correction: Literal["none", "tis"] = "none"
-    sampler_cap: float = pydantic.Field(2.0, gt=0)
+
+    learning_rate: float = pydantic.Field(5e-5, gt=0, description=(
+        "AdamW learning rate for the LoRA parameters, applied from this step on (it may differ per step). "
+        "Default 5e-5; > 0. The effective step also scales with "
+        "`LoRAConfig.alpha / rank`."))
+    loss: LossKind = pydantic.Field("grpo", description=(
+        "The loss. `grpo`: clip 1 +- epsilon; each trajectory's trained tokens averaged, then trajectories "
+        "averaged. `dr_grpo`: clip 1 +- epsilon; each trajectory's token sum divided by `completion_budget`, "
+        "then averaged over trajectories (no length normalisation); advantages not divided by the std unless "
+        "`scale_advantages`. `dapo`: clip-higher 1 - epsilon .. 1 + epsilon_high; one mean over all trained "
+        "tokens of the batch. Default `grpo`."))
+    epsilon: float = pydantic.Field(0.2, gt=0, lt=1, description=(
+        "PPO clip range below (and, except under `dapo`, above) 1: ratios outside [1 - epsilon, 1 + epsilon] "
+        "get no gradient where clipping binds. Default 0.2; 0 < epsilon < 1."))
+    epsilon_high: float = pydantic.Field(0.28, gt=0, description=(
+        "`dapo` only: the upper clip bound is 1 + epsilon_high (clip-higher), letting unlikely tokens gain "
+        "probability faster. Default 0.28; must be >= epsilon. Set to another value under another loss: an error."))
+    kl_coef: float = pydantic.Field(0.0, ge=0, description=(
+        "Weight of the k3 KL estimate to the reference policy (the base model: the adapter disabled), added "
+        "per token. Default 0.0 (no KL term and no reference forward pass); >= 0. Above 0 each micro-batch "
+        "costs one extra forward pass."))
+    scale_advantages: bool | None = pydantic.Field(None, description=(
+        "Divide each group's centred rewards by the group's std (+1e-6). Default None: yes, except for "
+        "`dr_grpo` (whose paper drops it). True/False force it for any loss."))
+    max_tokens_per_micro_batch: int = pydantic.Field(8192, ge=16, description=(
+        "The most tokens one forward pass holds, in tokens. Default 8192; >= 16. Whole sequences are packed up "
+        "to it without padding (one longer sequence gets a pass of its own, so it never splits a sequence); "
+        "a group's shared prompt counts once. Lower it when a step runs out of memory; it changes speed and "
+        "memory, never the loss or gradients."))
+    completion_budget: int | None = pydantic.Field(None, ge=1, description=(
+        "`dr_grpo` only: the constant each trajectory's token sum is divided by, in tokens - the most tokens a "
+        "trajectory may generate (TRL's max_completion_length). Default None: the largest count of trained "
+        "tokens of any trajectory in the batch (so it varies between batches); >= 1. Set under another loss: "
+        "an error."))
+    share_prefix: bool = pydantic.Field(True, description=(
+        "Compute the prompt shared by a group's sequences once per forward pass (a 4-D attention mask; "
+        "`trainer/packing.py`). Default True. Same loss and gradients either way; off, every sequence is "
+        "computed whole. Attention implementations that take no mask (flash_attention_2) fall back to one "
+        "sequence per pass (counted as `unmaskable_fallback`)."))
+    min_shared_prefix: int = pydantic.Field(32, ge=1, description=(
+        "`share_prefix` only: the shortest shared prompt worth sharing, in tokens; sequences must agree on "
+        "their first this-many tokens to be grouped. Default 32; >= 1. Set to another value with share_prefix=False: an error."))
+    max_grad_norm: float = pydantic.Field(1.0, gt=0, description=(
+        "Clip the global L2 norm of the LoRA gradients to this before the optimizer step. Default 1.0; > 0. "
+        "A non-finite norm skips the step with an error (nothing applied)."))
+    weight_decay: float = pydantic.Field(0.0, ge=0, description=(
+        "AdamW's decoupled weight decay on the LoRA parameters. Default 0.0; >= 0."))
+    logprob_chunk_size: int = pydantic.Field(256, ge=1, description=(
+        "Trained tokens per chunk when computing logprobs from the last hidden state: only a [chunk x "
+        "vocabulary] block of logits exists at a time (recomputed in the backward pass). Default 256; >= 1. "
+        "Memory/speed only; unused when the backend falls back to the model's full forward (a model whose "
+        "chunked logprobs differ from its own forward)."))
+    allow_off_policy_text: bool = pydantic.Field(False, description=(
+        "Train choices that carry no served token ids (an API model's answer, a streamed answer): their text "
+        "is re-rendered with the served chat template and trained with ratio 1, counted as "
+        "`off_policy_turns`. Default False: such a choice is refused with `MissingTokenIdsError`."))
+    sampler_correction: Literal["none", "tis"] = pydantic.Field("none", description=(
+        "How to treat the mismatch between the sampler's logprobs and the trainer's (vLLM's bf16 kernels: mean "
+        "|ratio - 1| ~0.05 measured). `none`: the sampled logprobs are the old policy as they are. `tis`: the "
+        "PPO ratio uses the trainer's own logprobs before the update, and each token's policy term is scaled by "
+        "min(exp(trainer - sampler), sampler_cap) (truncated importance sampling); costs one extra forward per "
+        "micro-batch. With the transformers engine the sampler is the trainer, so the weights are ~1. "
+        "Default `none`."))
+    sampler_cap: float = pydantic.Field(2.0, gt=0, description=(
+        "`sampler_correction='tis'` only: the truncation C of the importance weight min(pi_trainer / "
+        "pi_sampler, C). Default 2.0; > 0. Set to another value without `tis`: an error."))
+
+    @pydantic.model_validator(mode="after")
+    def _options_that_act(self) -> TrainConfig:
+        given = self._changed(type(self).model_fields)
+        needs = (("epsilon_high", self.loss == "dapo", "loss='dapo'"),
+                 ("completion_budget", self.loss == "dr_grpo", "loss='dr_grpo'"),
+                 ("sampler_cap", self.sampler_correction == "tis", "sampler_correction='tis'"),
+                 ("min_shared_prefix", self.share_prefix, "share_prefix=True"))
+        for name, acts, condition in needs:
+            if name in given and not acts:
+                raise ValueError(f"{name} only acts with {condition}; this configuration would ignore it "
+                                 f"(leave it unset, or set {condition})")
+        if self.loss == "dapo" and self.epsilon_high < self.epsilon:
+            raise ValueError(f"loss='dapo' clips higher than it clips lower: epsilon_high ({self.epsilon_high}) "
+                             f"must be >= epsilon ({self.epsilon})")
+        return self
 
     def scales_advantages(self) -> bool:
+        """Whether group advantages are divided by the group's std: `scale_advantages`, or by default every loss
+        except `dr_grpo`."""
         return self.loss != "dr_grpo" if self.scale_advantages is None else self.scale_advantages

@@ -1,29 +1,30 @@
-"""The transformers engine: generation on CPU or GPU with the very model being trained (peft LoRA on top
-of the base), for development and CI. No adapter swapping is needed: the served weights are the trained
-ones. Generation and training take turns under one lock, so a request that arrives during a training
-step waits for it instead of being cut short."""
+"""The transformers engine (a `trainer.engine.GeneratingEngine`): generation on CPU or GPU with the very model
+being trained (peft LoRA on top of the base), for development and CI. No adapter swapping is needed: the
+served weights are the trained ones. Generation and training take turns under one lock, so a request that
+arrives during a training step waits for it instead of being cut short; there is nothing to put to sleep."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass, field
+from pathlib import Path
 
-
-@dataclass
-class Sample:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" or "length"
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token, when asked for
+from trainer.engine import Sample
 
 
 class TransformersEngine:
+    """Generates with `model` (a causal LM, usually the peft model being trained) under `lock`, stopping at any
+    of `stop_token_ids` (the model's end-of-turn ids). Served over HTTP by the backend's CPU server."""
+
     name = "transformers"
+    base_url = None      # no server of its own: `trainer/server.py` answers for it
+    can_sleep = False    # training waits for the lock instead
 
     def __init__(self, model, tokenizer, lock: threading.Lock | None = None, *, stop_token_ids: list[int]):
-        if not stop_token_ids:
-            raise ValueError("the engine needs the model's end-of-turn token ids")
+        if not stop_token_ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
+            raise ValueError(f"the engine needs the model's end-of-turn token ids (ints), got {stop_token_ids!r}")
+        if not hasattr(model, "generate"):
+            raise TypeError(f"model must be a transformers model with generate(), got {type(model).__name__}")
         self.model = model
         self.tokenizer = tokenizer
         self.lock = lock or threading.Lock()
@@ -34,6 +35,13 @@ class TransformersEngine:
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1, max_tokens: int = 256, temperature: float = 1.0,
                        top_p: float = 1.0, seed: int | None = None, top_logprobs: int = 0) -> list[Sample]:
+        """`n` samples of `prompt_ids` (temperature 0: greedy), each with its tokens' temperature-1 logprobs."""
+        if not prompt_ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+            raise ValueError("prompt_ids must be a non-empty list of token ids")
+        if n < 1 or max_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or top_logprobs < 0:
+            raise ValueError(f"need n >= 1, max_tokens >= 1, temperature >= 0, 0 < top_p <= 1, top_logprobs >= 0; "
+                             f"got n={n}, max_tokens={max_tokens}, temperature={temperature}, top_p={top_p}, "
+                             f"top_logprobs={top_logprobs}")
         return await asyncio.to_thread(self._generate, prompt_ids, n, max_tokens, temperature, top_p, seed,
                                        top_logprobs)
 
@@ -71,7 +79,7 @@ class TransformersEngine:
             samples.append(Sample(row[:cut], lp[:cut], "stop" if end else "length", tops))
         return samples
 
-    async def load_adapter(self, step: int, path) -> None:
+    async def load_adapter(self, step: int, path: Path) -> None:
         return None  # the served weights are the trained ones already
 
     async def sleep(self) -> None:

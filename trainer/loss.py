@@ -1,19 +1,34 @@
 """The policy-gradient losses, on per-token log-probabilities.
 
-Every loss is a weighted sum of per-token PPO-clip terms; the variants differ in the clip range and in the
-token weights, which `token_weights` computes over the *whole* batch so that gradient accumulation over
-micro-batches adds up to exactly the full-batch loss:
+Every loss is a weighted sum of per-token PPO-clip terms; the variants differ in the clip range, in the token
+weights (how per-token terms become one number), and by default in the advantages. `token_weights` computes
+the weights over the *whole* batch, so gradient accumulation over micro-batches adds up to exactly the
+full-batch loss: a micro-batch's loss is the sum of its tokens' weighted terms, never a mean of its own.
 
-    grpo     w = mask / (len_i * n)          each trajectory counts once, its tokens averaged
-    dr_grpo  w = mask / (norm_len * n)       no length normalisation (constant norm_len)
-    dapo     w = mask / total_tokens         token-level mean; clip range 1-eps .. 1+eps_high
+Notation: a batch holds n trajectories (those with a trained token and a non-zero advantage); trajectory i
+has L_i trained tokens (a multi-turn trajectory may span several sequences: `row_tokens` gives each row its
+trajectory's count), N = sum_i L_i; A_i is its advantage, r_it = exp(new_it - old_it) the ratio of token t.
 
-n is the number of trajectories in the batch and len_i the trained tokens of row i's trajectory (a
-multi-turn trajectory may span several sequences: `row_tokens` gives each row its trajectory's count).
+    term_it = -w_s * min(r_it * A_i, clip(r_it, 1 - eps, 1 + eps') * A_i) + kl_coef * KL_it
 
-Per token:  -w_s * min(r * A, clip(r, 1-eps, 1+eps') * A) + kl_coef * KL,   r = exp(new - old),
-w_s = 1, or with a sampler correction the truncated importance weight min(exp(old_trainer - sampled), C),
-KL is the k3 estimator exp(ref - new) - (ref - new) - 1 (zero when no reference is given).
+grpo
+    loss = 1/n * sum_i (1/L_i * sum_t term_it);  w = mask / (L_i * n);  eps' = eps.
+    Each trajectory counts once whatever its length: a token of a short answer weighs more than one of a
+    long answer. Advantages: (reward - group mean) / (group std + 1e-6) by default.
+dr_grpo  ("GRPO done right", Liu et al. 2025)
+    loss = 1/n * sum_i (1/B * sum_t term_it);  w = mask / (B * n);  eps' = eps.
+    B is one constant for the whole batch (`TrainConfig.completion_budget`; default the largest L_i in the
+    batch), so every token weighs the same and no per-answer length normalisation biases the update by
+    answer length. Advantages are not divided by the group std unless `scale_advantages=True`.
+dapo  (Yu et al. 2025; a token-level mean over the whole batch)
+    loss = 1/N * sum_i sum_t term_it;  w = mask / N;  eps' = epsilon_high (clip-higher, >= eps).
+    Every trained token of the batch weighs the same; the higher upper clip lets unlikely tokens with a
+    positive advantage gain probability faster. Advantages as grpo's.
+
+w_s = 1, or with `TrainConfig.sampler_correction="tis"` the truncated importance weight
+min(exp(old_trainer - sampled), C) (old is then the trainer's own logprob before the update).
+KL is the k3 estimator exp(ref - new) - (ref - new) - 1 to the reference policy (zero when none is given).
+Only the clipped policy term is scaled by w_s; both terms are weighted by w.
 """
 
 from __future__ import annotations

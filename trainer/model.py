@@ -1,6 +1,14 @@
-"""`TrainableModel`: ART's user-facing shape. Agent code talks to `model.openai_client()` (or uses ART's
-`inference_base_url`, `inference_api_key`, `get_inference_name()`, `litellm_completion_params()`); between
-steps `await model.train(groups)` trains the LoRA and the server starts answering with the new adapter."""
+"""`TrainableModel`: ART's user-facing shape of a model being trained with LoRA.
+
+    model = TrainableModel("agent-001", "my-project", "Qwen/Qwen2.5-1.5B-Instruct")
+    await model.register(LocalBackend())      # loads it, starts its engine, resumes from a checkpoint
+    client = model.openai_client()            # rollouts: model=model.get_inference_name()
+    await model.train(groups)                 # one GRPO step; the served adapter is then the new one
+
+Rollout code written for ART runs unchanged against it: `inference_base_url`, `inference_api_key`,
+`inference_model_name`, `get_inference_name()`, `litellm_completion_params()`, `trainable`. The model holds
+no weights itself: the backend it is registered with does (`trainer.backend.LocalBackend`).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,13 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 class TrainableModel:
+    """A named LoRA run on `base_model` (a hub id, a local folder, or `local/smollm2-135m-instruct`, the embedded
+    model). `name` and `project` (1-100 letters, digits, `.`, `_`, `-`) place its run at
+    `{backend.path}/{project}/{name}`; `name` is also the served model name. `config`: `ModelConfig()` by
+    default."""
+
+    trainable = True  # ART's flag: rollout code branches on it (e.g. no response caching for trainable models)
+
     def __init__(self, name: str, project: str, base_model: str, config: ModelConfig | None = None):
         for what, value in (("name", name), ("project", project)):
             if not isinstance(value, str) or not NAME.match(value):
@@ -26,8 +41,6 @@ class TrainableModel:
         self._backend = None
         self._client = None
 
-    trainable = True  # ART's flag: rollout code branches on it (e.g. no response caching for trainable models)
-
     @property
     def backend(self):
         if self._backend is None:
@@ -35,6 +48,9 @@ class TrainableModel:
         return self._backend
 
     async def register(self, backend) -> None:
+        """Load the model into `backend`, start its engine and resume from its latest complete checkpoint."""
+        if not callable(getattr(backend, "register", None)):
+            raise TypeError(f"backend must be a trainer.LocalBackend, got {type(backend).__name__}")
         await backend.register(self)
         self._backend = backend
 
@@ -51,10 +67,12 @@ class TrainableModel:
 
     @property
     def inference_model_name(self) -> str:
+        """The served name: it always means the latest step's adapter (`get_inference_name()` names a step)."""
         return self.name
 
     @property
     def run_dir(self) -> Path:
+        """Where the run's checkpoints and log live: `{backend.path}/{project}/{name}`."""
         return self.backend.path / self.project / self.name
 
     def get_inference_name(self, step: int | None = None) -> str:
@@ -83,10 +101,17 @@ class TrainableModel:
                 "api_key": self.inference_api_key, "temperature": 1}
 
     async def get_step(self) -> int:
+        """The step of the adapter being served: 0 before any training, else the latest checkpoint's."""
         return await self.backend.get_step(self)
 
     async def train(self, groups: list, config: TrainConfig | None = None) -> dict:
+        """One training step on `groups` (`ruler.TrajectoryGroup`s) with `config` (`TrainConfig()` by default);
+        returns the step's run-log row (`trained` is False, with the reasons in `skipped`, when no group had a
+        learning signal)."""
+        if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
+            raise TypeError(f"groups must be a list of TrajectoryGroup, got {type(groups).__name__}")
         return await self.backend.train(self, groups, config or TrainConfig())
 
     async def delete_checkpoints(self, metric: str = "reward_mean") -> list[int]:
+        """Delete every checkpoint but the latest and the best by `metric`; the steps deleted."""
         return await self.backend.delete_checkpoints(self, metric)

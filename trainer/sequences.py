@@ -19,8 +19,7 @@ chat template, trained with ratio 1 (no sampled logprobs) and counted.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
@@ -61,8 +60,7 @@ class SequenceReport:
     context_breaks: int = 0          # turns whose prompt did not extend the previous turn: new sequence
     off_policy_turns: int = 0        # re-rendered text (allow_off_policy_text)
     turns_without_logprobs: int = 0  # served ids but no sampled logprobs: ratio 1
-    truncated: int = 0
-    skipped: Counter = field(default_factory=Counter)
+    truncated: int = 0               # sequences cut to max_seq_length (counted by `training.prepare`)
 
 
 @dataclass

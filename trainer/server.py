@@ -4,11 +4,12 @@ on the CPU and on a GPU (where vLLM's own server answers; `trainer/vllm_server.p
 
 The subset: tools (rendered by the chat template; calls parsed with a vLLM parser name, `hermes` or
 `llama3_json`), `tool_choice` `auto`/`none`, `n`, `max_tokens`/`max_completion_tokens`, `temperature`,
-`top_p`, `seed`, `logprobs`/`top_logprobs`, `return_tokens_as_token_ids`, `return_token_ids` and
-`chat_template_kwargs`. As on the GPU path, every non-streamed completion carries what training needs
-whatever the request asked: the response's and each choice's `prompt_token_ids`, each choice's
-`token_ids`, and the sampled tokens' logprobs (the policy's own, at temperature 1): standard `logprobs`
-when asked for, else one compact `token_logprobs` list per choice.
+`top_p`, `seed`, `logprobs`/`top_logprobs` (0-20 alternatives per token; as vLLM, `top_logprobs` > 0 needs
+`logprobs: true`), `return_tokens_as_token_ids`, `return_token_ids` and `chat_template_kwargs`. As on the GPU
+path, every non-streamed completion carries what training needs whatever the request asked: the response's
+and each choice's `prompt_token_ids`, each choice's `token_ids`, and the sampled tokens' logprobs (the
+policy's own, at temperature 1): standard `logprobs` when asked for, else one compact `token_logprobs` list
+per choice.
 
 `<model>` is the latest adapter; `<model>@<step>` names a step (only the latest is served here: the CPU
 engine generates with the very weights being trained). Requests that arrive during a training step wait
@@ -31,13 +32,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from trainer.chat import parse_tool_calls, prompt_ids
+from trainer.engine import GeneratingEngine
 
 
 @dataclass
 class Served:
-    """What the server needs of a registered model."""
+    """What the server needs of a registered model (the backend keeps one per model, served here or not)."""
     name: str
-    engine: Any
+    engine: GeneratingEngine | None       # None: an engine with its own server answers for this model
     tokenizer: Any
     max_seq_length: int
     step: int = 0
@@ -127,7 +129,7 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
     def resolve(name: str) -> Served:
         base, _, step = name.partition("@")
         served = models.get(base)
-        if served is None:
+        if served is None or served.engine is None:
             raise APIError(404, f"model {name!r} is not served here; models: {sorted(models)}", "not_found_error")
         if step and step != str(served.step):
             raise APIError(404, f"unknown adapter step {step!r} for {base}: it is at step {served.step}, and only "
@@ -151,6 +153,8 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
             raise APIError(400, "stream is not supported by the CPU server")
         if req.stop:
             raise APIError(400, "stop sequences are not supported by the CPU server; use max_tokens")
+        if req.top_logprobs and not req.logprobs:  # vLLM refuses this too
+            raise APIError(400, "top_logprobs needs logprobs: true (alternatives come inside standard logprobs)")
         if req.response_format and req.response_format.get("type") not in (None, "text"):
             raise APIError(400, "response_format (structured output) is not supported by the CPU server")
         tool_choice = req.tool_choice if req.tool_choice is not None else "auto"

@@ -131,7 +131,6 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
             if kept:
                 n_trajectories += 1
                 seqs += kept
-    skipped.update(report.skipped)
     mean = sum(rewards) / len(rewards) if rewards else math.nan
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else math.nan
     return seqs, {"groups": len(groups), "trajectories": sum(len(list(g)) for g in groups), "reward_mean": mean,

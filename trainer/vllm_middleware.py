@@ -6,7 +6,8 @@ rollout carries what token-exact training needs without the rollout code asking 
   bare served name (`$RULER_SERVED_NAME`) is routed to the latest adapter; and, for a non-streamed answer,
   the response's `prompt_token_ids` are copied into each choice — agent code keeps choices, not responses.
   Logprobs the client did not ask for come as one compact `token_logprobs` list per choice (standard
-  `logprobs` stay `null`); asked for, they come as vLLM wrote them.
+  `logprobs` stay `null`); asked for, they come as vLLM wrote them. `top_logprobs` without `logprobs` is
+  refused (400), as vLLM itself would (it only sees the switched-on `logprobs`), and as the CPU server does.
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
 - `POST /v1/load_lora_adapter`: passed through; once vLLM has loaded `<name>@<step>`, the bare name means
@@ -87,6 +88,11 @@ class TrainingDataMiddleware:
             body["model"] = self.current
         body["return_token_ids"] = True
         asked = bool(body.get("logprobs"))
+        tops = body.get("top_logprobs")
+        if not asked and isinstance(tops, int) and not isinstance(tops, bool) and tops != 0:
+            # vLLM refuses top_logprobs without logprobs, but only sees the logprobs switched on below
+            return await _reject(send, 400, "top_logprobs needs logprobs: true (alternatives come inside "
+                                            "standard logprobs)")
         if not asked:
             body["logprobs"] = True
         if body.get("top_logprobs") is None:  # vLLM builds logprobs only when top_logprobs is a number

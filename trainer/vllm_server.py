@@ -88,18 +88,25 @@ def _free_port(host: str) -> int:
 
 
 class VLLMServer:
-    """vLLM's OpenAI server in a child process, with the adapter, sleep and wake calls a trainer needs."""
+    """vLLM's OpenAI server in a child process, with the adapter, sleep and wake calls a trainer needs (a
+    `trainer.engine.Engine` with a `base_url` of its own; it generates nothing in this process)."""
 
     name = "vllm"
 
     def __init__(self, base_model: str, config: EngineConfig, *, served_name: str, lora_rank: int,
                  log_dir: Path, chat_template_file: Path | None, tool_parser: str, reasoning_parser: str | None,
                  host: str = "127.0.0.1", port: int | None = None, tools_ok: bool = True):
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
+        if not isinstance(served_name, str) or not served_name:
+            raise ValueError("served_name must be a non-empty string")
+        lora_serving_rank(lora_rank)  # refuse a rank vLLM cannot serve before starting anything
         self.base_model, self.config, self.served_name = base_model, config, served_name
         self.lora_rank, self.log_dir = lora_rank, Path(log_dir)
         self.chat_template_file, self.tool_parser, self.reasoning_parser = (chat_template_file, tool_parser,
                                                                              reasoning_parser)
-        self.host, self.port = host, port
+        self.host = host
+        self.port = port or _free_port(host)  # chosen now, so that base_url is known before start()
         self.tools_ok = tools_ok
         self.loaded: list[int] = []
         self.proc: subprocess.Popen | None = None
@@ -107,7 +114,13 @@ class VLLMServer:
 
     @property
     def base_url(self) -> str:
+        """vLLM's OpenAI-compatible base URL (it answers once `start()` has returned)."""
         return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def can_sleep(self) -> bool:
+        """Sleep mode frees the GPU for training steps only when vLLM runs with `--enable-sleep-mode`."""
+        return self.config.enable_sleep_mode
 
     def command(self) -> list[str]:
         c = self.config
@@ -141,7 +154,6 @@ class VLLMServer:
     async def start(self) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise RuntimeError("the vLLM engine needs vLLM: pip install 'ruler-rl[gpu]'")
-        self.port = self.port or _free_port(self.host)
         root = str(Path(__file__).resolve().parents[1])  # so vLLM's process imports the middleware
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "RULER_SERVED_NAME": self.served_name,
@@ -188,6 +200,8 @@ class VLLMServer:
 
     async def load_adapter(self, step: int, path: str | Path) -> None:
         """Serve the adapter saved at `path` as `NAME@step`, make it the bare name's, unregister old names."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
         await self._post("/v1/load_lora_adapter", json={"lora_name": f"{self.served_name}@{step}",
                                                         "lora_path": str(path)})
         self.loaded.append(step)
@@ -196,12 +210,15 @@ class VLLMServer:
             await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{old}"})
 
     async def sleep(self) -> None:
-        if self.config.enable_sleep_mode:
-            await self._post("/sleep", params={"level": "1", "mode": "wait"})
+        """Level 1 (weights offloaded to CPU, KV cache freed); `mode=wait` lets in-flight requests finish."""
+        if not self.can_sleep:
+            raise RuntimeError("vLLM runs without sleep mode (EngineConfig.enable_sleep_mode=False)")
+        await self._post("/sleep", params={"level": "1", "mode": "wait"})
 
     async def wake(self) -> None:
-        if self.config.enable_sleep_mode:
-            await self._post("/wake_up")
+        if not self.can_sleep:
+            raise RuntimeError("vLLM runs without sleep mode (EngineConfig.enable_sleep_mode=False)")
+        await self._post("/wake_up")
 
     async def close(self) -> None:
         if self.http is not None:
@@ -215,7 +232,6 @@ class VLLMServer:
                 self.proc.kill()
                 await asyncio.to_thread(self.proc.wait)
         self.proc = None
-
 
 
 def _cli_value(value) -> str:

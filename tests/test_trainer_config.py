@@ -1,0 +1,86 @@
+"""The trainer's configuration: every field documented where it is declared, options that the chosen setting
+would ignore refused (TrainConfig) or warned about (EngineConfig), refused assignments leave the object as it was."""
+
+import warnings
+
+import pydantic
+import pytest
+
+from trainer.config import _ENGINE_OWNED_FLAGS, EngineConfig, LoRAConfig, ModelConfig, TrainConfig
+
+
+@pytest.mark.parametrize("cls", [TrainConfig, ModelConfig, EngineConfig, LoRAConfig])
+def test_every_field_is_documented_with_its_default(cls):
+    for name, info in cls.model_fields.items():
+        text = info.description or ""
+        assert len(text) > 40, f"{cls.__name__}.{name} has no real description"
+        assert "Default" in text, f"{cls.__name__}.{name} does not state its default"
+
+
+@pytest.mark.parametrize(("given", "needs"), [
+    ({"epsilon_high": 0.3}, "loss='dapo'"),
+    ({"loss": "grpo", "epsilon_high": 0.3}, "loss='dapo'"),
+    ({"completion_budget": 512}, "loss='dr_grpo'"),
+    ({"loss": "dapo", "completion_budget": 512}, "loss='dr_grpo'"),
+    ({"sampler_cap": 3.0}, "sampler_correction='tis'"),
+    ({"share_prefix": False, "min_shared_prefix": 8}, "share_prefix=True"),
+])
+def test_an_option_the_chosen_setting_ignores_is_refused(given, needs):
+    with pytest.raises(pydantic.ValidationError, match=f"only acts with {needs}"):
+        TrainConfig(**given)
+
+
+def test_options_that_act_are_accepted_and_defaults_never_conflict():
+    assert TrainConfig(loss="dapo", epsilon_high=0.3).epsilon_high == 0.3
+    assert TrainConfig(loss="dr_grpo", completion_budget=512).completion_budget == 512
+    assert TrainConfig(sampler_correction="tis", sampler_cap=3.0).sampler_cap == 3.0
+    assert TrainConfig(min_shared_prefix=8).min_shared_prefix == 8
+    for loss in ("grpo", "dr_grpo", "dapo"):
+        TrainConfig(loss=loss, share_prefix=False)  # defaults of options that do not act are fine
+        dumped = TrainConfig(loss=loss).model_dump()  # every field given, at its default: reloads
+        assert TrainConfig.model_validate(dumped) == TrainConfig(loss=loss)
+    assert TrainConfig(epsilon_high=0.28, sampler_cap=2.0).loss == "grpo"
+    assert TrainConfig().scales_advantages() and not TrainConfig(loss="dr_grpo").scales_advantages()
+    assert TrainConfig(loss="dr_grpo", scale_advantages=True).scales_advantages()
+    with pytest.raises(pydantic.ValidationError, match="epsilon_high .* must be >= epsilon"):
+        TrainConfig(loss="dapo", epsilon=0.3)
+
+
+def test_a_refused_assignment_leaves_the_config_as_it_was():
+    cfg = TrainConfig(loss="dapo", epsilon_high=0.3)
+    with pytest.raises(pydantic.ValidationError, match="epsilon_high only acts"):
+        cfg.loss = "grpo"
+    assert cfg.loss == "dapo" and cfg.model_fields_set == {"loss", "epsilon_high"}
+    with pytest.raises(pydantic.ValidationError):
+        cfg.learning_rate = -1.0
+    assert cfg.learning_rate == 5e-5
+    cfg.learning_rate = 1e-4
+    assert cfg.learning_rate == 1e-4 and "learning_rate" in cfg.model_fields_set
+    with pytest.raises(pydantic.ValidationError, match="extra"):
+        TrainConfig(micro_batch_size=4)  # micro-batches are by tokens: max_tokens_per_micro_batch
+
+
+def test_vllm_only_options_warn_under_the_transformers_engine():
+    with pytest.warns(UserWarning, match="gpu_memory_utilization, keep_adapters only act"):
+        EngineConfig(engine="transformers", gpu_memory_utilization=0.3, keep_adapters=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        EngineConfig(engine="vllm", gpu_memory_utilization=0.3)
+        EngineConfig(engine="auto", gpu_memory_utilization=0.3)  # may resolve to vLLM
+        EngineConfig(engine="transformers", max_seq_length=512)
+        EngineConfig.model_validate(EngineConfig(engine="transformers").model_dump())
+
+
+def test_vllm_args_may_not_set_what_the_engine_sets_itself(tmp_path):
+    for key, where in (("max-model-len", "max_model_len"), ("--port", "free port"), ("enable_lora", "always on")):
+        with pytest.raises(pydantic.ValidationError, match=where):
+            EngineConfig(vllm_args={key: 1})
+    assert EngineConfig(vllm_args={"swap_space": 8}).vllm_args == {"swap_space": 8}
+    # every flag the vLLM engine writes is one the check knows about
+    from trainer.vllm_server import VLLMServer
+
+    server = VLLMServer("some/model", EngineConfig(enforce_eager=True), served_name="m", lora_rank=8,
+                        log_dir=tmp_path, chat_template_file=tmp_path / "t.jinja", tool_parser="hermes",
+                        reasoning_parser="qwen3", port=8000)
+    flags = {a[2:].replace("-", "_") for a in server.command() if a.startswith("--")}
+    assert flags and flags <= set(_ENGINE_OWNED_FLAGS), flags - set(_ENGINE_OWNED_FLAGS)

@@ -1,0 +1,176 @@
+"""The Engine protocol as LocalBackend drives it. vLLM does not run on this machine: `VLLMServer`'s control calls
+(adapter load/unload, sleep, wake) go over real HTTP on loopback to a scripted stand-in for vLLM's server, and the
+backend trains the real tiny model with it, never asking which engine it holds."""
+
+import threading
+from typing import ClassVar
+
+import pytest
+from openai.types.chat.chat_completion import Choice
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ruler import Trajectory, TrajectoryGroup
+from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from trainer import checkpoints as ckpt
+from trainer.engine import Engine, GeneratingEngine, Sample
+from trainer.server import BackgroundServer
+from trainer.vllm_server import VLLMServer
+
+BASE = "local/smollm2-135m-instruct"
+MSGS = [{"role": "user", "content": "Capital of France?"}]
+
+
+class ScriptedVLLM(VLLMServer):
+    """`VLLMServer` with every control call real, whose child process is replaced by a loopback server that
+    records the calls vLLM would get."""
+
+    calls: ClassVar[list[tuple[str, str]]] = []
+
+    async def start(self) -> None:
+        async def record(request: Request):
+            body = await request.body()
+            ScriptedVLLM.calls.append((request.url.path, body.decode() or str(request.query_params)))
+            return Response(status_code=404 if b"/missing" in body else 200)
+
+        app = Starlette(routes=[Route(p, record, methods=["POST"])
+                                for p in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/sleep", "/wake_up")])
+        self.fake = BackgroundServer(app, self.host)
+        await self.fake.start()
+        self.port = int(self.fake.url.rsplit(":", 1)[1].split("/")[0])
+        import httpx
+
+        self.http = httpx.AsyncClient(base_url=f"http://{self.host}:{self.port}", timeout=30)
+
+    async def close(self) -> None:
+        await super().close()
+        if getattr(self, "fake", None) is not None:
+            await self.fake.stop()
+            self.fake = None
+
+
+async def test_both_engines_implement_the_protocol_and_only_the_transformers_one_generates_in_process(tmp_path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.engine_transformers import TransformersEngine
+
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1))
+    cpu = TransformersEngine(tiny, None, threading.Lock(), stop_token_ids=[2])
+    gpu = VLLMServer("some/model", EngineConfig(), served_name="m", lora_rank=8, log_dir=tmp_path,
+                     chat_template_file=None, tool_parser="hermes", reasoning_parser=None, port=8123)
+    assert isinstance(cpu, GeneratingEngine) and cpu.base_url is None and not cpu.can_sleep
+    assert isinstance(gpu, Engine) and not isinstance(gpu, GeneratingEngine)
+    assert gpu.base_url == "http://127.0.0.1:8123/v1" and gpu.can_sleep
+    no_port = VLLMServer("some/model", EngineConfig(enable_sleep_mode=False), served_name="m", lora_rank=8,
+                         log_dir=tmp_path, chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
+    assert not no_port.can_sleep and isinstance(no_port, Engine)  # a free port is picked at construction
+    assert no_port.base_url.startswith("http://127.0.0.1:") and no_port.port > 0
+    with pytest.raises(ValueError, match="rank"):
+        VLLMServer("some/model", EngineConfig(), served_name="m", lora_rank=600, log_dir=tmp_path,
+                   chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
+    with pytest.raises(TypeError, match="EngineConfig"):
+        VLLMServer("some/model", {"engine": "vllm"}, served_name="m", lora_rank=8, log_dir=tmp_path,
+                   chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
+    with pytest.raises(ValueError, match="end-of-turn"):
+        TransformersEngine(tiny, None, stop_token_ids=[])
+    # the in-process engine's samples: one logprob per token, a finish reason, top alternatives when asked
+    torch.manual_seed(0)
+    samples = await cpu.generate([1, 5, 7], n=2, max_tokens=4, top_logprobs=3)
+    assert len(samples) == 2
+    for s in samples:
+        assert 1 <= len(s.token_ids) == len(s.logprobs) == len(s.top_logprobs) <= 4
+        assert s.finish_reason == ("stop" if s.token_ids[-1] == 2 else "length")
+        assert all(len(top) == 3 and top[0][1] >= top[-1][1] for top in s.top_logprobs)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        await cpu.generate([], n=1)
+    with pytest.raises(ValueError, match="one logprob per token"):
+        Sample([1, 2], [-0.1], "stop")
+    with pytest.raises(ValueError, match="finish_reason"):
+        Sample([1], [-0.1], "abort")
+
+
+async def test_vllm_server_control_calls_keep_the_recent_adapters_and_refuse_sleep_without_sleep_mode(tmp_path):
+    ScriptedVLLM.calls = []
+    engine = ScriptedVLLM("some/model", EngineConfig(keep_adapters=2), served_name="m", lora_rank=8,
+                          log_dir=tmp_path, chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
+    with pytest.raises(RuntimeError, match="not started"):
+        await engine.load_adapter(1, tmp_path)
+    await engine.start()
+    try:
+        for step in (1, 2, 3):
+            await engine.load_adapter(step, tmp_path / f"{step:04d}")
+        await engine.sleep()
+        await engine.wake()
+        paths = [p for p, _ in ScriptedVLLM.calls]
+        assert paths == ["/v1/load_lora_adapter", "/v1/load_lora_adapter", "/v1/load_lora_adapter",
+                         "/v1/unload_lora_adapter", "/sleep", "/wake_up"]
+        assert '"m@3"' in ScriptedVLLM.calls[2][1] and '"m@1"' in ScriptedVLLM.calls[3][1]
+        assert "level=1" in ScriptedVLLM.calls[4][1] and "mode=wait" in ScriptedVLLM.calls[4][1]
+        assert engine.loaded == [2, 3]
+        with pytest.raises(RuntimeError, match="HTTP 404"):
+            await engine.load_adapter(4, "/missing")
+        with pytest.raises(ValueError, match="step"):
+            await engine.load_adapter(-1, tmp_path)
+        engine.config = EngineConfig(enable_sleep_mode=False)
+        with pytest.raises(RuntimeError, match="sleep mode"):
+            await engine.sleep()
+    finally:
+        await engine.close()
+        await engine.close()  # closing twice is fine
+
+
+def served_choice(tokenizer, text: str) -> Choice:
+    """A choice as vLLM's server (through the middleware) answers it: served prompt and completion ids."""
+    prompt = tokenizer.apply_chat_template(MSGS, add_generation_prompt=True, tokenize=True)
+    if isinstance(prompt, dict) or hasattr(prompt, "input_ids"):
+        prompt = prompt["input_ids"]
+    completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return Choice.model_validate({"index": 0, "finish_reason": "stop", "logprobs": None,
+                                  "message": {"role": "assistant", "content": text},
+                                  "prompt_token_ids": list(prompt), "token_ids": completion})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sleep_mode", [True, False])
+async def test_the_backend_drives_an_engine_with_its_own_server_through_the_protocol(tmp_path, monkeypatch,
+                                                                                      sleep_mode):
+    """An engine with its own base_url: rollouts go there (no CPU server), each step sleeps and wakes it only
+    when it can sleep, then loads the new adapter; a resumed run loads its checkpoint's adapter on start."""
+    from trainer import vllm_server
+
+    monkeypatch.setattr(vllm_server, "VLLMServer", ScriptedVLLM)
+    ScriptedVLLM.calls = []
+    cfg = ModelConfig(engine=EngineConfig(engine="vllm", keep_adapters=1, enable_sleep_mode=sleep_mode))
+    model = TrainableModel("v", "p", BASE, cfg)
+    backend = LocalBackend(tmp_path)
+    await model.register(backend)
+    try:
+        engine = backend._runs["v"].engine
+        assert isinstance(engine, ScriptedVLLM) and model.inference_base_url == engine.base_url
+        assert backend._server is None and ScriptedVLLM.calls == []
+        tok = backend._runs["v"].tokenizer
+        for step in (1, 2):
+            group = TrajectoryGroup([Trajectory(messages_and_choices=[*MSGS, served_choice(tok, text)], reward=r)
+                                     for text, r in (("Paris.", 1.0), ("Lyon, I think.", 0.0))])
+            row = await model.train([group], TrainConfig(learning_rate=1e-4))
+            assert row["trained"] and row["step"] == step and row["turns_without_logprobs"] == 2
+        paths = [p for p, _ in ScriptedVLLM.calls]
+        per_step = (["/sleep", "/wake_up"] if sleep_mode else []) + ["/v1/load_lora_adapter"]
+        assert paths == per_step + per_step + ["/v1/unload_lora_adapter"]
+        loads = [body for p, body in ScriptedVLLM.calls if p == "/v1/load_lora_adapter"]
+        assert '"v@2"' in loads[1] and str(ckpt.checkpoint_dir(model.run_dir, 2)) in loads[1]
+    finally:
+        await backend.close()
+    ScriptedVLLM.calls = []
+    again = TrainableModel("v", "p", BASE, cfg)
+    backend = LocalBackend(tmp_path)
+    await again.register(backend)
+    try:
+        assert await again.get_step() == 2
+        assert [p for p, _ in ScriptedVLLM.calls] == ["/v1/load_lora_adapter"] and '"v@2"' in ScriptedVLLM.calls[0][1]
+    finally:
+        await backend.close()
