@@ -57,6 +57,11 @@ class ModelConfig(_Strict):
     # memory there), off otherwise
     gradient_checkpointing: bool | None = None
     seed: int = 0
+    # Benchmarks of real architectures without their weights: the base model folder needs only config.json and
+    # the tokenizer; the trainer builds the model with transformers `from_config` (bf16 on a GPU, created on
+    # the device, seeded by `seed`) and vLLM starts with `--load-format dummy` (its own random weights). The
+    # two engines then hold different weights, so importance ratios mean nothing: for speed and memory only.
+    random_weights: bool = False
 
 
 class TrainConfig(_Strict):
