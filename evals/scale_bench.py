@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -41,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from evals.trainer_gpu_bench import PeakMemory  # noqa: E402
+from evals.trainer_gpu_bench import PeakMemory
 
 _QWEN = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
          "attention_dropout": 0.0, "initializer_range": 0.02, "max_position_embeddings": 32768,
@@ -219,7 +220,8 @@ async def ours(args) -> dict:
                                 learning_rate=1e-5, share_prefix=share, completion_budget=args.gen,
                                 max_tokens_per_micro_batch=args.micro_tokens))
                         row["peak_gpu_gib_during"] = m2.gib
-                    except Exception as exc:  # an OOM is a result
+                        row["peak_gpu_gib_device_during"] = m2.peak / 2**30  # absolute: vLLM sleeps meanwhile
+                    except Exception as exc:  # noqa: BLE001 - an OOM is a result
                         row = {"error": f"{type(exc).__name__}: {exc}"[:600]}
                     part.setdefault(key, []).append({k: v for k, v in row.items() if not isinstance(v, dict)})
                     save()
@@ -236,8 +238,8 @@ async def ours(args) -> dict:
                     t0 = time.perf_counter()
                     firsts = [synthetic_text(tok, words, args.turn_tokens, rng) for _ in range(args.groups)]
 
-                    async def rollout_history(g):
-                        items: list = [{"role": "user", "content": firsts[g]}]
+                    async def rollout_history(first):
+                        items: list = [{"role": "user", "content": first}]
                         for k in range(args.turns):
                             history = [it if isinstance(it, dict) else
                                        {"role": "assistant", "content": it.message.content} for it in items]
@@ -248,7 +250,7 @@ async def ours(args) -> dict:
                                               synthetic_text(tok, words, args.turn_tokens, rng)})
                         return items
 
-                    trajs = await asyncio.gather(*(rollout_history(g) for g in range(args.groups)
+                    trajs = await asyncio.gather(*(rollout_history(firsts[g]) for g in range(args.groups)
                                                    for _ in range(args.group_size)))
                     rollout_s = time.perf_counter() - t0
                     groups = [TrajectoryGroup([Trajectory(messages_and_choices=items, reward=w) for items, w in
@@ -262,7 +264,8 @@ async def ours(args) -> dict:
                                 learning_rate=1e-5, completion_budget=args.gen * args.turns,
                                 max_tokens_per_micro_batch=args.micro_tokens))
                         row["peak_gpu_gib_during"] = m2.gib
-                    except Exception as exc:
+                        row["peak_gpu_gib_device_during"] = m2.peak / 2**30  # absolute: vLLM sleeps meanwhile
+                    except Exception as exc:  # noqa: BLE001 - an OOM is a result
                         row = {"error": f"{type(exc).__name__}: {exc}"[:600]}
                     row = {k: v for k, v in row.items() if not isinstance(v, dict)}
                     row.update(wall_s=time.perf_counter() - t0, rollout_wall_s=rollout_s, sampled_tokens=sampled,
@@ -272,12 +275,13 @@ async def ours(args) -> dict:
                     print(f"agent step {step}: {json.dumps(row, default=str)[:800]}", flush=True)
                     if "error" in row:
                         break
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - recorded, the server still closed
             result["errors"].append(traceback.format_exc()[-2000:])
             print(f"error: {exc!r}", flush=True)
         finally:
             await backend.close()
     result["peak_gpu_gib"] = mem.gib
+    result["peak_gpu_gib_device"] = mem.peak / 2**30
     save()
     return result
 
@@ -356,7 +360,7 @@ def trl(args) -> dict:
             for _ in range(args.groups * args.trl_steps)]
     data = Dataset.from_list(rows)
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    wanted = dict(
+    wanted = dict(  # noqa: C408 - the GRPOConfig keyword arguments, filtered below
         output_dir=str(args.out / "trl"), learning_rate=1e-5, num_generations=args.group_size,
         per_device_train_batch_size=args.group_size, gradient_accumulation_steps=args.groups,
         max_completion_length=args.gen, max_steps=args.trl_steps, loss_type="dr_grpo", beta=0.0,
@@ -381,7 +385,7 @@ def trl(args) -> dict:
 
         def on_step_end(self, a, state, control, **kw):
             stamps.append(time.perf_counter())
-            result["step_end_s"] = [b - a for a, b in zip(stamps[0::2], stamps[1::2])]
+            result["step_end_s"] = [b - a for a, b in zip(stamps[0::2], stamps[1::2], strict=False)]
             result["peak_gpu_gib_so_far"] = mem.gib
             out_json.write_text(json.dumps(result, indent=1, default=str))
 
@@ -395,23 +399,28 @@ def trl(args) -> dict:
                                   processing_class=tok, peft_config=lora, callbacks=[Clock()])
             result["setup_s"] = time.perf_counter() - started
             trainer.train()
-        except Exception:
+        except Exception:  # noqa: BLE001 - what TRL failed on is the result
             result["errors"].append(traceback.format_exc()[-3000:])
     begins = stamps[0::2]
     if begins:
         # a step's wall time: from one step's start to the next's (generation happens inside the step)
-        result["step_s"] = [b - a for a, b in zip(begins, begins[1:])] + ([stamps[-1] - begins[-1]]
+        result["step_s"] = [b - a for a, b in itertools.pairwise(begins)] + ([stamps[-1] - begins[-1]]
                                                                          if len(stamps) % 2 == 0 else [])
-    try:
-        result["log"] = [h for h in trainer.state.log_history]
-    except Exception:
-        pass
+    if "trainer" in locals():
+        result["log"] = list(trainer.state.log_history)
     result["peak_gpu_gib"] = mem.gib
     out_json.write_text(json.dumps(result, indent=1, default=str))
     return result
 
 
 # --------------------------------------------------------------------------------------------- report
+
+
+def _peak(row: dict) -> str:
+    """The device's peak during a train call; runs before this field existed only recorded the rise above the
+    call's start (vLLM awake), which sleeping vLLM hides: shown as not measured."""
+    v = row.get("peak_gpu_gib_device_during")
+    return f"{v:.1f}" if v is not None else "not measured"
 
 
 def report(out: Path) -> str:
@@ -433,9 +442,9 @@ def report(out: Path) -> str:
                     if "error" in row:
                         lines.append(f"| prefix {key}: train | {row['error'][:200]} |")
                         continue
-                    lines.append(f"| prefix {key}: train s / sequence tokens / forward tokens / rows / peak GiB | "
-                                 f"{row['train_s']:.2f} / {row['sequence_tokens']} / {row['forward_tokens']} / "
-                                 f"{row['rows']} / {row['peak_gpu_gib_during']:.1f} |")
+                    lines.append(f"| prefix {key}: train s / sequence tokens / forward tokens / rows / device peak "
+                                 f"GiB in the train call | {row['train_s']:.2f} / {row['sequence_tokens']} / "
+                                 f"{row['forward_tokens']} / {row['rows']} / {_peak(row)} |")
                     lines.append(f"| prefix {key}: sleep+wake s / adapter load s / step s | "
                                  f"{row['sleep_wake_s']:.2f} / {row['adapter_swap_s']:.2f} / {row['step_s']:.2f} |")
         ag = a.get("agent")
@@ -453,7 +462,7 @@ def report(out: Path) -> str:
                 lines.append(f"| agent step {i + 1}: sequences / sequence tokens / forward tokens / rows / "
                              f"context breaks / padding | {row['sequences']} / {row['sequence_tokens']} / "
                              f"{row['forward_tokens']} / {row['rows']} / {row['context_breaks']} / {pad:.0%} |")
-                lines.append(f"| agent step {i + 1}: peak GiB during train call | {row['peak_gpu_gib_during']:.1f} |")
+                lines.append(f"| agent step {i + 1}: device peak GiB in the train call | {_peak(row)} |")
         for e in a.get("errors", []):
             lines.append(f"| error | {e.splitlines()[-1][:300] if e else ''} |")
     for f in sorted(out.glob("raw-*.json")):

@@ -60,7 +60,9 @@ def test_random_weights_start_vllm_with_dummy_weights_and_a_seeded_model(tiny_di
     a, b, c = load(True), load(True, name="w"), load(True, seed=1, name="x")
     argv = a.engine.command()
     assert argv[argv.index("--load-format") + 1] == "dummy" and "--swap-space" in argv
-    first = lambda run: run.peft_model.get_base_model().model.layers[0].mlp.up_proj.weight  # noqa: E731
+    def first(run):
+        return run.peft_model.get_base_model().model.layers[0].mlp.up_proj.weight
+
     assert torch.equal(first(a), first(b)) and not torch.equal(first(a), first(c))  # built from `seed`
     with pytest.raises(OSError):  # without the option, the folder's missing weights are an error
         load(False, name="y")
