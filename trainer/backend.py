@@ -154,8 +154,15 @@ class LocalBackend:
         cuda = torch.cuda.is_available()
         torch.manual_seed(cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
-        hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16 if cuda else torch.float32)
-        hf.to("cuda" if cuda else "cpu")
+        dtype = torch.bfloat16 if cuda else torch.float32
+        if cfg.random_weights:  # the architecture only: built on the device, no weights read
+            from transformers import AutoConfig
+
+            with torch.device("cuda" if cuda else "cpu"):
+                hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base), dtype=dtype)
+        else:
+            hf = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+            hf.to("cuda" if cuda else "cpu")
         checkpointing = cfg.gradient_checkpointing
         if checkpointing is None:  # on for 1B+ models on a GPU
             checkpointing = cuda and sum(p.numel() for p in hf.parameters()) >= 1_000_000_000
@@ -207,7 +214,11 @@ class LocalBackend:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 template_file = run_dir / "chat_template.jinja"
                 template_file.write_text(template)
-            engine = VLLMServer(base, cfg.engine, served_name=model.name, lora_rank=cfg.lora.rank,
+            engine_cfg = cfg.engine
+            if cfg.random_weights:  # vLLM's own random weights of the same architecture
+                engine_cfg = engine_cfg.model_copy(update={"vllm_args": {"load_format": "dummy",
+                                                                         **engine_cfg.vllm_args}})
+            engine = VLLMServer(base, engine_cfg, served_name=model.name, lora_rank=cfg.lora.rank,
                                 log_dir=run_dir, chat_template_file=template_file, tool_parser=tool_parser,
                                 reasoning_parser=reasoning_parser, host=self.host, tools_ok=tools_ok)
         else:
@@ -283,7 +294,10 @@ class LocalBackend:
 
         with run.lock:
             try:
-                return train_step(run.peft_model, run.optimizer, seqs, config, full_forward=run.full_forward)
+                stats = train_step(run.peft_model, run.optimizer, seqs, config, full_forward=run.full_forward)
+                if torch.cuda.is_available():  # hand the activations' cached blocks back before vLLM wakes
+                    torch.cuda.empty_cache()
+                return stats
             except torch.OutOfMemoryError:
                 run.optimizer.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()

@@ -1,0 +1,518 @@
+"""Scale benchmark on one GPU (issues #12 and #18): real architectures with random weights.
+
+    python evals/scale_bench.py model  --shape qwen2.5-7b --dir MODELS             # config.json + tokenizer
+    python evals/scale_bench.py ours   --shape qwen2.5-7b --out DIR --parts prefix,agent
+    python evals/scale_bench.py raw    --shape qwen2.5-7b --out DIR                # raw vllm.LLM, after `ours`
+    python evals/scale_bench.py trl    --shape qwen2.5-7b --out DIR                # TRL GRPOTrainer, prefix workload
+    python evals/scale_bench.py report --out DIR                                   # the tables from the JSON files
+    python evals/scale_bench.py ours --shape tiny --dry-run --out DIR             # CPU check of the script
+
+A model folder holds the shape's `config.json` (numbers of the public Hugging Face configs, `SHAPES`),
+SmolLM2-135M-Instruct's tokenizer (49,152 ids, all inside each shape's vocabulary) and a
+`generation_config.json`; no weights. The trainer builds it with `ModelConfig(random_weights=True)`
+(transformers `from_config`, bf16, on the GPU) and vLLM's server starts with `--load-format dummy`.
+The policy is noise, so every request fixes its work: `min_tokens` = `max_tokens` with `ignore_eos`, and
+sampling is restricted (`allowed_token_ids`) to SmolLM2 tokens that are one whole word with a leading space,
+so that sampled text renders back to the same ids in the next turn (multi-turn sequences stay whole) and
+no id falls outside the tokenizer.
+
+Workloads:
+- `prefix` (#18): 4 groups x 8 rollouts, a ~7.5k-token prompt per group (the same for the 8), 256 sampled
+  tokens; one rollout, then the same groups trained with `share_prefix=True` and with `False`.
+- `agent` (#12): 32 rollouts (4 groups x 8), 3 turns: ~2.25k-token prompt, 256 sampled, a ~2.25k-token
+  tool result (different per rollout), 256 sampled, another, 256 sampled: ~7.6k-token sequences;
+  `--agent-steps` steps (rollout, train with sharing, sleep/wake, adapter load).
+Every part writes its JSON as it goes (`ours-<shape>.json`), and stops starting new work after `--budget-s`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from evals.trainer_gpu_bench import PeakMemory
+
+_QWEN = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+         "attention_dropout": 0.0, "initializer_range": 0.02, "max_position_embeddings": 32768,
+         "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "sliding_window": 131072, "use_sliding_window": False,
+         "tie_word_embeddings": False, "vocab_size": 152064, "use_cache": True}
+# The public config.json of each model (Hugging Face hub, *-Instruct): what sets memory and compute.
+SHAPES: dict[str, dict] = {
+    "qwen2.5-7b": {**_QWEN, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "max_window_layers": 28},
+    "qwen2.5-14b": {**_QWEN, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
+                    "num_attention_heads": 40, "num_key_value_heads": 8, "max_window_layers": 48},
+    "qwen2.5-32b": {**_QWEN, "hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 64,
+                    "num_attention_heads": 40, "num_key_value_heads": 8, "max_window_layers": 64},
+    "llama-3.1-8b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+                     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "rope_theta": 500000.0,
+                     "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                     "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "attention_bias": False,
+                     "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
+                     "pretraining_tp": 1, "use_cache": True},
+    # a CPU check of this script (not a real model)
+    "tiny": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": 32,
+             "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 49152, "max_position_embeddings": 16384, "rope_theta": 10000.0, "rms_norm_eps": 1e-05,
+             "tie_word_embeddings": False},
+}
+# per shape: vLLM's share of the GPU (the trainer's bf16 copy sits beside it)
+GPU_UTIL = {"qwen2.5-7b": 0.45, "llama-3.1-8b": 0.45, "qwen2.5-14b": 0.55, "qwen2.5-32b": 0.5, "tiny": 0.2}
+LORA = {"rank": 16, "alpha": 32.0}
+SMOLLM2_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                           "merges.txt", "chat_template.jinja")
+
+
+def default_tokenizer_dir() -> str:
+    gpu = Path("/tmp/models/SmolLM2-135M-Instruct")
+    if gpu.is_dir():
+        return str(gpu)
+    from judges.embedded import embedded_model_path
+
+    return str(embedded_model_path())
+
+
+def make_model_dir(shape: str, directory: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
+    """A folder with `shape`'s config.json, SmolLM2's tokenizer files and a generation_config.json (no
+    weights): what `ModelConfig(random_weights=True)` and vLLM's `--load-format dummy` start from."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known: {sorted(SHAPES)}")
+    out = Path(directory)
+    src = Path(tokenizer_dir or default_tokenizer_dir())
+    if not src.is_dir():
+        raise FileNotFoundError(f"tokenizer folder {src} does not exist")
+    out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(src)
+    if len(tok) > SHAPES[shape]["vocab_size"]:
+        raise ValueError(f"the tokenizer's {len(tok)} ids do not fit {shape}'s vocabulary")
+    for name in SMOLLM2_TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    (out / "config.json").write_text(json.dumps({**SHAPES[shape], **ids, "torch_dtype": "bfloat16"}, indent=1))
+    (out / "generation_config.json").write_text(json.dumps({**ids, "do_sample": True}, indent=1))
+    return out
+
+
+def word_ids(tokenizer) -> list[int]:
+    """Ids of single tokens that are one lowercase word with a leading space ('Ġword'): a run of them decodes
+    to text that tokenizes back to the same ids."""
+    vocab = tokenizer.get_vocab()
+    return sorted(i for t, i in vocab.items() if t.startswith("Ġ") and t[1:].isalpha() and t[1:].islower()
+                  and 3 <= len(t) <= 9)
+
+
+def synthetic_text(tokenizer, words: list[int], n_tokens: int, rng: random.Random) -> str:
+    """Text of about `n_tokens` tokens (random words of the vocabulary)."""
+    return tokenizer.decode([rng.choice(words) for _ in range(n_tokens)]).strip()
+
+
+def param_count(config: dict) -> int:
+    h, i, L, v = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], config["vocab_size"]
+    head = h // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head
+    attn = h * h * 2 + h * kv * 2 + (h + 2 * kv if config["model_type"] == "qwen2" else 0)
+    per_layer = attn + 3 * h * i + 2 * h
+    return L * per_layer + v * h * (1 if config.get("tie_word_embeddings") else 2) + h
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+# --------------------------------------------------------------------------------------------- ours
+
+
+async def ours(args) -> dict:
+    from transformers import AutoTokenizer
+
+    from ruler import Trajectory, TrajectoryGroup
+    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+    from trainer.config import LoRAConfig
+
+    budget = Budget(args.budget_s)
+    model_dir = make_model_dir(args.shape, args.models / args.shape, args.tokenizer)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    words = word_ids(tok)
+    rng = random.Random(0)
+    out_json = args.out / f"ours-{args.shape}.json"
+    result: dict = {"shape": args.shape, "config": SHAPES[args.shape], "params": param_count(SHAPES[args.shape]),
+                    "lora": LORA, "gpu_memory_utilization": args.util, "allowed_words": len(words),
+                    "dry_run": args.dry_run, "errors": []}
+
+    def save():
+        out_json.write_text(json.dumps(result, indent=1, default=str))
+
+    engine = "transformers" if args.dry_run else "vllm"
+    cfg = ModelConfig(lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), seed=0, random_weights=True,
+                      engine=EngineConfig(engine=engine, max_seq_length=args.max_seq, gpu_memory_utilization=args.util,
+                                          max_num_seqs=64))
+    fixed = {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
+    if args.dry_run:  # the CPU server takes neither allowed_token_ids nor ignore_eos
+        fixed = {}
+    with PeakMemory() as mem:
+        model = TrainableModel("scale", "bench", str(model_dir), cfg)
+        backend = LocalBackend(args.out / "runs")
+        started = time.perf_counter()
+        await model.register(backend)
+        result["register_s"] = time.perf_counter() - started
+        save()
+        client = model.openai_client(timeout=1200)
+
+        async def turn(messages, n=1):
+            return await client.chat.completions.create(model=model.name, messages=messages, n=n,
+                                                        max_tokens=args.gen, temperature=1.0, extra_body=fixed)
+
+        def rewards(n):
+            return [float(i % 3) for i in range(n)]  # varying: every trajectory has a non-zero advantage
+
+        try:
+            # --- #18: the shared-prefix workload, trained with and without sharing
+            if "prefix" in args.parts:
+                prompts = [[{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}]
+                           for _ in range(args.groups)]
+                part: dict = {}
+                for rep in range(2):  # the first includes warm-up
+                    t0 = time.perf_counter()
+                    replies = await asyncio.gather(*(turn(p, n=args.group_size) for p in prompts))
+                    dt = time.perf_counter() - t0
+                    gen = sum(r.usage.completion_tokens for r in replies)
+                    part.setdefault("rollout_s", []).append(dt)
+                    part.setdefault("rollout_tokens_per_s", []).append(gen / dt)
+                part["prompt_tokens"] = [r.usage.prompt_tokens for r in replies]
+                part["sampled_tokens"] = gen
+                groups = [TrajectoryGroup([Trajectory(messages_and_choices=[*p, c], reward=w)
+                                           for c, w in zip(r.choices, rewards(len(r.choices)))])
+                          for p, r in zip(prompts, replies)]
+                result["prefix"] = part
+                save()
+                for share in (True, False, True):
+                    if budget.left() < args.reserve_s:
+                        result["errors"].append(f"prefix share={share}: skipped, budget")
+                        break
+                    key = "share" if share else "no_share"
+                    try:
+                        with PeakMemory() as m2:
+                            row = await model.train(groups, TrainConfig(
+                                learning_rate=1e-5, share_prefix=share, completion_budget=args.gen,
+                                max_tokens_per_micro_batch=args.micro_tokens))
+                        row["peak_gpu_gib_during"] = m2.gib
+                        row["peak_gpu_gib_device_during"] = m2.peak / 2**30  # absolute: vLLM sleeps meanwhile
+                    except Exception as exc:  # noqa: BLE001 - an OOM is a result
+                        row = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+                    part.setdefault(key, []).append({k: v for k, v in row.items() if not isinstance(v, dict)})
+                    save()
+                    print(f"prefix share={share}: {json.dumps(part[key][-1], default=str)[:600]}", flush=True)
+
+            # --- #12: agent-shaped multi-turn steps
+            if "agent" in args.parts:
+                agent: dict = {"steps": []}
+                result["agent"] = agent
+                for step in range(args.agent_steps):
+                    if budget.left() < args.reserve_s + 30:
+                        result["errors"].append(f"agent step {step}: skipped, budget")
+                        break
+                    t0 = time.perf_counter()
+                    firsts = [synthetic_text(tok, words, args.turn_tokens, rng) for _ in range(args.groups)]
+
+                    async def rollout_history(first):
+                        items: list = [{"role": "user", "content": first}]
+                        for k in range(args.turns):
+                            history = [it if isinstance(it, dict) else
+                                       {"role": "assistant", "content": it.message.content} for it in items]
+                            r = await turn(history)
+                            items.append(r.choices[0])
+                            if k < args.turns - 1:
+                                items.append({"role": "user", "content": "Tool result: " +
+                                              synthetic_text(tok, words, args.turn_tokens, rng)})
+                        return items
+
+                    trajs = await asyncio.gather(*(rollout_history(firsts[g]) for g in range(args.groups)
+                                                   for _ in range(args.group_size)))
+                    rollout_s = time.perf_counter() - t0
+                    groups = [TrajectoryGroup([Trajectory(messages_and_choices=items, reward=w) for items, w in
+                                               zip(trajs[g * args.group_size:(g + 1) * args.group_size],
+                                                   rewards(args.group_size))]) for g in range(args.groups)]
+                    sampled = sum(len(c.model_extra["token_ids"]) for items in trajs for c in items
+                                  if not isinstance(c, dict))
+                    try:
+                        with PeakMemory() as m2:
+                            row = await model.train(groups, TrainConfig(
+                                learning_rate=1e-5, completion_budget=args.gen * args.turns,
+                                max_tokens_per_micro_batch=args.micro_tokens))
+                        row["peak_gpu_gib_during"] = m2.gib
+                        row["peak_gpu_gib_device_during"] = m2.peak / 2**30  # absolute: vLLM sleeps meanwhile
+                    except Exception as exc:  # noqa: BLE001 - an OOM is a result
+                        row = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+                    row = {k: v for k, v in row.items() if not isinstance(v, dict)}
+                    row.update(wall_s=time.perf_counter() - t0, rollout_wall_s=rollout_s, sampled_tokens=sampled,
+                               rollout_tokens_per_s=sampled / rollout_s)
+                    agent["steps"].append(row)
+                    save()
+                    print(f"agent step {step}: {json.dumps(row, default=str)[:800]}", flush=True)
+                    if "error" in row:
+                        break
+        except Exception as exc:  # noqa: BLE001 - recorded, the server still closed
+            result["errors"].append(traceback.format_exc()[-2000:])
+            print(f"error: {exc!r}", flush=True)
+        finally:
+            await backend.close()
+    result["peak_gpu_gib"] = mem.gib
+    result["peak_gpu_gib_device"] = mem.peak / 2**30
+    save()
+    return result
+
+
+# --------------------------------------------------------------------------------------------- raw vLLM
+
+
+def raw(args) -> dict:
+    """In-process vllm.LLM.generate on the same shape (dummy weights), the same prefix-workload prompt
+    lengths, n and fixed sampling; to run after `ours` has closed its server."""
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    model_dir = make_model_dir(args.shape, args.models / args.shape, args.tokenizer)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    words = word_ids(tok)
+    rng = random.Random(0)
+    result: dict = {"shape": args.shape}
+    started = time.perf_counter()
+    llm = LLM(model=str(model_dir), load_format="dummy", gpu_memory_utilization=args.util, max_model_len=args.max_seq,
+              enable_lora=True, max_lora_rank=LORA["rank"], max_num_seqs=64, seed=0)
+    result["start_s"] = time.perf_counter() - started
+    prompts = [tok.apply_chat_template([{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}],
+                                       add_generation_prompt=True, tokenize=True) for _ in range(args.groups)]
+    prompts = [p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompts]
+    params = SamplingParams(n=args.group_size, max_tokens=args.gen, min_tokens=args.gen, ignore_eos=True,
+                            temperature=1.0, logprobs=0, allowed_token_ids=words)
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        runs.append({"s": dt, "tokens_per_s": sum(len(o.token_ids) for r in outs for o in r.outputs) / dt})
+    result.update(prompt_tokens=[len(p) for p in prompts], runs=runs)
+    (args.out / f"raw-{args.shape}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+# --------------------------------------------------------------------------------------------- TRL
+
+
+def trl(args) -> dict:
+    """TRL's GRPOTrainer (vLLM colocate with sleep mode, LoRA r=16 on all linear layers, gradient
+    checkpointing) on the prefix workload: 4 prompts x 8 generations of exactly `--gen` tokens a step.
+
+    The random model is built with `from_config` on the GPU and handed to the trainer as an object; TRL's
+    vLLM engine starts with dummy weights (vllm.LLM is patched to add load_format="dummy", the one change)
+    and receives the trainer's weights through TRL's own weight sync before generating."""
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+    import dataclasses
+
+    import torch
+    import vllm
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trainer.config import LLAMA_LIKE_TARGETS
+
+    original_init = vllm.LLM.__init__
+
+    def dummy_init(self, *a, **kw):
+        kw.setdefault("load_format", "dummy")
+        original_init(self, *a, **kw)
+
+    vllm.LLM.__init__ = dummy_init
+    model_dir = make_model_dir(args.shape, args.models / args.shape, args.tokenizer)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    words = word_ids(tok)
+    rng = random.Random(0)
+    result: dict = {"shape": args.shape, "trl_version": __import__("trl").__version__, "errors": []}
+    out_json = args.out / f"trl-{args.shape}.json"
+    rows = [{"prompt": [{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}]}
+            for _ in range(args.groups * args.trl_steps)]
+    data = Dataset.from_list(rows)
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    wanted = dict(  # noqa: C408 - the GRPOConfig keyword arguments, filtered below
+        output_dir=str(args.out / "trl"), learning_rate=1e-5, num_generations=args.group_size,
+        per_device_train_batch_size=args.group_size, gradient_accumulation_steps=args.groups,
+        max_completion_length=args.gen, max_steps=args.trl_steps, loss_type="dr_grpo", beta=0.0,
+        temperature=1.0, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.util,
+        vllm_enable_sleep_mode=True, vllm_max_model_length=args.max_seq, bf16=True, gradient_checkpointing=True,
+        logging_steps=1, report_to=[], save_strategy="no", seed=0, shuffle_dataset=False,
+        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, max_prompt_length=None,
+        generation_kwargs={"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words})
+    result["config_dropped"] = sorted(k for k in wanted if k not in fields)
+    config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields})
+    lora = LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], target_modules=LLAMA_LIKE_TARGETS,
+                      task_type="CAUSAL_LM")
+
+    def reward(completions, **_):
+        return [float(i % 3) for i in range(len(completions))]
+
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            stamps.append(time.perf_counter())
+
+        def on_step_end(self, a, state, control, **kw):
+            stamps.append(time.perf_counter())
+            result["step_end_s"] = [b - a for a, b in zip(stamps[0::2], stamps[1::2], strict=False)]
+            result["peak_gpu_gib_so_far"] = mem.gib
+            out_json.write_text(json.dumps(result, indent=1, default=str))
+
+    with PeakMemory() as mem:
+        try:
+            started = time.perf_counter()
+            torch.manual_seed(0)
+            with torch.device("cuda"):
+                hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.bfloat16)
+            trainer = GRPOTrainer(model=hf, reward_funcs=reward, args=config, train_dataset=data,
+                                  processing_class=tok, peft_config=lora, callbacks=[Clock()])
+            result["setup_s"] = time.perf_counter() - started
+            trainer.train()
+        except Exception:  # noqa: BLE001 - what TRL failed on is the result
+            result["errors"].append(traceback.format_exc()[-3000:])
+    begins = stamps[0::2]
+    if begins:
+        # a step's wall time: from one step's start to the next's (generation happens inside the step)
+        result["step_s"] = [b - a for a, b in itertools.pairwise(begins)] + ([stamps[-1] - begins[-1]]
+                                                                         if len(stamps) % 2 == 0 else [])
+    if "trainer" in locals():
+        result["log"] = list(trainer.state.log_history)
+    result["peak_gpu_gib"] = mem.gib
+    out_json.write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def _peak(row: dict) -> str:
+    """The device's peak during a train call; runs before this field existed only recorded the rise above the
+    call's start (vLLM awake), which sleeping vLLM hides: shown as not measured."""
+    v = row.get("peak_gpu_gib_device_during")
+    return f"{v:.1f}" if v is not None else "not measured"
+
+
+def report(out: Path) -> str:
+    """Markdown tables from the JSON files in `out`."""
+    lines = []
+    for f in sorted(out.glob("ours-*.json")):
+        a = json.loads(f.read_text())
+        shape = a["shape"]
+        lines.append(f"\n### {shape} ({a['params'] / 1e9:.2f}B parameters), ours\n")
+        lines.append("| measure | value |\n|---|---|")
+        lines.append(f"| register (trainer build + vLLM server start, s) | {a.get('register_s', float('nan')):.0f} |")
+        lines.append(f"| peak GPU memory over the whole run (GiB, NVML, device) | {a.get('peak_gpu_gib', 0):.1f} |")
+        p = a.get("prefix")
+        if p:
+            lines.append(f"| prefix: rollout s (4x8, {statistics.mean(p['prompt_tokens']):.0f}-token prompts, "
+                         f"{p['sampled_tokens']} sampled) | {' / '.join(f'{x:.2f}' for x in p['rollout_s'])} |")
+            for key in ("share", "no_share"):
+                for row in p.get(key, []):
+                    if "error" in row:
+                        lines.append(f"| prefix {key}: train | {row['error'][:200]} |")
+                        continue
+                    lines.append(f"| prefix {key}: train s / sequence tokens / forward tokens / rows / device peak "
+                                 f"GiB in the train call | {row['train_s']:.2f} / {row['sequence_tokens']} / "
+                                 f"{row['forward_tokens']} / {row['rows']} / {_peak(row)} |")
+                    lines.append(f"| prefix {key}: sleep+wake s / adapter load s / step s | "
+                                 f"{row['sleep_wake_s']:.2f} / {row['adapter_swap_s']:.2f} / {row['step_s']:.2f} |")
+        ag = a.get("agent")
+        if ag:
+            for i, row in enumerate(ag["steps"]):
+                if "error" in row:
+                    lines.append(f"| agent step {i + 1} | {row['error'][:300]} |")
+                    continue
+                pad = 0.0  # rows are batches of one: no padding token is ever run
+                lines.append(f"| agent step {i + 1}: wall s = rollout + train + sleep/wake + adapter | "
+                             f"{row['wall_s']:.1f} = {row['rollout_wall_s']:.1f} + {row['train_s']:.1f} + "
+                             f"{row['sleep_wake_s']:.2f} + {row['adapter_swap_s']:.2f} (+ rest) |")
+                lines.append(f"| agent step {i + 1}: rollout tok/s / train tok/s (sequence tokens) | "
+                             f"{row['rollout_tokens_per_s']:.0f} / {row['train_tokens_per_s']:.0f} |")
+                lines.append(f"| agent step {i + 1}: sequences / sequence tokens / forward tokens / rows / "
+                             f"context breaks / padding | {row['sequences']} / {row['sequence_tokens']} / "
+                             f"{row['forward_tokens']} / {row['rows']} / {row['context_breaks']} / {pad:.0%} |")
+                lines.append(f"| agent step {i + 1}: device peak GiB in the train call | {_peak(row)} |")
+        for e in a.get("errors", []):
+            lines.append(f"| error | {e.splitlines()[-1][:300] if e else ''} |")
+    for f in sorted(out.glob("raw-*.json")):
+        r = json.loads(f.read_text())
+        lines.append(f"\nraw vLLM {r['shape']}: " + ", ".join(f"{x['s']:.2f}s {x['tokens_per_s']:.0f} tok/s"
+                                                             for x in r["runs"]))
+    for f in sorted(out.glob("trl-*.json")):
+        t = json.loads(f.read_text())
+        lines.append(f"\nTRL {t['shape']}: steps {t.get('step_s')}, peak {t.get('peak_gpu_gib', 0):.1f} GiB, "
+                     f"errors {len(t.get('errors', []))}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report"])
+    ap.add_argument("--shape", default="qwen2.5-7b", choices=sorted(SHAPES))
+    ap.add_argument("--out", type=Path, default=Path("out/scale"))
+    ap.add_argument("--models", type=Path, default=Path("/tmp/scale-models"))
+    ap.add_argument("--dir", type=Path, help="for `model`: the folder to write")
+    ap.add_argument("--tokenizer", default=None, help="SmolLM2 folder (default: the GPU kit's or the embedded one)")
+    ap.add_argument("--parts", default="prefix,agent")
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--gen", type=int, default=256, help="sampled tokens per turn (fixed)")
+    ap.add_argument("--prefix-tokens", type=int, default=7500)
+    ap.add_argument("--turn-tokens", type=int, default=2250)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--agent-steps", type=int, default=2)
+    ap.add_argument("--trl-steps", type=int, default=3)
+    ap.add_argument("--micro-tokens", type=int, default=16384, help="TrainConfig.max_tokens_per_micro_batch")
+    ap.add_argument("--max-seq", type=int, default=10240)
+    ap.add_argument("--util", type=float, default=None, help="vLLM gpu_memory_utilization (default per shape)")
+    ap.add_argument("--budget-s", type=float, default=520)
+    ap.add_argument("--reserve-s", type=float, default=40, help="time kept for closing and writing")
+    ap.add_argument("--dry-run", action="store_true", help="CPU engine, for checking the script")
+    args = ap.parse_args()
+    if args.util is None:
+        args.util = GPU_UTIL[args.shape]
+    if args.part == "model":
+        print(make_model_dir(args.shape, args.dir or args.models / args.shape, args.tokenizer))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if args.part == "report":
+        print(report(args.out))
+        return
+    result = asyncio.run(ours(args)) if args.part == "ours" else raw(args) if args.part == "raw" else trl(args)
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

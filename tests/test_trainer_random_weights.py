@@ -1,0 +1,68 @@
+"""ModelConfig(random_weights=True): a model folder with only config.json and a tokenizer trains and serves
+on the CPU (transformers `from_config`), and vLLM's server is told to make its own weights (`--load-format
+dummy`)."""
+
+import pytest
+
+from ruler import Trajectory, TrajectoryGroup
+from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel, TrainConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def tiny_dir(tmp_path):
+    from evals.scale_bench import make_model_dir
+
+    return make_model_dir("tiny", tmp_path / "tiny")
+
+
+def test_the_model_folder_holds_no_weights_and_its_ids_fit(tiny_dir):
+    from transformers import AutoTokenizer
+
+    from evals.scale_bench import SHAPES, make_model_dir
+
+    assert not list(tiny_dir.glob("*.safetensors")) and (tiny_dir / "config.json").is_file()
+    assert len(AutoTokenizer.from_pretrained(tiny_dir)) <= SHAPES["tiny"]["vocab_size"]
+    with pytest.raises(ValueError, match="unknown shape"):
+        make_model_dir("qwen9-1t", tiny_dir.parent / "x")
+
+
+async def test_random_weights_build_from_the_config_train_and_serve(tiny_dir, tmp_path):
+    cfg = ModelConfig(random_weights=True, lora=LoRAConfig(rank=4, alpha=8),
+                      engine=EngineConfig(engine="transformers", max_seq_length=256))
+    model = TrainableModel("r", "p", str(tiny_dir), cfg)
+    backend = LocalBackend(tmp_path / "runs")
+    await model.register(backend)
+    try:
+        run = backend._runs["r"]
+        base = run.peft_model.get_base_model()
+        assert base.config.hidden_size == 32 and base.config.num_hidden_layers == 2
+        msgs = [{"role": "user", "content": "Say something."}]
+        reply = await model.openai_client().chat.completions.create(model=model.name, messages=msgs, n=4,
+                                                                    max_tokens=6, temperature=1.0)
+        group = TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, c], reward=float(i))
+                                 for i, c in enumerate(reply.choices)])
+        row = await model.train([group], TrainConfig(learning_rate=1e-3))
+        assert row["trained"] and row["step"] == 1 and row["grad_norm"] > 0
+    finally:
+        await backend.close()
+
+
+def test_random_weights_start_vllm_with_dummy_weights_and_a_seeded_model(tiny_dir, tmp_path):
+    import torch
+
+    def load(random_weights, seed=0, name="v"):
+        cfg = ModelConfig(random_weights=random_weights, seed=seed, lora=LoRAConfig(rank=8),
+                          engine=EngineConfig(engine="vllm", vllm_args={"swap_space": 1}))
+        return LocalBackend(tmp_path)._load(TrainableModel(name, "p", str(tiny_dir), cfg), tmp_path / name)
+
+    a, b, c = load(True), load(True, name="w"), load(True, seed=1, name="x")
+    argv = a.engine.command()
+    assert argv[argv.index("--load-format") + 1] == "dummy" and "--swap-space" in argv
+    def first(run):
+        return run.peft_model.get_base_model().model.layers[0].mlp.up_proj.weight
+
+    assert torch.equal(first(a), first(b)) and not torch.equal(first(a), first(c))  # built from `seed`
+    with pytest.raises(OSError):  # without the option, the folder's missing weights are an error
+        load(False, name="y")
