@@ -21,7 +21,7 @@ os.environ.setdefault("RULER_CACHE_DIR", tempfile.mkdtemp())
 
 
 def serve(q):
-    from fakejudge import FakeJudge  # noqa: PLC0415  (from the bench folder on PYTHONPATH)
+    from fakejudge import FakeJudge  # from the bench folder on PYTHONPATH
 
     judge = FakeJudge()
     q.put(judge.base)

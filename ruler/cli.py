@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -30,9 +31,9 @@ from rich.table import Table
 from judges.choice import JUDGES_BY_KEY, choose_judge
 from judges.completion import MAX_ATTEMPTS
 from judges.errors import JudgeConfigError, JudgeError
-from judges.extras import MissingExtraError, pip_command, require
+from judges.extras import MissingExtraError, missing_modules, pip_command, require
 from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, load_rubric_file
-from ruler.results import score_rows
+from ruler.results import score_notes, score_rows
 from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, UNKNOWN_CONTEXT_TOKENS
 from ruler.trajectory import Limits
 
@@ -67,28 +68,49 @@ def exit_code_and_message(exc: BaseException) -> tuple[int, str]:
     return 1, f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)"
 
 
-# Commands of the packages above ruler, imported by module name only when run or listed (ruler never imports
-# trainer or evals): command name -> (module, its typer.Typer attribute, the extra it needs).
-PLUGIN_COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train-report": ("trainer.cli", "app", "train"),
-    "eval": ("evals.cli", "app", "eval"),
+# Commands of the packages above ruler, imported by module name only when run (ruler never imports trainer or
+# evals; listing them in --help imports nothing): command name -> (module, its typer.Typer attribute, the extra
+# it needs, its one-line help).
+PLUGIN_COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "train-report": ("trainer.cli", "app", "train",
+                     "Plot a training run's reward and loss curves to a PNG and print the last steps."),
+    "eval": ("evals.cli", "app", "eval", "Evaluations: judge meta-evaluation, benchmarks."),
 }
+
+
+def plugin_unavailable(name: str) -> str | None:
+    """Why plugin `name` cannot run here (its package or its extra's modules are not installed), found
+    without importing them; None when it looks runnable (loading it may still fail: `load_plugin_command`)."""
+    if name not in PLUGIN_COMMANDS:
+        raise ValueError(f"unknown plugin command {name!r}; known: {', '.join(PLUGIN_COMMANDS)}")
+    module_name, _, extra, _ = PLUGIN_COMMANDS[name]
+    package = module_name.partition(".")[0]
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return (f"`ruler {name}` runs from a checkout of the ruler-rl repository ({package} is not in the "
+                f"installed package): in the checkout run `bash .ci/setup`, or `python -m ruler {name} ...` "
+                f"from its root with the '{extra}' extra installed ({pip_command(extra)})")
+    missing = missing_modules(extra)
+    if missing:
+        return f"`ruler {name}` needs the '{extra}' extra ({', '.join(missing)} not installed): {pip_command(extra)}"
+    return None
 
 
 def load_plugin_command(name: str) -> click.Command:
     """The click command of plugin `name`; one that only prints why it is unavailable if its module cannot load."""
     if name not in PLUGIN_COMMANDS:
         raise ValueError(f"unknown plugin command {name!r}; known: {', '.join(PLUGIN_COMMANDS)}")
-    module_name, attribute, extra = PLUGIN_COMMANDS[name]
-    package = module_name.partition(".")[0]
+    module_name, attribute, extra, _ = PLUGIN_COMMANDS[name]
+    why = plugin_unavailable(name)
+    if why is not None:
+        return _unavailable_command(name, why)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:  # MissingExtraError included
-        if isinstance(exc, ModuleNotFoundError) and exc.name == package:
-            why = (f"`ruler {name}` runs from a checkout of the ruler-rl repository ({package} is not in the "
-                   f"installed package): in the checkout run `bash .ci/setup`, or `python -m ruler {name} ...` "
-                   f"from its root with the '{extra}' extra installed ({pip_command(extra)})")
-        elif isinstance(exc, MissingExtraError):
+        if isinstance(exc, MissingExtraError):
             why = (f"`ruler {name}` needs the '{exc.extra}' extra ({', '.join(exc.missing)} not installed): "
                    f"{pip_command(exc.extra)}")
         else:
@@ -122,11 +144,20 @@ class CliGroup(typer.core.TyperGroup):
         return [*own, *(name for name in PLUGIN_COMMANDS if name not in own)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """A command by name; a plugin not run yet is a stand-in with its one-line help (listing imports nothing)."""
         command = super().get_command(ctx, cmd_name)
         if command is None and cmd_name in PLUGIN_COMMANDS:
-            command = load_plugin_command(cmd_name)
-            self.add_command(command, cmd_name)
+            why = plugin_unavailable(cmd_name)
+            if why is not None:
+                return _unavailable_command(cmd_name, why)
+            return click.Command(cmd_name, short_help=PLUGIN_COMMANDS[cmd_name][3])
         return command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """The command being run: a plugin is imported now, once."""
+        if args and args[0] in PLUGIN_COMMANDS and args[0] not in self.commands:
+            self.add_command(load_plugin_command(args[0]), args[0])
+        return super().resolve_command(ctx, args)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -231,15 +262,15 @@ def _print_table(scored, title: str) -> None:
         f"${meta.get('judge_cost', 0):.6f}{' (from cache)' if meta.get('judge_cached') else ''}"
         + ("" if group_has_signal(rewards) else "  [yellow]all scores equal: no training signal[/yellow]")
     )
-    notes = sorted({line for t in scored.trajectories for line in t.logs if line.startswith("RULER note: ")})
-    for n in notes:
-        console.print(f"[dim]{escape(n)}[/dim]")
+    for note in score_notes(scored):
+        console.print(f"[dim]RULER note: {escape(note)}[/dim]")
 
 
 def _to_json(scored) -> str:
     return json.dumps(allow_nan=False, obj={
         "metadata": scored.metadata,
         "scores": [row.model_dump() for row in score_rows(scored)],
+        "notes": score_notes(scored),
     }, indent=2)
 
 

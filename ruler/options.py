@@ -8,7 +8,7 @@ error before anything is sent anywhere), and that object is all the rest of the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
 from judges import DEFAULT_RUBRIC, JudgeConfigError, RetryPolicy
 from judges.panel import JudgePanel
@@ -117,7 +117,7 @@ class RulerOptions:
             raise ValueError(f"max_prompt_tokens must be None or an integer from {MIN_PROMPT_TOKENS} to "
                              f"{MAX_PROMPT_TOKENS:,}, got {tokens!r}")
         if self.limits is not None and not isinstance(self.limits, Limits):
-            raise TypeError(f"limits must be a ruler.Limits, got {type(self.limits).__name__}")
+            raise TypeError(f"limits must be a ruler.trajectory.Limits, got {type(self.limits).__name__}")
         resolved = {"judge_model": judge, "extra_litellm_params": dict(params), "rubric": get_rubric(self.rubric),
                     "tools": None if tools is None else list(tools), "retry": self.retry or RetryPolicy(),
                     "store": open_cache(self.cache)}
@@ -132,6 +132,25 @@ class RulerOptions:
     def prompt(self, message_lists: list[list[dict]], order: list[int] | None = None) -> JudgePrompt:
         """The judge prompt for these conversations under these options (`ruler.prompt.build_prompt`)."""
         return build_prompt(message_lists, self.rubric, tools=self.tools, render=self.render, order=order)
+
+
+class GroupKeywords(TypedDict, total=False):
+    """The keyword options of `ruler_score_group`, typed for editors and type checkers (see `RulerOptions`)."""
+
+    cache: Any
+    retry: RetryPolicy | None
+    max_format_retries: int
+    render: Render
+    num_permutations: int
+    seed: int
+    max_prompt_tokens: int | None
+    limits: Limits | None
+
+
+class RulerKeywords(GroupKeywords, total=False):
+    """The keyword options of `ruler` and `ruler_result`: those of `ruler_score_group` and the tools shown."""
+
+    tools: list[dict] | None
 
 
 KEYWORD_OPTIONS = frozenset(f.name for f in fields(RulerOptions) if f.init) - {

@@ -4,6 +4,8 @@ answer."""
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
@@ -42,6 +44,7 @@ class RulerResult:
                    notes=notes)
 
 EXPLANATION_KEY = "ruler_explanation"
+NOTES_KEY = "ruler_notes"
 """The metadata key under which `ruler_score_group` stores the judge's explanation of each trajectory."""
 
 
@@ -67,3 +70,20 @@ def score_rows(group: TrajectoryGroup) -> list[ScoreRow]:
     return [ScoreRow(trajectory_id=str(i), score=t.reward, advantage=a,
                      explanation=str(t.metadata.get(EXPLANATION_KEY, "")))
             for i, (t, a) in enumerate(zip(group.trajectories, advantages), 1)]
+
+
+def score_notes(group: TrajectoryGroup) -> list[str]:
+    """What was done to judge a group that `ruler_score_group` returned (cuts, splits, retries, a panel's
+    failures, a single trajectory...), in order; empty when nothing was worth noting."""
+    if not isinstance(group, TrajectoryGroup):
+        raise TypeError(f"score_notes takes a TrajectoryGroup, got {type(group).__name__}")
+    stored = group.metadata.get(NOTES_KEY)
+    if not stored:
+        return []
+    try:
+        notes = json.loads(str(stored))
+    except json.JSONDecodeError:
+        raise ValueError(f"the group's metadata[{NOTES_KEY!r}] is not the JSON list ruler_score_group writes") from None
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise ValueError(f"the group's metadata[{NOTES_KEY!r}] is not a JSON list of strings")
+    return notes

@@ -16,16 +16,18 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from typing import Any
+from typing import Unpack
 
 from judges import DEFAULT_RUBRIC
+from judges.errors import JudgeInputError
 from judges.panel import JudgePanel
 from ruler.budget import score_within_budget
-from ruler.options import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, RulerOptions
+from ruler.options import (MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, GroupKeywords, RulerKeywords,
+                           RulerOptions)
 from ruler.panel import score_panel
 from ruler.parse import TrajectoryScore
 from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge
-from ruler.results import EXPLANATION_KEY, RulerResult
+from ruler.results import EXPLANATION_KEY, NOTES_KEY, RulerResult
 from ruler.trajectory import (Trajectory, TrajectoryGroup, require_task_stated, validate_message_lists,
                               validate_trajectories)
 
@@ -45,7 +47,7 @@ async def ruler(
     rubric: str = DEFAULT_RUBRIC,
     *,
     debug: bool = False,
-    **options: Any,
+    **options: Unpack[RulerKeywords],
 ) -> list[TrajectoryScore]:
     """Score conversations relative to each other with one judge call (ART's `ruler`).
 
@@ -63,13 +65,13 @@ async def ruler(
 
 
 async def ruler_result(message_lists: list[list[dict]], judge_model: JudgeSpec = None,
-                       extra_litellm_params: dict | None = None, rubric: str = DEFAULT_RUBRIC,
-                       **options: Any) -> RulerResult:
+                       extra_litellm_params: dict | None = None, rubric: str = DEFAULT_RUBRIC, *,
+                       debug: bool = False, **options: Unpack[RulerKeywords]) -> RulerResult:
     """`ruler`, returning the whole `RulerResult` instead of only its scores: token usage, cost, judge calls,
     whether it all came from the cache, each trajectory's spread across orderings (or judges), notes on what
     was done (cuts, splits, retries), and for a panel each judge's scores and their disagreement. Options
-    (`debug` among them) as for `ruler`."""
-    opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, caller="ruler", **options)
+    as for `ruler`."""
+    opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, debug=debug, caller="ruler", **options)
     return await _judge_group(validate_message_lists(message_lists, limits=opts.limits), opts)
 
 
@@ -81,16 +83,20 @@ async def ruler_score_group(
     *,
     swallow_exceptions: bool = False,
     debug: bool = False,
-    **options: Any,
+    **options: Unpack[GroupKeywords],
 ) -> TrajectoryGroup | None:
     """Score a group with RULER and return a **new** group whose rewards are the judge's scores.
 
     Each trajectory gets `metrics["ruler_score"]`, `metrics["independent_reward"]` (its old reward),
     its share of the judge bill (`judge_prompt_tokens`, `judge_completion_tokens`, `judge_cost`; shares
     add up to the group's total), `judge_cached`, and the judge's explanation in `metadata["ruler_explanation"]`
-    (also written to `logs` as ART does; `ruler.results.score_rows` reads it). The input group is
-    not modified. With `swallow_exceptions=True` a failure returns None instead of raising (ART's
-    behaviour). Options as for `ruler`, except `tools`: the judge is shown the trajectories' own.
+    (also written to `logs` as ART does; `ruler.results.score_rows` reads it); the group's metadata gets the
+    judge, its calls and bill, and what was done to judge it (`ruler.results.score_notes`; also in each
+    trajectory's `logs` as "RULER note: ..."). The input group is
+    not modified. With `swallow_exceptions=True` a failure of the group (input that cannot be judged, a
+    judge that fails) returns None instead of raising, as ART does; a mistake in the call itself (an unknown
+    or impossible option, an unknown rubric) is raised all the same. Options as for `ruler`, except `tools`:
+    the judge is shown the trajectories' own.
 
     The group is checked once, by `validate_trajectories`: a `Choice` is judged as the policy wrote it (a
     tool call with an empty name or of another type included), never refused by a second check of the
@@ -98,16 +104,18 @@ async def ruler_score_group(
     """
     if not isinstance(group, TrajectoryGroup):
         raise TypeError(f"ruler_score_group takes a TrajectoryGroup, got {type(group).__name__}")
-    for i, t in enumerate(group.trajectories, 1):
-        if getattr(t, "additional_histories", None):
-            raise ValueError(f"trajectory {i} has additional_histories, which RULER does not score yet")
+    # a mistake in the call itself (a mistyped or impossible option, an unknown rubric) is raised even with
+    # swallow_exceptions: swallowing it would silently drop every group of a run
+    if "tools" in options:
+        raise TypeError("ruler_score_group() got an unexpected keyword argument 'tools': the judge is shown "
+                        "the trajectories' own")
+    opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, tools=_group_tools(group.trajectories),
+                              debug=debug, caller="ruler_score_group", **options)
     try:
-        validate_trajectories(group, limits=options.get("limits"))
-        if "tools" in options:
-            raise TypeError("ruler_score_group() got an unexpected keyword argument 'tools': the judge is shown "
-                            "the trajectories' own")
-        opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, tools=_group_tools(group.trajectories),
-                                  debug=debug, caller="ruler_score_group", **options)
+        for i, t in enumerate(group.trajectories, 1):
+            if getattr(t, "additional_histories", None):
+                raise JudgeInputError(f"trajectory {i} has additional_histories, which RULER does not score yet")
+        validate_trajectories(group, limits=opts.limits)
         message_lists = [t.messages() for t in group.trajectories]
         require_task_stated(message_lists)
         result = await _judge_group(message_lists, opts)
@@ -142,7 +150,7 @@ def _group_tools(trajectories: list[Trajectory]) -> list[dict] | None:
     seen: dict[str, dict] = {}
     for t in trajectories:
         for tool in t.tools or []:
-            seen.setdefault(json.dumps(tool, sort_keys=True), tool)
+            seen.setdefault(json.dumps(tool, sort_keys=True, default=repr), tool)
     return list(seen.values()) or None
 
 
@@ -169,6 +177,9 @@ def _scored_group(group: TrajectoryGroup, result: RulerResult, opts: RulerOption
             t.log(f"RULER note: {note}")
         scored.append(t)
     meta = dict(group.metadata)
+    meta.pop(NOTES_KEY, None)  # a re-scored group carries this judgment's notes only
+    if result.notes:
+        meta[NOTES_KEY] = json.dumps(result.notes)
     if result.disagreement is not None:
         meta["judge_disagreement"] = result.disagreement
     meta.update(judge_model=opts.judge_name, judge_calls=result.calls, judge_prompt_tokens=result.prompt_tokens,

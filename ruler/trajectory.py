@@ -596,7 +596,7 @@ def validate_trajectories(trajectories: TrajectoryGroup | Iterable[Trajectory], 
     `limits.max_trajectories` trajectories. An empty group passes (callers decide whether it may be empty).
     """
     if limits is not None and not isinstance(limits, Limits):
-        raise TypeError(f"limits must be a ruler.Limits, got {type(limits).__name__}")
+        raise TypeError(f"limits must be a ruler.trajectory.Limits, got {type(limits).__name__}")
     limits = limits or Limits()
     if isinstance(trajectories, (str, bytes, dict)):
         raise TypeError(f"expected trajectories or a TrajectoryGroup, got {type(trajectories).__name__}")
@@ -622,7 +622,7 @@ def validate_message_lists(message_lists: Any, *, limits: Limits | None = None) 
     cannot tell what the task was.
     """
     if limits is not None and not isinstance(limits, Limits):
-        raise TypeError(f"limits must be a ruler.Limits, got {type(limits).__name__}")
+        raise TypeError(f"limits must be a ruler.trajectory.Limits, got {type(limits).__name__}")
     limits = limits or Limits()
     if not isinstance(message_lists, (list, tuple)):
         raise TypeError(f"message_lists must be a list of message lists, got {type(message_lists).__name__}")

@@ -137,10 +137,24 @@ def test_ruler_imports_neither_trainer_nor_evals():
 
 
 def test_a_command_whose_package_is_missing_says_what_to_do(monkeypatch):
-    monkeypatch.setitem(PLUGIN_COMMANDS, "ghost", ("no_such_package_q.cli", "app", "eval"))
+    monkeypatch.setitem(PLUGIN_COMMANDS, "ghost", ("no_such_package_q.cli", "app", "eval", "A ghost."))
     res = CliRunner().invoke(app, ["ghost", "judge", "--limit", "3", "--help"])
     assert res.exit_code == 2
     assert res.output.count("\n") == 1 and "runs from a checkout of the ruler-rl repository" in res.output
     assert "pip install 'ruler-rl[eval]'" in res.output
     res = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"})
     assert res.exit_code == 0 and re.search(r"ghost +unavailable: `ruler ghost` runs from a checkout", res.output)
+
+
+def test_listing_the_commands_imports_no_plugin_and_their_help_is_their_own():
+    code = ("import sys; from typer.testing import CliRunner; from ruler.cli import app; "
+            "res = CliRunner().invoke(app, ['--help']); assert res.exit_code == 0, res.output; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'trainer', 'evals', 'torch'}))")
+    res = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+    from ruler.cli import load_plugin_command
+
+    for name, (_, _, _, short) in PLUGIN_COMMANDS.items():  # the stand-in's line is the loaded command's own
+        command = load_plugin_command(name)
+        assert (command.short_help or command.help).strip().splitlines()[0] == short, name

@@ -146,7 +146,7 @@ LIBRARY_OPTIONS = [
     ("rubric-not-a-string", call(rubric=5), JudgeConfigError, "rubric must be a string"),
     ("params-not-a-dict", call(params="api_base=x"), JudgeConfigError, "extra_litellm_params must be a dict"),
     ("max-format-retries-negative", call(max_format_retries=-1), ValueError, "max_format_retries must be an integer from 0"),
-    ("limits-not-limits", call(limits={"max_trajectories": 9}), TypeError, "limits must be a ruler.Limits"),
+    ("limits-not-limits", call(limits={"max_trajectories": 9}), TypeError, "limits must be a ruler.trajectory.Limits"),
     ("tools-not-dicts", lambda judge: ruler([convo("a"), convo("b")], MODEL, judge.params, tools=["search"]),
      TypeError, "tools must be a list of tool schemas"),
     ("not-a-group", call(group=[traj()]), TypeError, "ruler_score_group takes a TrajectoryGroup"),

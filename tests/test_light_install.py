@@ -106,3 +106,9 @@ def test_every_part_that_needs_an_extra_names_it(light_env, tmp_path):
         assert f"pip install 'ruler-rl[{extra}]'" in res.stderr, res.stderr
     res = light(light_env, tmp_path, "-c", "import trainer")
     assert res.returncode == 1 and "MissingExtraError" in res.stderr and "pip install 'ruler-rl[train]'" in res.stderr
+    for module in ("ruler.service.app", "ruler.service.routes"):  # the service's modules, imported directly
+        res = light(light_env, tmp_path, "-c", f"import {module}")
+        assert res.returncode == 1 and "MissingExtraError" in res.stderr, res.stderr
+        assert "pip install 'ruler-rl[serve]'" in res.stderr, res.stderr
+    res = light(light_env, tmp_path, "-c", "import ruler.service.store")  # `ruler keys` needs no extra
+    assert res.returncode == 0, res.stderr

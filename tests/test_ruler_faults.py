@@ -277,3 +277,28 @@ async def test_a_rescored_group_shows_its_latest_explanation_everywhere(judge):
     assert all(r.explanation.endswith(" chars") for r in rows)
     assert [r.trajectory_id for r in rows] == ["1", "2"] and rows[0].advantage > 0 > rows[1].advantage
     assert f"RULER explanation: {rows[0].explanation}" in scored.trajectories[0].logs  # ART's log line too
+
+
+async def test_swallow_exceptions_does_not_hide_a_mistake_in_the_call(judge):
+    g = group("GOOD a", "BAD b")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_permutatons'"):
+        await score(judge, g, swallow_exceptions=True, num_permutatons=3)
+    with pytest.raises(ValueError, match="num_permutations must be an integer"):
+        await score(judge, g, swallow_exceptions=True, num_permutations=0)
+    with pytest.raises(TypeError, match="limits must be a ruler.trajectory.Limits"):
+        await score(judge, g, swallow_exceptions=True, limits=5)
+    assert judge.requests == []
+    bad_group = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "wizard", "content": "hi"}])] * 2)
+    assert await score(judge, bad_group, swallow_exceptions=True) is None  # a group that cannot be judged: swallowed
+
+
+async def test_notes_are_a_field_of_the_scored_group_and_replaced_on_rescoring(judge):
+    from ruler.results import score_notes
+
+    with pytest.warns(UserWarning, match="group of one"):
+        one = await score(judge, group("GOOD a"), cache=False)
+    assert score_notes(one) == ["single trajectory: scored on its own, without relative grounding"]
+    assert "RULER note: single trajectory: scored on its own, without relative grounding" in one.trajectories[0].logs
+    two = await score(judge, TrajectoryGroup([*one.trajectories, *group("BAD b").trajectories],
+                                             metadata=one.metadata), cache=False)
+    assert score_notes(two) == []  # the earlier judgment's notes are gone with it

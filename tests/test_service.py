@@ -296,3 +296,23 @@ def test_openapi_documents_every_json_answer(service):
     assert schemas["ScoreResponse"]["properties"]["scores"]["items"]["$ref"].endswith("/ScoreRow")
     assert set(schemas["ScoreRow"]["properties"]) == {"trajectory_id", "score", "advantage", "explanation"}
     assert schemas["JobStatus"]["properties"]["results"]["items"]["$ref"].endswith("/GroupResult")
+
+
+def test_a_bug_is_not_blamed_on_the_client_and_notes_are_answered(service, judge, monkeypatch):
+    """A ValueError or TypeError from a bug while judging is `internal` (500, no detail), not the client's 422;
+    a judged group's notes come back as a field."""
+    s = service()
+    headers = {"Authorization": f"Bearer {s.key}"}
+    one = {"trajectories": [{"messages_and_choices": convo("GOOD")}]}
+    r = httpx.post(f"{s.base}/v1/score", json=one, headers=headers, timeout=30)
+    assert r.status_code == 200
+    assert r.json()["notes"] == ["single trajectory: scored on its own, without relative grounding"]
+
+    async def broken(*args, **kwargs):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr("ruler.service.judging.ruler_score_group", broken)
+    body = {"trajectories": [{"messages_and_choices": convo("GOOD")}, {"messages_and_choices": convo("BAD")}]}
+    r = httpx.post(f"{s.base}/v1/score", json=body, headers=headers, timeout=30)
+    assert r.status_code == 500 and r.json() == {"detail": "internal error"}
+    assert 'ruler_errors_total{kind="internal"} 1.0' in httpx.get(f"{s.base}/metrics").text

@@ -1,4 +1,5 @@
-"""The three losses on hand-computed tensors, their gradients, and micro-batch accumulation in a real\n`train_step` on a tiny model."""
+"""The three losses on hand-computed tensors, their gradients, and micro-batch accumulation in a real
+`train_step` on a tiny model."""
 
 import math
 import random

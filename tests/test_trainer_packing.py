@@ -28,7 +28,7 @@ def seq(tokens, trained_from, *, gaps=(), group, trajectory, advantage, rng):
 
 def batch():
     rng = random.Random(1)
-    tok = lambda n: [rng.randrange(97) for _ in range(n)]  # noqa: E731
+    tok = lambda n: [rng.randrange(97) for _ in range(n)]
     long_prefix, short_prefix = tok(40), tok(6)
     seqs = []
     # group 0: a 40-token shared prompt, three answers; one is multi-turn (a gap of untrained tool output)

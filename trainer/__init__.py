@@ -10,10 +10,10 @@ from judges.extras import require
 
 require("train", "the trainer (import trainer)")  # before anything below imports torch
 
-from trainer.backend import LocalBackend  # noqa: E402
-from trainer.config import EngineConfig, LoRAConfig, ModelConfig, TrainConfig  # noqa: E402
-from ruler.gather import TooManyExceptions, gather_trajectory_groups  # noqa: E402  (they depend only on ruler)
-from trainer.model import TrainableModel  # noqa: E402
+from trainer.backend import LocalBackend
+from trainer.config import EngineConfig, LoRAConfig, ModelConfig, TrainConfig
+from ruler.gather import TooManyExceptions, gather_trajectory_groups
+from trainer.model import TrainableModel
 
 __all__ = ["EngineConfig", "LoRAConfig", "LocalBackend", "ModelConfig", "TooManyExceptions", "TrainConfig",
            "TrainableModel", "gather_trajectory_groups"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer import checkpoints as ckpt
+import trainer.checkpoints as ckpt
 from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
 from trainer.engine import Engine, GeneratingEngine
@@ -313,7 +313,7 @@ class LocalBackend:
         try:
             df = load_run_log(run.run_dir)
             # the row of step s scores the rollouts of the policy at step s-1
-            scored = df[df.get("trained", True) == True].dropna(subset=[metric])  # noqa: E712
+            scored = df[df.get("trained", True) == True].dropna(subset=[metric])
             best = {int(r.step) - 1: getattr(r, metric) for r in scored.itertuples() if int(r.step) - 1 in steps}
             if best:
                 keep.add(max(best, key=best.get))

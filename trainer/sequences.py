@@ -157,7 +157,7 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
                     "token_ids), so what the model saw is unknown. Sample through the model's server "
                     "(model.openai_client() / model.litellm_completion_params()) and keep its choices whole "
                     "(a converter that rebuilds a Choice from message and logprobs alone drops them: use "
-                    "ruler.convert_litellm_choice_to_openai), or pass TrainConfig(allow_off_policy_text=True) "
+                    "ruler.trajectory.convert_litellm_choice_to_openai), or pass TrainConfig(allow_off_policy_text=True) "
                     "to train re-rendered text with ratio 1")
             if tokenizer is None:
                 raise ValueError("a tokenizer is needed to re-render off-policy text")

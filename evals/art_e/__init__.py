@@ -1,1 +1,2 @@
-"""ART·E on real Enron mail: the inbox database and the agent's tools (more of the task is being built)."""
+"""ART·E on real Enron mail: the inbox database, the agent and its tools, questions, rewards and the eval
+harness (`harness`: accuracy, turns, latency and cost against baselines)."""

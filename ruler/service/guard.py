@@ -9,6 +9,7 @@ import logging
 import time
 from contextlib import contextmanager
 
+import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from fastapi import Request
 from fastapi.routing import APIRoute
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from judges.completion import RetryPolicy
 from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
-from ruler.results import score_rows
+from ruler.results import score_notes, score_rows
 from ruler.scoring import ruler_score_group
 from ruler.service.config import ServiceConfig, checked_options
 from ruler.service.metrics import Metrics
@@ -52,7 +52,8 @@ def group_result(scored: TrajectoryGroup, metrics: Metrics) -> ScoreResponse:
         metrics.cache_hits.inc()
     return ScoreResponse(scores=score_rows(scored), group=scored.model_dump(mode="json"),
                          usage=Usage(**{k: meta.get(k) for k in Usage.model_fields}),
-                         cached=bool(meta.get("judge_cached")), judge_model=str(meta.get("judge_model", "")))
+                         cached=bool(meta.get("judge_cached")), judge_model=str(meta.get("judge_model", "")),
+                         notes=score_notes(scored))
 
 
 def public_error(exc: BaseException) -> str:
@@ -94,7 +95,7 @@ def failure(exc: BaseException, cfg: ServiceConfig) -> Failure:
     if isinstance(exc, TimeoutError):
         said = f"the judge did not answer within {cfg.judge_timeout_s:g} s"
         return Failure("timeout", 504, said, f"timeout: {said}", retry=True)
-    if isinstance(exc, (ValueError, TypeError)):  # JudgeConfigError and JudgeInputError are ValueErrors
+    if isinstance(exc, (TrajectoryError, JudgeConfigError)):  # the client's group or options (JudgeInputError too)
         said = public_error(exc)
         return Failure("bad_request", 422, said, f"{name}: {said}", retry=False)
     if isinstance(exc, JudgeError):

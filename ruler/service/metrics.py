@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 ERROR_KINDS = ("timeout", "bad_request", "judge", "internal")

@@ -77,6 +77,8 @@ class ScoreResponse(BaseModel):
     usage: Usage
     cached: bool
     judge_model: str
+    notes: list[str] = Field(default_factory=list, description="What was done to judge the group (cuts, splits, "
+                             "a panel member's failure, ...), as `ruler.results.score_notes` reads them.")
 
 
 class JobCreated(BaseModel):

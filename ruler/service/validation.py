@@ -3,6 +3,7 @@ the problems, each with its `loc` (where in the request) and `msg`, as FastAPI's
 
 from __future__ import annotations
 
+import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
