@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import random
@@ -42,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from evals.trainer_gpu_bench import PeakMemory
+from evals.trainer_gpu_bench import PeakMemory, step_clock
 
 _QWEN = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
          "attention_dropout": 0.0, "initializer_range": 0.02, "max_position_embeddings": 32768,
@@ -338,7 +337,7 @@ def trl(args) -> dict:
     import vllm
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from trainer.config import LLAMA_LIKE_TARGETS
@@ -377,17 +376,12 @@ def trl(args) -> dict:
     def reward(completions, **_):
         return [float(i % 3) for i in range(len(completions))]
 
-    stamps: list[float] = []
+    def partial(clock) -> None:  # after each step: what it took so far, written at once
+        result["step_end_s"] = [b - a for a, b in zip(clock.stamps[0::2], clock.stamps[1::2], strict=False)]
+        result["peak_gpu_gib_so_far"] = mem.gib
+        out_json.write_text(json.dumps(result, indent=1, default=str))
 
-    class Clock(TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, a, state, control, **kw):
-            stamps.append(time.perf_counter())
-            result["step_end_s"] = [b - a for a, b in zip(stamps[0::2], stamps[1::2], strict=False)]
-            result["peak_gpu_gib_so_far"] = mem.gib
-            out_json.write_text(json.dumps(result, indent=1, default=str))
+    clock = step_clock(partial)
 
     with PeakMemory() as mem:
         try:
@@ -396,16 +390,13 @@ def trl(args) -> dict:
             with torch.device("cuda"):
                 hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.bfloat16)
             trainer = GRPOTrainer(model=hf, reward_funcs=reward, args=config, train_dataset=data,
-                                  processing_class=tok, peft_config=lora, callbacks=[Clock()])
+                                  processing_class=tok, peft_config=lora, callbacks=[clock])
             result["setup_s"] = time.perf_counter() - started
             trainer.train()
         except Exception:  # noqa: BLE001 - what TRL failed on is the result
             result["errors"].append(traceback.format_exc()[-3000:])
-    begins = stamps[0::2]
-    if begins:
-        # a step's wall time: from one step's start to the next's (generation happens inside the step)
-        result["step_s"] = [b - a for a, b in itertools.pairwise(begins)] + ([stamps[-1] - begins[-1]]
-                                                                         if len(stamps) % 2 == 0 else [])
+    if clock.stamps:
+        result["step_s"] = clock.step_s()
     if "trainer" in locals():
         result["log"] = list(trainer.state.log_history)
     result["peak_gpu_gib"] = mem.gib

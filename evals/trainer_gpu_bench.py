@@ -80,6 +80,34 @@ class PeakMemory:
         return (self.peak - self.base) / 2**30
 
 
+def step_clock(on_step_end=None):
+    """A TRL/transformers callback stamping each optimizer step's begin and end (`clock.stamps`, alternating),
+    calling `on_step_end(clock)` after each step (e.g. to write partial results); `clock.step_s()`: seconds per
+    step, from one step's start to the next's (TRL generates inside the step), the last one to its end."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.stamps: list[float] = []
+
+        def on_step_begin(self, a, state, control, **kw):
+            self.stamps.append(time.perf_counter())
+
+        def on_step_end(self, a, state, control, **kw):
+            self.stamps.append(time.perf_counter())
+            if on_step_end is not None:
+                on_step_end(self)
+
+        def step_s(self) -> list[float]:
+            begins = self.stamps[0::2]
+            if not begins:
+                return []
+            last = [self.stamps[-1] - begins[-1]] if len(self.stamps) % 2 == 0 else []
+            return [b - a for a, b in zip(begins, begins[1:])] + last
+
+    return StepClock()
+
+
 def rollout_prompts(n_prompts: int) -> list[list[dict]]:
     return [messages(QUESTIONS[i % len(QUESTIONS)][0] + f" (case {i})") for i in range(n_prompts)]
 
@@ -285,7 +313,6 @@ def trl(args) -> dict:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from trainer.config import LLAMA_LIKE_TARGETS
@@ -297,15 +324,7 @@ def trl(args) -> dict:
     def tiny_reward(prompts, completions, answer, **_):
         return [reward(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
 
-    stamps: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, a, state, control, **kw):
-            stamps.append(time.perf_counter())
-
+    clock = step_clock()
     config = GRPOConfig(
         output_dir=str(args.out / "trl"), learning_rate=args.lr, num_generations=args.group_size,
         per_device_train_batch_size=args.group_size * args.questions_per_step, gradient_accumulation_steps=1,
@@ -318,13 +337,11 @@ def trl(args) -> dict:
     with PeakMemory() as mem:
         started = time.perf_counter()
         trainer = GRPOTrainer(model=args.model, reward_funcs=tiny_reward, args=config, train_dataset=data,
-                              peft_config=lora, callbacks=[Clock()])
+                              peft_config=lora, callbacks=[clock])
         setup = time.perf_counter() - started
         trainer.train()
     logs = [h for h in trainer.state.log_history if "reward" in h]
-    # a step's wall time: from one step's start to the next's (generation happens inside the step)
-    begins = stamps[0::2]
-    step_s = [b - a for a, b in zip(begins, begins[1:])] + [stamps[-1] - begins[-1]]
+    step_s = clock.step_s()
     return {"model": args.model, "steps": args.steps, "setup_s": setup, "rewards": [h["reward"] for h in logs],
             "step_s": step_s, "peak_gpu_gib": mem.gib, "trl_version": __import__("trl").__version__}
 
