@@ -17,7 +17,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from judges.extras import MissingExtraError
-from ruler import RetryPolicy, Trajectory, TrajectoryGroup, gather_trajectory_groups, ruler_score_group, tracing
+from ruler import (RetryPolicy, Trajectory, TrajectoryGroup, gather_trajectory_groups, group_advantages,
+                   ruler_score_group, tracing)
 from ruler.scoring import ruler_result
 from tests.helpers import SYSTEM, USER, convo
 
@@ -45,6 +46,7 @@ class FakeLangfuse:
         self.scores: list[dict] = []
         self.auth: set[str] = set()
         self.fail = False
+        self.refused: list[str] = []
         self._lock = threading.Lock()
         fake = self
 
@@ -55,6 +57,8 @@ class FakeLangfuse:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if fake.fail:
+                    with fake._lock:
+                        fake.refused.append(self.path)
                     return self._send(503, b'{"message": "down"}')
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -225,6 +229,8 @@ async def test_a_failing_langfuse_never_breaks_scoring(judge, langfuse, caplog):
         tracing.flush()  # the export fails: logged by the SDK, not raised
     assert [t.reward for t in scored.trajectories] == [0.9, 0.1]
     assert langfuse.spans == [] and langfuse.scores == []
+    assert {"/api/public/otel/v1/traces", "/api/public/scores"} <= set(langfuse.refused)  # it did try
+    assert "Failed to export spans batch" in caplog.text
 
 
 async def test_a_tracer_that_raises_is_logged_and_scoring_goes_on(judge, caplog):
@@ -318,3 +324,55 @@ def test_configured_without_the_package_is_a_clear_missing_extra_error(judge, tm
     assert "raised MissingExtraError tracing to Langfuse needs the 'tracing' extra" in res.stdout
     assert "pip install 'ruler-rl[tracing]'" in res.stdout
     assert issubclass(MissingExtraError, ImportError)
+
+
+@pytest.mark.slow
+async def test_a_training_step_is_traced_and_linked_to_its_trajectories_and_a_failing_langfuse_does_not_stop_it(
+        judge, langfuse, tmp_path, caplog):
+    from trainer import LocalBackend, TrainableModel, TrainConfig
+
+    model = TrainableModel("traced", "p", "local/smollm2-135m-instruct")
+    backend = LocalBackend(tmp_path)
+    await model.register(backend)
+    try:
+        msgs = [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "Capital of France?"}]
+
+        async def rollouts(seed):
+            reply = await model.openai_client().chat.completions.create(model=model.name, messages=msgs, n=3,
+                                                                        max_tokens=6, temperature=1.0, seed=seed)
+            return TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, c], reward=float(i))
+                                    for i, c in enumerate(reply.choices)])
+
+        group = await rollouts(1)  # rewards of its own, never scored by RULER: traced when trained
+        row = await model.train([group], TrainConfig(learning_rate=1e-3))
+        assert row["trained"] is True and row["step"] == 1
+        tracing.flush()
+        ids = [t.metadata[tracing.TRAJECTORY_ID_KEY] for t in group.trajectories]
+        assert len(set(ids)) == 3
+        steps = [s for s in langfuse.spans if s["name"] == "train-step" and
+                 s["attrs"].get("langfuse.trace.name") == "train-step"]
+        assert len(steps) == 1
+        sent = json.loads(steps[0]["attrs"]["langfuse.observation.input"])
+        assert sent["trajectory_ids"] == ids and sent["model"] == "traced" and sent["project"] == "p"
+        out = json.loads(steps[0]["attrs"]["langfuse.observation.output"])
+        assert out["step"] == 1 and out["loss"] == pytest.approx(row["loss"]) and out["reward_mean"] == 1.0
+        traces = langfuse.traces()
+        for t, tid in zip(group.trajectories, ids):
+            spans = {s["name"]: s for s in traces[tid]}
+            assert set(spans) == {"rollout", "train-step"}
+            assert meta(spans["rollout"], "reward") == t.reward
+            assert meta(spans["train-step"], "step") == 1
+            assert meta(spans["train-step"], "train_trace_id") == steps[0]["trace_id"]
+        advantages = {s["trace_id"]: meta(s, "advantage") for s in langfuse.spans if s["name"] == "train-step"
+                      and s["trace_id"] in ids}
+        assert [advantages[tid] for tid in ids] == group_advantages([0.0, 1.0, 2.0])
+        assert advantages[ids[0]] < 0 < advantages[ids[2]]
+
+        langfuse.fail = True  # Langfuse goes down: the next step trains all the same
+        with caplog.at_level(logging.WARNING):
+            second = await model.train([await rollouts(2)], TrainConfig(learning_rate=1e-3))
+            tracing.flush()
+        assert second["trained"] is True and second["step"] == 2
+        assert "/api/public/otel/v1/traces" in langfuse.refused
+    finally:
+        await backend.close()
