@@ -21,13 +21,13 @@ from typing import Unpack
 from judges import DEFAULT_RUBRIC
 from judges.errors import JudgeInputError
 from judges.panel import JudgePanel
+from ruler import tracing
 from ruler.budget import score_within_budget
 from ruler.options import (MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, GroupKeywords, RulerKeywords,
                            RulerOptions)
 from ruler.panel import score_panel
 from ruler.parse import TrajectoryScore
 from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge
-from ruler import tracing
 from ruler.results import EXPLANATION_KEY, NOTES_KEY, RulerResult
 from ruler.trajectory import (Trajectory, TrajectoryGroup, require_task_stated, validate_message_lists,
                               validate_trajectories)
@@ -99,8 +99,9 @@ async def ruler_score_group(
 
     Each trajectory gets `metrics["ruler_score"]`, `metrics["independent_reward"]` (its old reward),
     its share of the judge bill (`judge_prompt_tokens`, `judge_completion_tokens`, `judge_cost`; shares
-    add up to the group's total), `judge_cached`, and the judge's explanation in `metadata["ruler_explanation"]`
-    (also written to `logs` as ART does; `ruler.results.score_rows` reads it); the group's metadata gets the
+    add up to the group's total), `judge_cached`, the judge's explanation in `metadata["ruler_explanation"]`
+    (also written to `logs` as ART does; `ruler.results.score_rows` reads it) and a stable id in
+    `metadata["trajectory_id"]` (kept if it has one; `ruler.tracing`); the group's metadata gets the
     judge, its calls and bill, and what was done to judge it (`ruler.results.score_notes`; also in each
     trajectory's `logs` as "RULER note: ..."). The input group is
     not modified. With `swallow_exceptions=True` a failure of the group (input that cannot be judged, a

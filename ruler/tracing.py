@@ -204,7 +204,7 @@ def _safely(what: str, fn, *args, **kwargs):
 
 
 class _Judging:
-    __slots__ = ("tracer", "id")
+    __slots__ = ("id", "tracer")
 
     def __init__(self, tracer: Tracer, judging_id: str):
         self.tracer, self.id = tracer, judging_id
@@ -237,7 +237,7 @@ _NO_CALL = _NoCall()
 
 
 class _Call:
-    __slots__ = ("span", "done")
+    __slots__ = ("done", "span")
 
     def __init__(self, span):
         self.span, self.done = span, False
@@ -385,8 +385,8 @@ class LangfuseTracer:
             raise TypeError("capture_content must be True or False")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1):
             raise ValueError(f"timeout must be a whole number of seconds >= 1, got {timeout!r}")
-        if flush_interval is not None and (isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float))
-                                           or not flush_interval > 0):
+        if flush_interval is not None and (isinstance(flush_interval, bool)
+                                           or not isinstance(flush_interval, (int, float)) or not flush_interval > 0):
             raise ValueError(f"flush_interval must be a number of seconds > 0, got {flush_interval!r}")
         from langfuse import Langfuse, propagate_attributes
         from opentelemetry.sdk.trace import TracerProvider

@@ -17,10 +17,18 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from judges.extras import MissingExtraError
-from ruler import (RetryPolicy, Trajectory, TrajectoryGroup, gather_trajectory_groups, group_advantages,
-                   ruler_score_group, tracing)
+from ruler import (
+    RetryPolicy,
+    Trajectory,
+    TrajectoryGroup,
+    gather_trajectory_groups,
+    group_advantages,
+    ruler_score_group,
+    tracing,
+)
+from ruler.errors import JudgeUnavailableError
 from ruler.scoring import ruler_result
-from tests.helpers import SYSTEM, USER, convo
+from tests.helpers import convo
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.05, timeout=5)
@@ -208,7 +216,7 @@ async def test_gathered_rollouts_are_traced_once_with_their_reward_before_judgin
 async def test_ruler_result_traces_its_judge_calls_and_a_failed_judgment_is_marked(judge, langfuse):
     await ruler_result([convo("GOOD a"), convo("BAD b")], MODEL, judge.params, retry=FAST)
     judge.script = ["500", "500"]
-    with pytest.raises(Exception):
+    with pytest.raises(JudgeUnavailableError):
         await ruler_score_group(group("GOOD c", "BAD d"), MODEL, judge.params, retry=FAST, cache=False)
     tracing.flush()
     summaries = {s["name"]: s for s in langfuse.spans if s["name"] in ("ruler", "ruler_score_group")}
@@ -283,7 +291,8 @@ def test_bad_input_is_refused():
 
 
 def _run(code: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
 
 
 SCORE_AND_REPORT = """
