@@ -198,19 +198,57 @@ async def test_a_cached_judgment_is_a_generation_marked_cached_and_ids_survive_r
         assert names == ["rollout", "ruler-judgment", "ruler-judgment"]
 
 
-async def test_gathered_rollouts_are_traced_once_with_their_reward_before_judging(judge, langfuse):
+async def test_gathered_rollouts_are_traced_once_and_concurrent_judgments_keep_their_own_calls(judge, langfuse):
     async def rollout(answer):
         return Trajectory(messages_and_choices=convo(answer), reward=7.0)
 
-    groups = await gather_trajectory_groups([TrajectoryGroup(rollout(a) for a in ("GOOD x", "BAD y"))],
-                                            after_each=lambda gr: ruler_score_group(gr, MODEL, judge.params,
-                                                                                    retry=FAST), pbar_desc=None)
+    judge.latency_s = 0.2  # both groups' judge calls are in flight at once
+    groups = await gather_trajectory_groups(
+        [TrajectoryGroup(rollout(a) for a in answers)
+         for answers in (("GOOD x", "BAD y"), ("OK z", "BAD w", "GOOD v"))],
+        after_each=lambda gr: ruler_score_group(gr, MODEL, judge.params, retry=FAST), pbar_desc=None)
     tracing.flush()
-    ids = [t.metadata[tracing.TRAJECTORY_ID_KEY] for t in groups[0].trajectories]
+    assert judge.times[1] - judge.times[0] < 0.2  # the two judgments overlapped
+    ids = [[t.metadata[tracing.TRAJECTORY_ID_KEY] for t in g.trajectories] for g in groups]
     rollouts = [s for s in langfuse.spans if s["name"] == "rollout"]
-    assert sorted(s["trace_id"] for s in rollouts) == sorted(ids)
-    assert all(meta(s, "reward") == 7.0 for s in rollouts)
-    assert sorted(s["traceId"] for s in langfuse.scores) == sorted(ids)
+    assert sorted(s["trace_id"] for s in rollouts) == sorted(ids[0] + ids[1])  # once each
+    assert all(meta(s, "reward") == 7.0 for s in rollouts)  # as gathered, before the judge's score
+    assert sorted(s["traceId"] for s in langfuse.scores) == sorted(ids[0] + ids[1])
+    traces = langfuse.traces()
+    for group_ids in ids:
+        summary = next(s for s in langfuse.spans if s["name"] == "ruler_score_group"
+                       and json.loads(s["attrs"]["langfuse.observation.input"])["trajectory_ids"] == group_ids)
+        calls = [s for s in traces[summary["trace_id"]] if s["name"] == "ruler-judge-call"]
+        assert len(calls) == 1
+        shown = json.loads(calls[0]["attrs"]["langfuse.observation.input"])[-1]["content"]
+        assert shown.count("<trajectory id=") == len(group_ids)  # this group's prompt, not the other's
+
+
+async def test_an_explicit_tracer_without_content_sends_sizes_only(judge, monkeypatch):
+    fake = FakeLangfuse()
+    for var in ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    assert tracing.current_tracer() is None  # nothing configured: off
+    tracer = tracing.LangfuseTracer(public_key=f"pk-lf-{uuid.uuid4().hex}", secret_key="sk", host=fake.url,
+                                    capture_content=False, timeout=2)
+    tracing.set_tracer(tracer)
+    try:
+        assert tracing.current_tracer() is tracer
+        scored = await ruler_score_group(group("GOOD a", "BAD b"), MODEL, judge.params, retry=FAST)
+        tracing.flush()
+    finally:
+        tracing.set_tracer(None)
+        fake.close()
+    rollouts = [s for s in fake.spans if s["name"] == "rollout"]
+    assert len(rollouts) == 2
+    chars = {t.metadata[tracing.TRAJECTORY_ID_KEY]: sum(len(m["content"]) for m in t.messages())
+             for t in scored.trajectories}
+    assert {s["trace_id"]: meta(s, "message_chars") for s in rollouts} == chars
+    for s in rollouts:
+        assert "langfuse.observation.input" not in s["attrs"] and "langfuse.observation.output" not in s["attrs"]
+    call = next(s for s in fake.spans if s["name"] == "ruler-judge-call")
+    assert "langfuse.observation.input" not in call["attrs"] and meta(call, "prompt_chars") > 0
+    assert len(fake.scores) == 2
 
 
 async def test_ruler_result_traces_its_judge_calls_and_a_failed_judgment_is_marked(judge, langfuse):
@@ -344,7 +382,8 @@ async def test_a_training_step_is_traced_and_linked_to_its_trajectories_and_a_fa
     backend = LocalBackend(tmp_path)
     await model.register(backend)
     try:
-        msgs = [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "Capital of France?"}]
+        msgs = [{"role": "system", "content": "Answer with one word."},
+                {"role": "user", "content": "Capital of France?"}]
 
         async def rollouts(seed):
             reply = await model.openai_client().chat.completions.create(model=model.name, messages=msgs, n=3,
