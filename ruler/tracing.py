@@ -8,8 +8,8 @@ hooks the library calls cost one lookup when no tracer is set. Tracing is on whe
 - a tracer is set explicitly: `set_tracer(LangfuseTracer(public_key=..., secret_key=..., host=...))`
   (`set_tracer(False)` turns tracing off whatever the environment says, `set_tracer(None)` goes back to it).
 
-Configured without the `langfuse` package installed, the first scoring or training step raises
-`judges.extras.MissingExtraError` naming `pip install 'ruler-rl[tracing]'`. Once on, a failing Langfuse
+Configured without the `langfuse` package installed, scoring, gathering and training raise
+`judges.extras.MissingExtraError` naming `pip install 'ruler-rl[tracing]'` (before any judge call or step). Once on, a failing Langfuse
 (unreachable, erroring, rejecting) never breaks scoring or training: the SDK exports from a background
 thread and logs its failures, and every hook here logs (warning, logger `ruler.tracing`) instead of raising.
 
