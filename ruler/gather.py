@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from tqdm.auto import tqdm
 
+from ruler import tracing
 from ruler.errors import TooManyExceptions
 from ruler.trajectory import TrajectoryGroup
 
@@ -42,6 +43,7 @@ async def gather_trajectory_groups(
         group = g if isinstance(g, TrajectoryGroup) else await g
         state["exceptions"] += len(group.exceptions)
         state["trajectories"] += len(group) + len(group.exceptions)
+        tracing.rollouts_gathered(group)  # ids and rollout traces, when tracing is on (ruler.tracing)
         if after_each is not None:
             result = after_each(group)
             group = await result if inspect.isawaitable(result) else result

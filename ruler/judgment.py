@@ -16,6 +16,7 @@ import random
 import statistics
 
 from judges import JudgeOutputError, complete
+from ruler import tracing
 from ruler.cache import cache_key
 from ruler.options import MAX_PERMUTATIONS, RulerOptions
 from ruler.parse import ScoreProblems, TrajectoryScore, parse_scores
@@ -43,6 +44,7 @@ async def judge_once(prompt: JudgePrompt, judge: Judge, opts: RulerOptions) -> R
     if key is not None:
         hit = cache.get(key)
         if hit is not None:
+            tracing.judge_cache_hit(judge.model, prompt.messages)
             return RulerResult(
                 scores=[TrajectoryScore.model_validate(s) for s in hit["scores"]],
                 notes=list(hit.get("notes", [])) + ["judge answer served from cache"], cached=True,
@@ -52,7 +54,9 @@ async def judge_once(prompt: JudgePrompt, judge: Judge, opts: RulerOptions) -> R
     problems: list[str] = []
     raw = ""
     for attempt in range(opts.max_format_retries + 1):
-        reply = await complete(judge.model, messages, response_format=fmt, params=call_params, retry=opts.retry)
+        with tracing.judge_call(judge.model, messages, attempt) as call:
+            reply = await complete(judge.model, messages, response_format=fmt, params=call_params, retry=opts.retry)
+            call.answered(reply)
         result.calls += 1
         result.prompt_tokens += reply.prompt_tokens
         result.completion_tokens += reply.completion_tokens

@@ -21,6 +21,7 @@ from typing import Unpack
 from judges import DEFAULT_RUBRIC
 from judges.errors import JudgeInputError
 from judges.panel import JudgePanel
+from ruler import tracing
 from ruler.budget import score_within_budget
 from ruler.options import (MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, GroupKeywords, RulerKeywords,
                            RulerOptions)
@@ -72,7 +73,16 @@ async def ruler_result(message_lists: list[list[dict]], judge_model: JudgeSpec =
     was done (cuts, splits, retries), and for a panel each judge's scores and their disagreement. Options
     as for `ruler`."""
     opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, debug=debug, caller="ruler", **options)
-    return await _judge_group(validate_message_lists(message_lists, limits=opts.limits), opts)
+    checked = validate_message_lists(message_lists, limits=opts.limits)
+    tracer = tracing.current_tracer()  # None when tracing is off (ruler.tracing)
+    with tracing.judging(tracer) as judging_id:
+        try:
+            result = await _judge_group(checked, opts)
+        except Exception as exc:
+            tracing.judged(tracer, judging_id, "ruler", None, opts.judge_name, error=exc)
+            raise
+        tracing.judged(tracer, judging_id, "ruler", result, opts.judge_name)
+    return result
 
 
 async def ruler_score_group(
@@ -89,8 +99,9 @@ async def ruler_score_group(
 
     Each trajectory gets `metrics["ruler_score"]`, `metrics["independent_reward"]` (its old reward),
     its share of the judge bill (`judge_prompt_tokens`, `judge_completion_tokens`, `judge_cost`; shares
-    add up to the group's total), `judge_cached`, and the judge's explanation in `metadata["ruler_explanation"]`
-    (also written to `logs` as ART does; `ruler.results.score_rows` reads it); the group's metadata gets the
+    add up to the group's total), `judge_cached`, the judge's explanation in `metadata["ruler_explanation"]`
+    (also written to `logs` as ART does; `ruler.results.score_rows` reads it) and a stable id in
+    `metadata["trajectory_id"]` (kept if it has one; `ruler.tracing`); the group's metadata gets the
     judge, its calls and bill, and what was done to judge it (`ruler.results.score_notes`; also in each
     trajectory's `logs` as "RULER note: ..."). The input group is
     not modified. With `swallow_exceptions=True` a failure of the group (input that cannot be judged, a
@@ -111,6 +122,8 @@ async def ruler_score_group(
                         "the trajectories' own")
     opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, tools=_group_tools(group.trajectories),
                               debug=debug, caller="ruler_score_group", **options)
+    tracer = tracing.current_tracer()  # None when tracing is off (ruler.tracing)
+    judging_id = None
     try:
         for i, t in enumerate(group.trajectories, 1):
             if getattr(t, "additional_histories", None):
@@ -118,13 +131,18 @@ async def ruler_score_group(
         validate_trajectories(group, limits=opts.limits)
         message_lists = [t.messages() for t in group.trajectories]
         require_task_stated(message_lists)
-        result = await _judge_group(message_lists, opts)
+        with tracing.judging(tracer) as judging_id:
+            result = await _judge_group(message_lists, opts)
     except Exception as exc:
+        tracing.judged(tracer, judging_id, "ruler_score_group", None, opts.judge_name, error=exc)
         if swallow_exceptions:
             log.warning("RULER swallowed %s: %s", type(exc).__name__, exc)
             return None
         raise
-    return _scored_group(group, result, opts)
+    scored = _scored_group(group, result, opts)
+    tracing.judged(tracer, judging_id, "ruler_score_group", result, opts.judge_name,
+                   list(zip(group.trajectories, scored.trajectories)))
+    return scored
 
 
 async def _judge_group(message_lists: list[list[dict]], opts: RulerOptions) -> RulerResult:
@@ -172,6 +190,7 @@ def _scored_group(group: TrajectoryGroup, result: RulerResult, opts: RulerOption
                           for m, judge_scores in result.per_judge.items()})
         t.reward = s.score
         t.metadata[EXPLANATION_KEY] = s.explanation
+        tracing.trajectory_id(t)  # a stable id in metadata["trajectory_id"], kept if it has one
         t.log(f"RULER explanation: {s.explanation}")  # as ART writes it
         for note in result.notes:
             t.log(f"RULER note: {note}")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import trainer.checkpoints as ckpt
+from ruler import tracing
 from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
 from trainer.engine import Engine, GeneratingEngine
@@ -329,3 +330,4 @@ class LocalBackend:
         if self._server is not None:
             await self._server.stop()
             self._server = None
+        await asyncio.to_thread(tracing.flush)  # what the tracer buffered (ruler.tracing), when tracing is on

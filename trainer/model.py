@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ruler import tracing
 from trainer.config import ModelConfig, TrainConfig
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -110,7 +111,11 @@ class TrainableModel:
         learning signal)."""
         if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
             raise TypeError(f"groups must be a list of TrajectoryGroup, got {type(groups).__name__}")
-        return await self.backend.train(self, groups, config or TrainConfig())
+        groups = list(groups)
+        tracing.current_tracer()  # a tracing misconfiguration is raised before the step, not after it
+        row = await self.backend.train(self, groups, config or TrainConfig())
+        tracing.train_step(self, row, groups)  # the step's trace, when tracing is on (ruler.tracing)
+        return row
 
     async def delete_checkpoints(self, metric: str = "reward_mean") -> list[int]:
         """Delete every checkpoint but the latest and the best by `metric`; the steps deleted."""
