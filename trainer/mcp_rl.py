@@ -58,6 +58,7 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 from mcp_types import REQUEST_TIMEOUT  # noqa: E402
 
 from judges.completion import RetryPolicy, complete  # noqa: E402
+from judges.errors import JudgeError  # noqa: E402
 from ruler.gather import gather_trajectory_groups  # noqa: E402
 from ruler.scoring import ruler_score_group  # noqa: E402
 from ruler.trajectory import Trajectory, TrajectoryGroup, choice_to_message  # noqa: E402
@@ -70,13 +71,14 @@ MAX_TOOL_PAGES = 100
 TASK_MIN_CHARS, TASK_MAX_CHARS = 12, 2000
 
 
-class MCPServerError(RuntimeError):
-    """An MCP server could not be started, reached or listed (the message names it and, for a command, the
-    end of its stderr)."""
+class MCPServerError(ConnectionError):
+    """An MCP server could not be started, reached or listed, or lost its connection (the message names it
+    and, for a command, the end of its stderr)."""
 
 
-class TaskWriterError(RuntimeError):
-    """The task writer did not give enough valid tasks; `report` says what was asked, kept and rejected."""
+class TaskWriterError(JudgeError):
+    """The task writer answered, but not with enough valid tasks; `report` says what was asked, kept and
+    rejected. (A `JudgeError`: the model failed, not the input.)"""
 
     def __init__(self, message: str, report: "TaskReport"):
         super().__init__(message)
