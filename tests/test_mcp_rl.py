@@ -121,7 +121,9 @@ async def test_the_loop_end_to_end_on_the_inbox_server_over_stdio(inbox_db, judg
         assert 1 <= t.metrics["turns"] <= 2 and "ruler_score" in t.metrics
 
 
-async def test_streamable_http_lists_the_tools_and_calls_one(inbox_db):
+@pytest.fixture
+def http_server(inbox_db):
+    """The inbox MCP server over streamable HTTP in a subprocess; its /mcp URL once it answers."""
     db, _ = inbox_db
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "evals.art_e.mcp_server", "--db", str(db), "--http", str(port)],
@@ -135,21 +137,26 @@ async def test_streamable_http_lists_the_tools_and_calls_one(inbox_db):
                 break
             except httpx.TransportError:
                 time.sleep(0.2)
-        async with MCPToolbox(url=f"http://127.0.0.1:{port}/mcp", tool_timeout=20) as box:
-            assert box.tool_names == ["search_emails", "read_email"]
-            params = box.openai_tools[0]["function"]["parameters"]
-            assert params["type"] == "object" and params["required"] == ["keywords"]
-            result = await box.call("search_emails", {"keywords": ["meeting"], "max_results": 3})
-            assert not result.is_error and len(json.loads(result.text)) == 3
+        yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
+async def test_streamable_http_lists_the_tools_and_calls_one(http_server):
+    async with MCPToolbox(url=http_server, tool_timeout=20) as box:
+        assert box.tool_names == ["search_emails", "read_email"]
+        params = box.openai_tools[0]["function"]["parameters"]
+        assert params["type"] == "object" and params["required"] == ["keywords"]
+        result = await box.call("search_emails", {"keywords": ["meeting"], "max_results": 3})
+        assert not result.is_error and len(json.loads(result.text)) == 3
+
+
 # ---- bad input ---------------------------------------------------------------------------------------------
 
 async def test_a_server_that_fails_to_start_is_named_with_its_stderr():
-    cmd = f"{sys.executable} -c \"import sys; print('cannot open config /etc/mcp-q.yml', file=sys.stderr); sys.exit(3)\""
+    code = "import sys; print('cannot open config /etc/mcp-q.yml', file=sys.stderr); sys.exit(3)"
+    cmd = f"{sys.executable} -c \"{code}\""
     with pytest.raises(MCPServerError) as err:
         async with MCPToolbox(cmd, connect_timeout=20):
             pass
@@ -217,7 +224,8 @@ async def test_an_agent_that_throws_mid_rollout_is_counted_by_gather(judge):
             judge.reset()
             judge.script = [{"tool_calls": [call(1, "echo", {"text": "hello"})]}] * 2
             thrower = ThrowsOnSecondTurn(policy)
-            group = TrajectoryGroup([rollout(task, box, policy, "fake-agent"), rollout(task, box, thrower, "fake-agent")])
+            group = TrajectoryGroup([rollout(task, box, policy, "fake-agent"),
+                                     rollout(task, box, thrower, "fake-agent")])
             if expect is None:
                 (done,) = await gather_trajectory_groups([group], max_exceptions=max_exceptions, pbar_desc=None)
                 assert len(done) == 1 and len(done.exceptions) == 1 and thrower.calls == 2

@@ -43,7 +43,7 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import pydantic
 
@@ -51,17 +51,17 @@ from judges.extras import require
 
 require("mcp", "MCP·RL (trainer.mcp_rl)")
 
-import anyio  # noqa: E402  (installed with mcp)
-from mcp import Client, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
-from mcp.shared.exceptions import MCPError  # noqa: E402
-from mcp_types import REQUEST_TIMEOUT  # noqa: E402
+import anyio  # installed with mcp
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import REQUEST_TIMEOUT
 
-from judges.completion import RetryPolicy, complete  # noqa: E402
-from judges.errors import JudgeError  # noqa: E402
-from ruler.gather import gather_trajectory_groups  # noqa: E402
-from ruler.scoring import ruler_score_group  # noqa: E402
-from ruler.trajectory import Trajectory, TrajectoryGroup, choice_to_message  # noqa: E402
+from judges.completion import RetryPolicy, complete
+from judges.errors import JudgeError
+from ruler.gather import gather_trajectory_groups
+from ruler.scoring import ruler_score_group
+from ruler.trajectory import Trajectory, TrajectoryGroup, choice_to_message
 
 log = logging.getLogger("ruler")
 
@@ -80,7 +80,7 @@ class TaskWriterError(JudgeError):
     """The task writer answered, but not with enough valid tasks; `report` says what was asked, kept and
     rejected. (A `JudgeError`: the model failed, not the input.)"""
 
-    def __init__(self, message: str, report: "TaskReport"):
+    def __init__(self, message: str, report: TaskReport):
         super().__init__(message)
         self.report = report
 
@@ -215,14 +215,14 @@ class MCPToolbox:
         self._errlog.seek(0)
         return self._errlog.read()[-chars:].strip()
 
-    async def __aenter__(self) -> "MCPToolbox":
+    async def __aenter__(self) -> Self:
         if self._stack is not None:
             raise RuntimeError("this MCPToolbox is already connected")
         self._stack = AsyncExitStack()
         try:
             if self.params is not None:
-                self._errlog = self._stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8",
-                                                                                 errors="replace"))
+                self._errlog = self._stack.enter_context(  # closed by the exit stack
+                    tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace"))  # noqa: SIM115
                 transport = stdio_client(self.params, errlog=self._errlog)
             else:
                 transport = self.url
@@ -236,8 +236,8 @@ class MCPToolbox:
             tail = self.stderr_tail()
             try:
                 await self._close()
-            except BaseException:  # the original failure is the one to report
-                pass
+            except Exception as close_exc:  # noqa: BLE001 (the original failure is the one to report)
+                log.debug("%s: closing after a failed start failed too: %r", self.label, close_exc)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             if isinstance(exc, MCPServerError):
@@ -360,7 +360,7 @@ class TaskSet:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "TaskSet":
+    def load(cls, path: str | Path) -> TaskSet:
         """Tasks saved by `save`; ValueError naming the file when it is not such a file."""
         try:
             data = json.loads(Path(path).read_text())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
@@ -29,35 +29,40 @@ def _params(api_base: str | None) -> dict | None:
 
 @app.command("mcp-rl")
 def mcp_rl(
-    server: Optional[str] = typer.Option(None, "--server", help="The MCP server's command line, run over stdio "
-                                         "(e.g. \"python -m evals.art_e.mcp_server --db inbox.db\")."),
-    server_url: Optional[str] = typer.Option(None, "--server-url", help="A streamable HTTP MCP endpoint instead "
-                                             "(e.g. http://127.0.0.1:8765/mcp)."),
-    task_model: Optional[str] = typer.Option(None, "--task-model", help="The litellm model that writes the tasks "
-                                             "(needed unless --tasks is given)."),
-    task_api_base: Optional[str] = typer.Option(None, "--task-api-base", help="API base URL of the task model."),
-    tasks_file: Optional[Path] = typer.Option(None, "--tasks", help="Tasks saved by an earlier run (tasks.json) "
-                                              "instead of writing new ones."),
-    n_tasks: int = typer.Option(16, "--n-tasks", min=2, help="Tasks to write (train and test together)."),
-    test_fraction: float = typer.Option(0.25, "--test-fraction", min=0.0, max=0.9, help="Share kept for test."),
-    judge: Optional[str] = typer.Option(None, "--judge", help="The RULER judge, a litellm model "
-                                        "(default: RULER's default judge)."),
-    judge_api_base: Optional[str] = typer.Option(None, "--judge-api-base", help="API base URL of the judge."),
-    base_model: str = typer.Option("local/smollm2-135m-instruct", "--base-model", help="The policy's base model."),
-    engine: str = typer.Option("auto", "--engine", help="auto, transformers or vllm."),
-    name: str = typer.Option("mcp-agent", "--name", help="Model (run) name."),
-    project: str = typer.Option("mcp-rl", "--project", help="Project name."),
-    out: Path = typer.Option(Path("./runs"), "--out", help="Runs go under OUT/PROJECT/NAME."),
-    steps: int = typer.Option(1, "--steps", min=0, help="Training steps."),
-    groups_per_step: int = typer.Option(2, "--groups-per-step", min=1, help="Training tasks per step."),
-    group_size: int = typer.Option(4, "--group-size", min=2, help="Rollouts per task."),
-    max_turns: int = typer.Option(6, "--max-turns", min=1, help="Model calls per rollout."),
-    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="Tokens per model call."),
-    learning_rate: float = typer.Option(5e-5, "--lr", min=0.0, help="Learning rate."),
-    tool_timeout: float = typer.Option(30.0, "--tool-timeout", min=0.001, help="Seconds one tool call may take."),
-    connect_timeout: float = typer.Option(60.0, "--connect-timeout", min=0.001,
-                                          help="Seconds to start the server and list its tools."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the task split and the tasks drawn each step."),
+    server: Annotated[str | None, typer.Option(
+        "--server", help="The MCP server's command line, run over stdio "
+                         "(e.g. \"python -m evals.art_e.mcp_server --db inbox.db\").")] = None,
+    server_url: Annotated[str | None, typer.Option(
+        "--server-url", help="A streamable HTTP MCP endpoint instead (e.g. http://127.0.0.1:8765/mcp).")] = None,
+    task_model: Annotated[str | None, typer.Option(
+        "--task-model", help="The litellm model that writes the tasks (needed unless --tasks is given).")] = None,
+    task_api_base: Annotated[str | None, typer.Option(
+        "--task-api-base", help="API base URL of the task model.")] = None,
+    tasks_file: Annotated[Path | None, typer.Option(
+        "--tasks", help="Tasks saved by an earlier run (tasks.json) instead of writing new ones.")] = None,
+    n_tasks: Annotated[int, typer.Option("--n-tasks", min=2, help="Tasks to write (train and test).")] = 16,
+    test_fraction: Annotated[float, typer.Option(
+        "--test-fraction", min=0.0, max=0.9, help="Share of the tasks kept for test.")] = 0.25,
+    judge: Annotated[str | None, typer.Option(
+        "--judge", help="The RULER judge, a litellm model (default: RULER's default judge).")] = None,
+    judge_api_base: Annotated[str | None, typer.Option("--judge-api-base", help="API base URL of the judge.")] = None,
+    base_model: Annotated[str, typer.Option(
+        "--base-model", help="The policy's base model.")] = "local/smollm2-135m-instruct",
+    engine: Annotated[str, typer.Option("--engine", help="auto, transformers or vllm.")] = "auto",
+    name: Annotated[str, typer.Option("--name", help="Model (run) name.")] = "mcp-agent",
+    project: Annotated[str, typer.Option("--project", help="Project name.")] = "mcp-rl",
+    out: Annotated[Path, typer.Option("--out", help="Runs go under OUT/PROJECT/NAME.")] = Path("./runs"),
+    steps: Annotated[int, typer.Option("--steps", min=0, help="Training steps.")] = 1,
+    groups_per_step: Annotated[int, typer.Option("--groups-per-step", min=1, help="Training tasks per step.")] = 2,
+    group_size: Annotated[int, typer.Option("--group-size", min=2, help="Rollouts per task.")] = 4,
+    max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Model calls per rollout.")] = 6,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens per model call.")] = 256,
+    learning_rate: Annotated[float, typer.Option("--lr", min=0.0, help="Learning rate.")] = 5e-5,
+    tool_timeout: Annotated[float, typer.Option(
+        "--tool-timeout", min=0.001, help="Seconds one tool call may take.")] = 30.0,
+    connect_timeout: Annotated[float, typer.Option(
+        "--connect-timeout", min=0.001, help="Seconds to start the server and list its tools.")] = 60.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the task split and the tasks drawn each step.")] = 0,
 ) -> None:
     """Train an agent on the tools of an MCP server with RULER as the reward.
 

@@ -22,11 +22,11 @@ from judges.extras import require
 
 require("mcp", "the ART·E MCP server (evals.art_e.mcp_server)")
 
-from mcp.server.mcpserver import MCPServer  # noqa: E402
-from mcp.server.mcpserver.exceptions import ToolError as MCPToolError  # noqa: E402
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError as MCPToolError
 
-from evals.art_e.inbox import mailbox_owners, normal_address  # noqa: E402
-from evals.art_e.tools import MAX_RESULTS, InboxTools, ToolError  # noqa: E402
+from evals.art_e.inbox import mailbox_owners, normal_address
+from evals.art_e.tools import MAX_RESULTS, InboxTools, ToolError
 
 INSTRUCTIONS = ("Search and read the emails of one person's inbox ({address}). search_emails finds emails that "
                 "contain every keyword; read_email shows one email by its message_id.")
