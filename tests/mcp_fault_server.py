@@ -1,6 +1,9 @@
-"""A small MCP server (stdio) for MCP·RL's bad-input tests: `echo` answers, `boom` raises, `hang` never returns."""
+"""A small MCP server (stdio) for MCP·RL's bad-input tests: `echo` answers, `boom` raises, `hang` never returns,
+`die` kills the server."""
 
 import asyncio
+import os
+import sys
 
 from mcp.server.mcpserver import MCPServer
 
@@ -24,6 +27,13 @@ async def hang() -> str:
     """Never returns."""
     await asyncio.sleep(3600)
     return "never"
+
+
+@server.tool()
+def die() -> str:
+    """Kills the server."""
+    print("fatal: the index is corrupt", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 if __name__ == "__main__":

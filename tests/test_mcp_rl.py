@@ -184,7 +184,7 @@ async def test_tools_that_raise_or_hang_become_tool_messages(judge):
                                                                                       "arguments": "{bad json"}}]},
                     {"content": "Done: the echo said hi."}]
     async with MCPToolbox(FAULTS, env=ENV, tool_timeout=1.5) as box:
-        assert box.tool_names == ["echo", "boom", "hang"]
+        assert box.tool_names == ["echo", "boom", "hang", "die"]
         started = time.monotonic()
         t = await rollout(MCPTask(id="t", task="Echo hi, then try the other tools."), box, policy, "fake-agent")
         assert time.monotonic() - started < 15  # the hanging tool was cut at its timeout
@@ -233,6 +233,20 @@ async def test_an_agent_that_throws_mid_rollout_is_counted_by_gather(judge):
             else:
                 with pytest.raises(TooManyExceptions, match="1 of 2 rollouts raised"):
                     await gather_trajectory_groups([group], max_exceptions=max_exceptions, pbar_desc=None)
+
+
+async def test_a_server_that_dies_mid_rollout_raises_naming_it_and_gather_counts_it(judge):
+    policy = AsyncOpenAI(base_url=judge.base, api_key="sk-test", max_retries=0)
+    judge.script = [{"tool_calls": [call(1, "die", {})]}]
+    async with MCPToolbox(FAULTS, env=ENV, tool_timeout=20) as box:
+        group = TrajectoryGroup([rollout(MCPTask(id="t", task="Run the die tool."), box, policy, "fake-agent")])
+        (done,) = await gather_trajectory_groups([group], max_exceptions=1, pbar_desc=None)
+        assert len(done) == 0 and len(done.exceptions) == 1 and "MCPServerError" in done.exceptions[0].type
+        assert "closed the connection during a call of die" in done.exceptions[0].message
+        assert "the index is corrupt" in done.exceptions[0].message
+        with pytest.raises(MCPServerError, match="closed the connection during a call of echo") as err:
+            await box.call("echo", {"text": "anyone?"})
+    assert "the index is corrupt" in str(err.value) and "mcp_fault_server.py" in str(err.value)
 
 
 async def test_a_task_writer_that_returns_junk_fails_clearly_after_its_attempts(writer):

@@ -55,7 +55,7 @@ import anyio  # installed with mcp
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from judges.completion import RetryPolicy, complete
 from judges.errors import JudgeError
@@ -280,6 +280,11 @@ class MCPToolbox:
         if stack is not None:
             await stack.aclose()
 
+    def _lost(self, name: str) -> MCPServerError:
+        tail = self.stderr_tail()
+        return MCPServerError(f"{self.label} closed the connection during a call of {name}"
+                              + (f"; its stderr ends:\n{tail}" if tail else ""))
+
     @property
     def tool_names(self) -> list[str]:
         return [t["function"]["name"] for t in self.openai_tools]
@@ -305,10 +310,11 @@ class MCPToolbox:
             if exc.code == REQUEST_TIMEOUT:
                 return ToolCallResult(f"error: tool {name} gave no result within {self.tool_timeout:g} s (timed out)",
                                       is_error=True, timed_out=True)
+            if exc.code == CONNECTION_CLOSED and str(exc) == "Connection closed":  # the SDK's own, not the server's
+                raise self._lost(name) from exc
             return ToolCallResult(f"error: tool {name} failed: {exc}", is_error=True)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-            raise MCPServerError(f"{self.label} closed the connection during a call of {name}"
-                                 + (f"; its stderr ends:\n{self.stderr_tail()}" if self.stderr_tail() else "")) from exc
+            raise self._lost(name) from exc
         text = result_text(result, self.max_result_chars)
         if result.is_error:
             return ToolCallResult(text if text.lower().startswith("error") else f"error: {text}", is_error=True)
