@@ -33,6 +33,7 @@ Needs the `mcp` extra (`pip install 'ruler-rl[mcp]'`) beside `train`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -157,8 +158,8 @@ class MCPToolbox:
     `server`: a command line (split like a shell would, e.g. `"python -m evals.art_e.mcp_server --db x.db"`)
     run as a subprocess over stdio; or `url`: a streamable HTTP endpoint (`http://host:port/mcp`). Exactly
     one of the two. `env` adds environment variables for the command, `cwd` is its working directory.
-    `connect_timeout`: seconds to start, connect and list the tools; `tool_timeout`: seconds one tool call
-    may take. Inside the `async with`: `tools` (the MCP tools), `openai_tools` (their OpenAI schemas; tools
+    `connect_timeout`: seconds each start-up request (the protocol handshake, the tool listing) may take;
+    `tool_timeout`: seconds one tool call may take. Inside the `async with`: `tools` (the MCP tools), `openai_tools` (their OpenAI schemas; tools
     whose name or schema cannot be offered are left out and named in `skipped_tools`), `instructions` (the
     server's own, or None), `call(name, arguments)`.
 
@@ -238,7 +239,7 @@ class MCPToolbox:
                 await self._close()
             except Exception as close_exc:  # noqa: BLE001 (the original failure is the one to report)
                 log.debug("%s: closing after a failed start failed too: %r", self.label, close_exc)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
                 raise
             if isinstance(exc, MCPServerError):
                 raise
