@@ -121,6 +121,27 @@ async def test_the_loop_end_to_end_on_the_inbox_server_over_stdio(inbox_db, judg
         assert 1 <= t.metrics["turns"] <= 2 and "ruler_score" in t.metrics
 
 
+@pytest.mark.slow
+def test_the_command_writes_and_saves_the_tasks_and_registers_the_model(inbox_db, writer, tmp_path):
+    from ruler.cli import app
+
+    db, _ = inbox_db
+    writer.script = [reply([{"task": "Find the email about the budget meeting and tell me its date.",
+                             "tools": ["search_emails"]},
+                            {"task": "Who wrote to me about the Houston office move?", "tools": ["search_emails"]}])]
+    env = {**ENV, "OPENAI_API_KEY": "sk-test"}
+    res = CliRunner().invoke(app, ["mcp-rl", "--server", inbox_server(db), "--task-model", "openai/task-writer",
+                                   "--task-api-base", writer.base, "--n-tasks", "2", "--test-fraction", "0.5",
+                                   "--steps", "0", "--engine", "transformers", "--out", str(tmp_path), "--name", "a"],
+                             env=env)
+    assert res.exit_code == 0, res.output
+    assert "2 tools (search_emails, read_email)" in res.output and "1 training and 1 test tasks" in res.output
+    saved = TaskSet.load(tmp_path / "mcp-rl" / "a" / "tasks.json")
+    assert {t.task for t in saved.train + saved.test} == {
+        "Find the email about the budget meeting and tell me its date.",
+        "Who wrote to me about the Houston office move?"}
+
+
 @pytest.fixture
 def http_server(inbox_db):
     """The inbox MCP server over streamable HTTP in a subprocess; its /mcp URL once it answers."""
