@@ -2,7 +2,7 @@
 
     async with MCPToolbox("python -m evals.art_e.mcp_server --db inbox.db") as box:     # or url="http://…/mcp"
         tasks = await write_tasks(box.openai_tools, "openai/gpt-4.1", n=16, instructions=box.instructions)
-        result = await train_mcp_rl(model, box, tasks, judge="openai/o4-mini", steps=10)
+        result = await train_mcp_rl(model, box, tasks, judge="openai/o4-mini", config=MCPRLConfig(steps=10))
 
 or, from the command line, `ruler mcp-rl --server "CMD ARGS" --task-model MODEL --judge MODEL`.
 
