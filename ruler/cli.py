@@ -75,6 +75,8 @@ PLUGIN_COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "train-report": ("trainer.cli", "app", "train",
                      "Plot a training run's reward and loss curves to a PNG and print the last steps."),
     "eval": ("evals.cli", "app", "eval", "Evaluations: judge meta-evaluation, benchmarks."),
+    "mcp-rl": ("trainer.mcp_rl_cli", "app", "mcp",
+               "Train an agent on the tools of an MCP server with RULER as the reward."),
 }
 
 

@@ -13,7 +13,7 @@ from ruler import Trajectory, TrajectoryGroup
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["torch", "transformers", "peft", "fastapi", "pandas", "matplotlib", "scipy", "xgrammar", "gguf", "accelerate",
-         "uvicorn", "prometheus_client", "pyarrow", "vllm"]
+         "uvicorn", "prometheus_client", "pyarrow", "vllm", "mcp"]
 # a sitecustomize that makes every HEAVY module (and its submodules) fail to import, as if not installed
 BLOCKER = f'''import sys
 
@@ -100,7 +100,8 @@ def test_every_part_that_needs_an_extra_names_it(light_env, tmp_path):
     res = light(light_env, tmp_path, "-m", "ruler", "--help")
     assert res.returncode == 0, res.stderr
     assert "score" in res.stdout and "pip install 'ruler-rl[train]'" in res.stdout
-    for args, extra in ((["serve"], "serve"), (["train-report", "run"], "train"), (["eval", "judge"], "eval")):
+    for args, extra in ((["serve"], "serve"), (["train-report", "run"], "train"), (["eval", "judge"], "eval"),
+                        (["mcp-rl", "--server", "python -m x"], "mcp")):
         res = light(light_env, tmp_path, "-m", "ruler", *args)
         assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
         assert f"pip install 'ruler-rl[{extra}]'" in res.stderr, res.stderr

@@ -1,0 +1,312 @@
+"""MCP·RL end to end on the CPU: the shipped ART·E MCP server over stdio (and streamable HTTP), a scripted task
+writer and judge (`FakeJudge` on loopback), the embedded SmolLM2 as the policy on the CPU server, one training
+step; and the bad input: a server that fails to start, tools that raise or hang, a task writer that returns
+junk, an agent that throws mid-rollout."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from typer.testing import CliRunner
+
+from ruler import TrajectoryGroup, gather_trajectory_groups
+from ruler.errors import TooManyExceptions
+from ruler.testing import FakeJudge, free_port
+from trainer.mcp_rl import (
+    MCPRLConfig,
+    MCPServerError,
+    MCPTask,
+    MCPToolbox,
+    TaskSet,
+    TaskWriterError,
+    openai_tool_schema,
+    rollout,
+    train_mcp_rl,
+    write_tasks,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {"PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+FAULTS = f"{sys.executable} {ROOT / 'tests' / 'mcp_fault_server.py'}"
+TOOLS = [{"type": "function", "function": {"name": "search_emails", "parameters": {"type": "object"}}},
+         {"type": "function", "function": {"name": "read_email", "parameters": {"type": "object"}}}]
+
+
+def inbox_server(db) -> str:
+    return f"{sys.executable} -m evals.art_e.mcp_server --db {db}"
+
+
+def reply(tasks) -> dict:
+    return {"content": json.dumps({"tasks": tasks})}
+
+
+def call(i, name, args) -> dict:
+    return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+@pytest.fixture
+def writer():
+    w = FakeJudge()
+    yield w
+    w.close()
+
+
+# ---- the whole loop ----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+async def test_the_loop_end_to_end_on_the_inbox_server_over_stdio(inbox_db, judge, writer, tmp_path):
+    from trainer import LocalBackend, TrainableModel, TrainConfig
+
+    db, _ = inbox_db
+    writer.script = [
+        reply([{"task": "Find the email about the budget meeting and tell me when it is.", "tools": ["search_emails"]},
+               {"task": "find the email about the BUDGET meeting, and tell me when it is", "tools": ["search_emails"]},
+               {"task": "Delete every email from John.", "tools": ["delete_email"]},
+               {"task": "Hi", "tools": ["read_email"]},
+               {"task": "Who asked Sally to review the trading report last spring?",
+                "tools": ["search_emails", "read_email"]}]),
+        reply([{"task": "What did the latest email about the holiday party say about the venue?",
+                "tools": ["search_emails", "read_email"]},
+               {"task": "Which colleagues wrote to me about the Houston office move?", "tools": ["search_emails"]}]),
+    ]
+    async with MCPToolbox(inbox_server(db), env=ENV, cwd=ROOT, tool_timeout=20) as box:
+        assert box.tool_names == ["search_emails", "read_email"] and "inbox" in box.instructions
+        # the tools really run on the server
+        hits = json.loads((await box.call("search_emails", {"keywords": ["meeting"], "max_results": 2})).text)
+        assert len(hits) == 2 and all(h["message_id"].startswith("<") for h in hits)
+        email = await box.call("read_email", {"message_id": hits[0]["message_id"]})
+        assert not email.is_error and json.loads(email.text)["message_id"] == hits[0]["message_id"]
+        missing = await box.call("read_email", {"message_id": "<nope>"})
+        assert missing.is_error and "Email not found" in missing.text
+
+        tasks = await write_tasks(box.openai_tools, "openai/task-writer", n=4, test_fraction=0.25, seed=1,
+                                  params=writer.params, instructions=box.instructions)
+        assert (tasks.report.attempts, tasks.report.written, tasks.report.kept) == (2, 7, 4)
+        assert tasks.report.rejected == {"duplicate": 1, "tools missing or naming a tool the server does not have": 1,
+                                         "task is not a text of 12-2000 characters": 1}
+        assert (len(tasks.train), len(tasks.test)) == (3, 1) and tasks.test[0].split == "test"
+        assert "Do not repeat these tasks" in writer.requests[1]["messages"][0]["content"]
+        assert writer.requests[0]["response_format"]["type"] == "json_schema"
+        saved = TaskSet.load(tasks.save(tmp_path / "tasks.json"))
+        assert [t.task for t in saved.train] == [t.task for t in tasks.train]
+
+        model = TrainableModel("mcp-agent", "mcp", "local/smollm2-135m-instruct")
+        backend = LocalBackend(tmp_path / "runs")
+        await model.register(backend)
+        judge.first_bonus = 0.4  # the scripted judge scores the first trajectory higher: a learning signal
+        try:
+            result = await train_mcp_rl(model, box, tasks, judge="openai/fake-judge", judge_params=judge.params,
+                                        config=MCPRLConfig(steps=1, groups_per_step=1, group_size=2, max_turns=2,
+                                                           max_tokens=24, seed=0),
+                                        train_config=TrainConfig(learning_rate=1e-4))
+        finally:
+            await backend.close()
+    (row,) = result.rows
+    assert row["trained"] is True and row["step"] == 1 and row["sequences"] >= 2
+    (group,) = result.groups[0]
+    assert len(group) == 2 and not group.exceptions and len(judge.requests) == 1
+    assert sorted(t.reward for t in group) == pytest.approx([0.3, 0.7])
+    task_text = group.trajectories[0].metadata["task"]
+    assert task_text in [t.task for t in tasks.train] and task_text in FakeJudge.user_text(judge.requests[0])
+    for t in group:
+        served = [m for m in t.messages_and_choices if not isinstance(m, dict)]
+        assert served and all(len(c.model_extra["token_ids"]) > 0 for c in served)  # trainable
+        assert [x["function"]["name"] for x in t.tools] == ["search_emails", "read_email"]
+        assert 1 <= t.metrics["turns"] <= 2 and "ruler_score" in t.metrics
+
+
+@pytest.mark.slow
+def test_the_command_writes_and_saves_the_tasks_and_registers_the_model(inbox_db, writer, tmp_path):
+    from ruler.cli import app
+
+    db, _ = inbox_db
+    writer.script = [reply([{"task": "Find the email about the budget meeting and tell me its date.",
+                             "tools": ["search_emails"]},
+                            {"task": "Who wrote to me about the Houston office move?", "tools": ["search_emails"]}])]
+    env = {**ENV, "OPENAI_API_KEY": "sk-test"}
+    res = CliRunner().invoke(app, ["mcp-rl", "--server", inbox_server(db), "--task-model", "openai/task-writer",
+                                   "--task-api-base", writer.base, "--n-tasks", "2", "--test-fraction", "0.5",
+                                   "--steps", "0", "--engine", "transformers", "--out", str(tmp_path), "--name", "a"],
+                             env=env)
+    assert res.exit_code == 0, res.output
+    assert "2 tools (search_emails, read_email)" in res.output and "1 training and 1 test tasks" in res.output
+    saved = TaskSet.load(tmp_path / "mcp-rl" / "a" / "tasks.json")
+    assert {t.task for t in saved.train + saved.test} == {
+        "Find the email about the budget meeting and tell me its date.",
+        "Who wrote to me about the Houston office move?"}
+
+
+@pytest.fixture
+def http_server(inbox_db):
+    """The inbox MCP server over streamable HTTP in a subprocess; its /mcp URL once it answers."""
+    db, _ = inbox_db
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "evals.art_e.mcp_server", "--db", str(db), "--http", str(port)],
+                            cwd=ROOT, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def test_streamable_http_lists_the_tools_and_calls_one(http_server):
+    async with MCPToolbox(url=http_server, tool_timeout=20) as box:
+        assert box.tool_names == ["search_emails", "read_email"]
+        params = box.openai_tools[0]["function"]["parameters"]
+        assert params["type"] == "object" and params["required"] == ["keywords"]
+        result = await box.call("search_emails", {"keywords": ["meeting"], "max_results": 3})
+        assert not result.is_error and len(json.loads(result.text)) == 3
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------
+
+async def test_a_server_that_fails_to_start_is_named_with_its_stderr():
+    code = "import sys; print('cannot open config /etc/mcp-q.yml', file=sys.stderr); sys.exit(3)"
+    cmd = f"{sys.executable} -c \"{code}\""
+    with pytest.raises(MCPServerError) as err:
+        async with MCPToolbox(cmd, connect_timeout=20):
+            pass
+    assert "-c" in str(err.value) and "cannot open config /etc/mcp-q.yml" in str(err.value)
+    with pytest.raises(MCPServerError, match="no-such-mcp-server-q"):
+        async with MCPToolbox("no-such-mcp-server-q --port 1"):
+            pass
+
+
+def test_the_command_line_reports_a_server_that_fails_to_start_in_one_line():
+    from ruler.cli import app
+
+    res = CliRunner().invoke(app, ["mcp-rl", "--server", "no-such-mcp-server-q", "--task-model", "openai/x"])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "MCP server `no-such-mcp-server-q` failed to start" in res.output
+    res = CliRunner().invoke(app, ["mcp-rl", "--task-model", "openai/x"])
+    assert res.exit_code == 2 and "exactly one of --server and --server-url" in res.output
+
+
+async def test_tools_that_raise_or_hang_become_tool_messages(judge):
+    policy = AsyncOpenAI(base_url=judge.base, api_key="sk-test", max_retries=0)
+    judge.script = [{"tool_calls": [call(1, "boom", {"reason": "disk full"}), call(2, "hang", {}),
+                                    call(3, "echo", {"text": "hi"}), call(4, "nope", {}),
+                                    {"id": "call_5", "type": "function", "function": {"name": "echo",
+                                                                                      "arguments": "{bad json"}}]},
+                    {"content": "Done: the echo said hi."}]
+    async with MCPToolbox(FAULTS, env=ENV, tool_timeout=1.5) as box:
+        assert box.tool_names == ["echo", "boom", "hang", "die"]
+        started = time.monotonic()
+        t = await rollout(MCPTask(id="t", task="Echo hi, then try the other tools."), box, policy, "fake-agent")
+        assert time.monotonic() - started < 15  # the hanging tool was cut at its timeout
+        # the connection is still good after a timed-out call
+        assert (await box.call("echo", {"text": "again"})).text == "echo: again"
+    tool_msgs = [m["content"] for m in t.messages_and_choices if isinstance(m, dict) and m["role"] == "tool"]
+    assert len(tool_msgs) == 5
+    assert "boom" in tool_msgs[0] and tool_msgs[0].lower().startswith("error")
+    assert "timed out" in tool_msgs[1] and tool_msgs[2] == "echo: hi"
+    assert "unknown tool 'nope'" in tool_msgs[3] and "not valid JSON" in tool_msgs[4]
+    assert (t.metrics["tool_calls"], t.metrics["tool_errors"], t.metrics["tool_timeouts"]) == (5, 4, 1)
+    assert t.metrics["answered"] is True and t.metrics["turns"] == 2
+    # the agent saw the tool messages on its second turn
+    assert [m["role"] for m in judge.requests[1]["messages"]][-5:] == ["tool"] * 5
+
+
+class ThrowsOnSecondTurn:
+    """An agent whose policy client throws on its second model call (mid-rollout)."""
+
+    def __init__(self, client):
+        self.client, self.calls = client, 0
+        self.chat = self
+        self.completions = self
+
+    async def create(self, **kwargs):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("the agent crashed mid-rollout")
+        return await self.client.chat.completions.create(**kwargs)
+
+
+async def test_an_agent_that_throws_mid_rollout_is_counted_by_gather(judge):
+    policy = AsyncOpenAI(base_url=judge.base, api_key="sk-test", max_retries=0)
+    task = MCPTask(id="t", task="Echo the word hello.")
+    async with MCPToolbox(FAULTS, env=ENV, tool_timeout=5) as box:
+        for max_exceptions, expect in ((1, None), (0, TooManyExceptions)):
+            judge.reset()
+            judge.script = [{"tool_calls": [call(1, "echo", {"text": "hello"})]}] * 2
+            thrower = ThrowsOnSecondTurn(policy)
+            group = TrajectoryGroup([rollout(task, box, policy, "fake-agent"),
+                                     rollout(task, box, thrower, "fake-agent")])
+            if expect is None:
+                (done,) = await gather_trajectory_groups([group], max_exceptions=max_exceptions, pbar_desc=None)
+                assert len(done) == 1 and len(done.exceptions) == 1 and thrower.calls == 2
+                assert "crashed mid-rollout" in done.exceptions[0].message
+            else:
+                with pytest.raises(TooManyExceptions, match="1 of 2 rollouts raised"):
+                    await gather_trajectory_groups([group], max_exceptions=max_exceptions, pbar_desc=None)
+
+
+async def test_a_server_that_dies_mid_rollout_raises_naming_it_and_gather_counts_it(judge):
+    policy = AsyncOpenAI(base_url=judge.base, api_key="sk-test", max_retries=0)
+    judge.script = [{"tool_calls": [call(1, "die", {})]}]
+    async with MCPToolbox(FAULTS, env=ENV, tool_timeout=20) as box:
+        group = TrajectoryGroup([rollout(MCPTask(id="t", task="Run the die tool."), box, policy, "fake-agent")])
+        (done,) = await gather_trajectory_groups([group], max_exceptions=1, pbar_desc=None)
+        assert len(done) == 0 and len(done.exceptions) == 1 and "MCPServerError" in done.exceptions[0].type
+        assert "closed the connection during a call of die" in done.exceptions[0].message
+        assert "the index is corrupt" in done.exceptions[0].message
+        with pytest.raises(MCPServerError, match="closed the connection during a call of echo") as err:
+            await box.call("echo", {"text": "anyone?"})
+    assert "the index is corrupt" in str(err.value) and "mcp_fault_server.py" in str(err.value)
+
+
+async def test_a_task_writer_that_returns_junk_fails_clearly_after_its_attempts(writer):
+    writer.script = ["prose", {"content": "[1, 2, 3]"},
+                     reply([{"task": "Search", "tools": ["search_emails"]}, "not an object",
+                            {"task": "Read the email about the merger please.", "tools": ["rm_rf"]}])]
+    with pytest.raises(TaskWriterError) as err:
+        await write_tasks(TOOLS, "openai/task-writer", n=2, params=writer.params, max_attempts=3)
+    msg = str(err.value)
+    assert "gave 0 valid tasks of the 2 asked for after 3 attempt(s)" in msg
+    assert "reply is not JSON with a tasks list: 2" in msg and "not an object: 1" in msg
+    assert err.value.report.rejected["tools missing or naming a tool the server does not have"] == 1
+    assert len(writer.requests) == 3
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n": 0}, "n must be an integer"),
+    ({"n": 1, "test_fraction": 0.5}, "leaves no training task"),
+    ({"n": 4, "test_fraction": 1.0}, "test_fraction"),
+    ({"n": 4, "max_attempts": 0}, "max_attempts"),
+])
+async def test_write_tasks_refuses_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        await write_tasks(TOOLS, "openai/task-writer", **kwargs)
+    with pytest.raises(ValueError, match="OpenAI tool schemas"):
+        await write_tasks([], "openai/task-writer", n=2)
+
+
+def test_toolbox_and_schema_conversion_refuse_bad_input():
+    with pytest.raises(ValueError, match="exactly one of server"):
+        MCPToolbox()
+    with pytest.raises(ValueError, match="exactly one of server"):
+        MCPToolbox("x", url="http://127.0.0.1:1/mcp")
+    with pytest.raises(ValueError, match="http"):
+        MCPToolbox(url="ftp://x")
+    with pytest.raises(ValueError, match="cannot be split"):
+        MCPToolbox("python 'unclosed")
+    with pytest.raises(ValueError, match="tool_timeout"):
+        MCPToolbox("python", tool_timeout=0)
+    with pytest.raises(ValueError, match="not a valid function name"):
+        openai_tool_schema({"name": "fs.read", "inputSchema": {"type": "object"}})
+    assert openai_tool_schema({"name": "ping"})["function"]["parameters"] == {"type": "object", "properties": {}}

@@ -1,0 +1,114 @@
+"""`ruler mcp-rl`: train an agent on the tools of an MCP server with RULER (`trainer.mcp_rl`). `ruler.cli` loads
+`app` by name when the command is run (see `ruler.cli.PLUGIN_COMMANDS`); it needs the `mcp` and `train` extras.
+
+    ruler mcp-rl --server "python -m evals.art_e.mcp_server --db runs/art-e-inbox.db" \\
+        --task-model openai/gpt-4.1 --judge openai/o4-mini --n-tasks 24 --steps 10
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from judges.extras import require
+from ruler.cli import console
+
+require("mcp", "`ruler mcp-rl`")
+require("train", "`ruler mcp-rl`")
+
+app = typer.Typer(help="MCP·RL.")
+
+
+def _params(api_base: str | None) -> dict | None:
+    return {"api_base": api_base} if api_base else None
+
+
+@app.command("mcp-rl")
+def mcp_rl(
+    server: Annotated[str | None, typer.Option(
+        "--server", help="The MCP server's command line, run over stdio "
+                         "(e.g. \"python -m evals.art_e.mcp_server --db inbox.db\").")] = None,
+    server_url: Annotated[str | None, typer.Option(
+        "--server-url", help="A streamable HTTP MCP endpoint instead (e.g. http://127.0.0.1:8765/mcp).")] = None,
+    task_model: Annotated[str | None, typer.Option(
+        "--task-model", help="The litellm model that writes the tasks (needed unless --tasks is given).")] = None,
+    task_api_base: Annotated[str | None, typer.Option(
+        "--task-api-base", help="API base URL of the task model.")] = None,
+    tasks_file: Annotated[Path | None, typer.Option(
+        "--tasks", help="Tasks saved by an earlier run (tasks.json) instead of writing new ones.")] = None,
+    n_tasks: Annotated[int, typer.Option("--n-tasks", min=2, help="Tasks to write (train and test).")] = 16,
+    test_fraction: Annotated[float, typer.Option(
+        "--test-fraction", min=0.0, max=0.9, help="Share of the tasks kept for test.")] = 0.25,
+    judge: Annotated[str | None, typer.Option(
+        "--judge", help="The RULER judge, a litellm model (default: RULER's default judge).")] = None,
+    judge_api_base: Annotated[str | None, typer.Option("--judge-api-base", help="API base URL of the judge.")] = None,
+    base_model: Annotated[str, typer.Option(
+        "--base-model", help="The policy's base model.")] = "local/smollm2-135m-instruct",
+    engine: Annotated[str, typer.Option("--engine", help="auto, transformers or vllm.")] = "auto",
+    name: Annotated[str, typer.Option("--name", help="Model (run) name.")] = "mcp-agent",
+    project: Annotated[str, typer.Option("--project", help="Project name.")] = "mcp-rl",
+    out: Annotated[Path, typer.Option("--out", help="Runs go under OUT/PROJECT/NAME.")] = Path("./runs"),
+    steps: Annotated[int, typer.Option("--steps", min=0, help="Training steps.")] = 1,
+    groups_per_step: Annotated[int, typer.Option("--groups-per-step", min=1, help="Training tasks per step.")] = 2,
+    group_size: Annotated[int, typer.Option("--group-size", min=2, help="Rollouts per task.")] = 4,
+    max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Model calls per rollout.")] = 6,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens per model call.")] = 256,
+    learning_rate: Annotated[float, typer.Option("--lr", min=0.0, help="Learning rate.")] = 5e-5,
+    tool_timeout: Annotated[float, typer.Option(
+        "--tool-timeout", min=0.001, help="Seconds one tool call may take.")] = 30.0,
+    connect_timeout: Annotated[float, typer.Option(
+        "--connect-timeout", min=0.001, help="Seconds to start the server and list its tools.")] = 60.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the task split and the tasks drawn each step.")] = 0,
+) -> None:
+    """Train an agent on the tools of an MCP server with RULER as the reward.
+
+    Connects to the server, lists its tools, has --task-model write --n-tasks tasks that need them (checked,
+    deduplicated, split train/test; saved as tasks.json in the run folder), then trains for --steps steps:
+    each rolls out --groups-per-step training tasks --group-size times, scores every group with RULER and
+    takes one GRPO step.
+    """
+    if (server is None) == (server_url is None):
+        raise typer.BadParameter("give exactly one of --server and --server-url", param_hint="--server")
+    if tasks_file is None and not task_model:
+        raise typer.BadParameter("give --task-model (or --tasks with saved tasks)", param_hint="--task-model")
+    if engine not in ("auto", "transformers", "vllm"):
+        raise typer.BadParameter(f"must be auto, transformers or vllm, got {engine!r}", param_hint="--engine")
+    asyncio.run(_run(locals()))
+
+
+async def _run(a: dict) -> None:
+    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+    from trainer.mcp_rl import MCPRLConfig, MCPToolbox, TaskSet, train_mcp_rl, write_tasks
+
+    config = MCPRLConfig(steps=a["steps"], groups_per_step=a["groups_per_step"], group_size=a["group_size"],
+                         max_turns=a["max_turns"], max_tokens=a["max_tokens"], seed=a["seed"])
+    model = TrainableModel(a["name"], a["project"], a["base_model"],
+                           ModelConfig(engine=EngineConfig(engine=a["engine"]), seed=a["seed"]))
+    async with MCPToolbox(a["server"], url=a["server_url"], tool_timeout=a["tool_timeout"],
+                          connect_timeout=a["connect_timeout"]) as box:
+        console.print(f"{box.label}: {len(box.openai_tools)} tools ({', '.join(box.tool_names)})", soft_wrap=True)
+        if a["tasks_file"] is not None:
+            tasks = TaskSet.load(a["tasks_file"])
+        else:
+            tasks = await write_tasks(box.openai_tools, a["task_model"], n=a["n_tasks"],
+                                      test_fraction=a["test_fraction"], seed=a["seed"],
+                                      params=_params(a["task_api_base"]), instructions=box.instructions)
+        console.print(f"{len(tasks.train)} training and {len(tasks.test)} test tasks; rejected: "
+                      f"{tasks.report.rejected or 'none'}", soft_wrap=True)
+        backend = LocalBackend(a["out"])
+        try:
+            await model.register(backend)
+            saved = tasks.save(model.run_dir / "tasks.json")
+            console.print(f"tasks: {saved}", soft_wrap=True)
+            result = await train_mcp_rl(model, box, tasks, judge=a["judge"], judge_params=_params(a["judge_api_base"]),
+                                        config=config, train_config=TrainConfig(learning_rate=a["learning_rate"]))
+        finally:
+            await backend.close()
+    for row in result.rows:
+        console.print(json.dumps({k: row.get(k) for k in ("step", "trained", "reward_mean", "reward_std", "loss",
+                                                          "sequences", "skipped") if k in row}), soft_wrap=True)
+    console.print(f"run: {model.run_dir}", soft_wrap=True)
