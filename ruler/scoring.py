@@ -101,7 +101,7 @@ async def ruler_score_group(
     its share of the judge bill (`judge_prompt_tokens`, `judge_completion_tokens`, `judge_cost`; shares
     add up to the group's total), `judge_cached`, the judge's explanation in `metadata["ruler_explanation"]`
     (also written to `logs` as ART does; `ruler.results.score_rows` reads it) and a stable id in
-    `metadata["trajectory_id"]` (kept if it has one; `ruler.tracing`); the group's metadata gets the
+    `metadata["ruler_trajectory_id"]` (kept if it has one; `ruler.tracing`); the group's metadata gets the
     judge, its calls and bill, and what was done to judge it (`ruler.results.score_notes`; also in each
     trajectory's `logs` as "RULER note: ..."). The input group is
     not modified. With `swallow_exceptions=True` a failure of the group (input that cannot be judged, a
@@ -190,7 +190,7 @@ def _scored_group(group: TrajectoryGroup, result: RulerResult, opts: RulerOption
                           for m, judge_scores in result.per_judge.items()})
         t.reward = s.score
         t.metadata[EXPLANATION_KEY] = s.explanation
-        tracing.trajectory_id(t)  # a stable id in metadata["trajectory_id"], kept if it has one
+        tracing.trajectory_id(t)  # a stable id in metadata["ruler_trajectory_id"], kept if it has one
         t.log(f"RULER explanation: {s.explanation}")  # as ART writes it
         for note in result.notes:
             t.log(f"RULER note: {note}")

@@ -30,7 +30,7 @@ and scores to `{host}/api/public/scores`):
   row; the ids of the trajectories given), and on each of those trajectories' traces an event
   `train-step` with the step, the trajectory's advantage in its group and the step's trace id.
 
-**Trajectory ids.** `Trajectory` has no id field, so the id lives in `metadata["trajectory_id"]`
+**Trajectory ids.** `Trajectory` has no id field, so the id lives in `metadata["ruler_trajectory_id"]`
 (`TRAJECTORY_ID_KEY`): a uuid4 as 32 hex digits, written by `ruler_score_group` on the trajectories it
 returns (always, traced or not), and by the gather and training hooks on the trajectories they are given
 when tracing is on. An id already there (any non-empty string) is kept, so a recorder or the user may set
@@ -62,7 +62,7 @@ __all__ = ["TRAJECTORY_ID_KEY", "LangfuseTracer", "Tracer", "current_tracer", "f
 
 log = logging.getLogger("ruler.tracing")
 
-TRAJECTORY_ID_KEY = "trajectory_id"
+TRAJECTORY_ID_KEY = "ruler_trajectory_id"
 """The trajectory metadata key holding its stable id (see the module docstring)."""
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -75,7 +75,7 @@ def new_trajectory_id() -> str:
 
 
 def trajectory_id(trajectory: Trajectory, *, assign: bool = True) -> str | None:
-    """The stable id of `trajectory` (`metadata["trajectory_id"]`). Without one, a new id is written into
+    """The stable id of `trajectory` (`metadata["ruler_trajectory_id"]`). Without one, a new id is written into
     its metadata and returned when `assign` (the default), else None. A value there that is not a
     non-empty string is a ValueError."""
     from ruler.trajectory import Trajectory
@@ -421,13 +421,13 @@ class LangfuseTracer:
 
     def _rollout(self, t: Trajectory, tid: str) -> None:
         messages = t.messages()
-        meta = {TRAJECTORY_ID_KEY: tid, "reward": t.reward, "metrics": dict(t.metrics),
+        meta = {"trajectory_id": tid, "reward": t.reward, "metrics": dict(t.metrics),
                 "metadata": dict(t.metadata), "turns": sum(1 for m in messages if m.get("role") == "assistant"),
                 "messages": len(messages), "message_chars": _chars(messages),
                 "tools": [(tool.get("function") or {}).get("name", "") for tool in t.tools or []]}
         if t.logs:
             meta["logs"] = list(t.logs)
-        with self._propagate(trace_name="rollout", metadata={TRAJECTORY_ID_KEY: tid}, tags=["ruler-rl"]):
+        with self._propagate(trace_name="rollout", metadata={"trajectory_id": tid}, tags=["ruler-rl"]):
             span = self._client.start_observation(
                 trace_context={"trace_id": langfuse_trace_id(tid)}, name="rollout", as_type="agent",
                 input=self._content({"messages": messages, "tools": t.tools}),
@@ -501,11 +501,11 @@ class LangfuseTracer:
             self._client.create_event(
                 trace_context={"trace_id": trace}, name="ruler-judgment",
                 output={"score": score, "explanation": explanation},
-                metadata={TRAJECTORY_ID_KEY: tid, "judging_trace_id": judging_id, "judge_model": judge_model,
+                metadata={"trajectory_id": tid, "judging_trace_id": judging_id, "judge_model": judge_model,
                           "independent_reward": after.metrics.get("independent_reward")})
             self._client.create_score(name="ruler_score", value=float(score), trace_id=trace, data_type="NUMERIC",
                                       comment=explanation,
-                                      metadata={TRAJECTORY_ID_KEY: tid, "judge_model": judge_model,
+                                      metadata={"trajectory_id": tid, "judge_model": judge_model,
                                                 "judging_trace_id": judging_id})
 
     def train_step(self, model_name: str, project: str, row: dict, groups: list[TrajectoryGroup]) -> None:
@@ -538,7 +538,7 @@ class LangfuseTracer:
                 continue
             self._client.create_event(
                 trace_context={"trace_id": langfuse_trace_id(tid)}, name="train-step",
-                metadata={TRAJECTORY_ID_KEY: tid, "step": row.get("step"), "train_trace_id": step_trace,
+                metadata={"trajectory_id": tid, "step": row.get("step"), "train_trace_id": step_trace,
                           "group": g, "reward": reward, "advantage": adv, "trained": row.get("trained"),
                           "model": model_name})
 

@@ -315,14 +315,14 @@ def test_bad_input_is_refused():
     with pytest.raises(TypeError, match="takes a Trajectory"):
         tracing.trajectory_id({"metadata": {}})
     with pytest.raises(ValueError, match="non-empty string"):
-        tracing.trajectory_id(Trajectory(messages_and_choices=convo("a"), metadata={"trajectory_id": 3}))
+        tracing.trajectory_id(Trajectory(messages_and_choices=convo("a"), metadata={"ruler_trajectory_id": 3}))
     with pytest.raises(ValueError, match="needs secret_key"):
         tracing.LangfuseTracer(public_key="pk", secret_key="")
     with pytest.raises(ValueError, match="http\\(s\\) URL"):
         tracing.LangfuseTracer(public_key="pk", secret_key="sk", host="localhost:3000")
     with pytest.raises(ValueError, match="timeout"):
         tracing.LangfuseTracer(public_key="pk", secret_key="sk", host="http://127.0.0.1:9", timeout=0)
-    own = Trajectory(messages_and_choices=convo("a"), metadata={"trajectory_id": "run-7/rollout-3"})
+    own = Trajectory(messages_and_choices=convo("a"), metadata={"ruler_trajectory_id": "run-7/rollout-3"})
     assert tracing.trajectory_id(own) == "run-7/rollout-3"
     assert tracing.langfuse_trace_id("run-7/rollout-3") == __import__("langfuse").Langfuse.create_trace_id(
         seed="run-7/rollout-3")
