@@ -2,7 +2,8 @@
 
 `pip install ruler-rl` gives RULER with any litellm judge, the cache and retries. Everything heavier is an
 extra: `embedded` (the offline judge), `serve` (the judging service), `train` (the GRPO/LoRA trainer),
-`gpu` (vLLM), `eval` (the evaluations, which run from a checkout). Code that needs an extra calls
+`gpu` (vLLM), `eval` (the evaluations, which run from a checkout), `agents` (recording LangGraph and
+OpenAI Agents SDK agents: `trainer.record`). Code that needs an extra calls
 `require(extra, what)` before importing it, so the user reads which `pip install` to run instead of a
 `ModuleNotFoundError` for a module they never asked for.
 """
@@ -20,6 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("torch", "transformers", "peft", "accelerate", "fastapi", "uvicorn", "pandas", "matplotlib"),
     "gpu": ("vllm",),
     "eval": ("pandas", "pyarrow", "matplotlib", "scipy", "dateutil"),
+    "agents": ("langgraph", "langchain_openai", "agents"),
 }
 
 
