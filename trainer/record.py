@@ -186,21 +186,23 @@ class AsyncRecordingTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def recording_http_client(transport: httpx.BaseTransport | None = None, **kwargs) -> httpx.Client:
-    """An `httpx.Client` (openai's defaults: timeouts, limits) that records inside `record_trajectory`;
-    `transport` is the one it wraps (a plain HTTP transport by default). For `OpenAI(http_client=...)`,
-    LangChain's `ChatOpenAI(http_client=...)`."""
-    from openai import DefaultHttpxClient
+def _client_settings(kwargs: dict) -> dict:
+    # openai's own defaults: 10 min per request, 5 s to connect, redirects followed
+    return {"timeout": httpx.Timeout(600.0, connect=5.0), "follow_redirects": True, **kwargs}
 
-    return DefaultHttpxClient(transport=RecordingTransport(transport), **kwargs)
+
+def recording_http_client(transport: httpx.BaseTransport | None = None, **kwargs) -> httpx.Client:
+    """An `httpx.Client` (openai's default timeouts; `kwargs` go to httpx) that records inside
+    `record_trajectory`; `transport` is the one it wraps (a plain HTTP transport by default). For
+    `OpenAI(http_client=...)`, LangChain's `ChatOpenAI(http_client=...)`."""
+    return httpx.Client(transport=RecordingTransport(transport), **_client_settings(kwargs))
 
 
 def recording_async_http_client(transport: httpx.AsyncBaseTransport | None = None, **kwargs) -> httpx.AsyncClient:
-    """An `httpx.AsyncClient` (openai's defaults) that records inside `record_trajectory`; `transport` is the
-    one it wraps. For `AsyncOpenAI(http_client=...)`, `ChatOpenAI(http_async_client=...)`."""
-    from openai import DefaultAsyncHttpxClient
-
-    return DefaultAsyncHttpxClient(transport=AsyncRecordingTransport(transport), **kwargs)
+    """An `httpx.AsyncClient` (openai's default timeouts; `kwargs` go to httpx) that records inside
+    `record_trajectory`; `transport` is the one it wraps. For `AsyncOpenAI(http_client=...)`,
+    `ChatOpenAI(http_async_client=...)`."""
+    return httpx.AsyncClient(transport=AsyncRecordingTransport(transport), **_client_settings(kwargs))
 
 
 class record_trajectory:  # noqa: N801 - used like a function: `with record_trajectory() as traj`
