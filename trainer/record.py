@@ -205,7 +205,7 @@ def recording_async_http_client(transport: httpx.AsyncBaseTransport | None = Non
     return httpx.AsyncClient(transport=AsyncRecordingTransport(transport), **_client_settings(kwargs))
 
 
-class record_trajectory:  # noqa: N801 - used like a function: `with record_trajectory() as traj`
+class record_trajectory:  # named like a function: `with record_trajectory() as traj`
     """Record the chat completions made inside it into a `Trajectory`.
 
     `with` / `async with` give the trajectory (a new one, or `trajectory` when given, appended to).
