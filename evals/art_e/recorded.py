@@ -12,7 +12,6 @@ from evals.art_e import harness
 from evals.art_e.inbox import ENRON_DIR, build_inbox_db
 from evals.art_e.questions import Scenario, generate_scenarios
 from evals.art_e.tools import InboxTools
-from judges import EMBEDDED_JUDGE
 from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups, ruler_score_group
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 
@@ -25,8 +24,8 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=4, help="rollouts per question")
     ap.add_argument("--max-turns", type=int, default=4, help="model calls per rollout")
     ap.add_argument("--max-tokens", type=int, default=256, help="per model call")
-    ap.add_argument("--judge", default=EMBEDDED_JUDGE, help="RULER judge: a litellm model or MODEL@http://host/v1 "
-                    "(default: the embedded SmolLM2-135M, offline)")
+    ap.add_argument("--judge", default=None, help="RULER judge: a litellm model or MODEL@http://host/v1 (default: "
+                    "RULER's default, $RULER_JUDGE_MODEL or the embedded SmolLM2-135M, offline)")
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--per-inbox", type=int, default=50, help="questions generated per inbox (at most)")
     ap.add_argument("--mailbox", type=Path, nargs="*", default=None, help="default: every shared Enron mailbox")
@@ -40,7 +39,8 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     for name in ("steps", "groups_per_step", "group_size", "max_turns", "max_tokens", "per_inbox"):
         if getattr(args, name) < (0 if name == "steps" else 1):
             ap.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'steps' else 1}")
-    harness.check_judge(harness.ModelSpec.parse(args.judge).model)
+    if args.judge is not None:
+        harness.ModelSpec.parse(args.judge)  # a malformed spec is an error before anything loads
     return args
 
 
@@ -63,19 +63,21 @@ async def train(rollout, default_name: str, argv=None, description: str = "") ->
         args.db.parent.mkdir(parents=True, exist_ok=True)
         report = build_inbox_db(args.mailbox or sorted(ENRON_DIR.glob("*.tar.gz")), args.db)
         print(f"built {args.db}: {report.emails} emails", flush=True)
-    train_set = [s for s in generate_scenarios(args.db, per_inbox=args.per_inbox, seed=args.seed) if s.split == "train"]
+    # questions of every inbox: these examples train only (examples/email_agent.py measures on held-out inboxes)
+    train_set = generate_scenarios(args.db, per_inbox=args.per_inbox, test_inboxes=[], seed=args.seed)
     if not train_set:
         raise SystemExit(f"no training questions could be generated from {args.db}")
     model = TrainableModel(args.name or default_name, "art-e", args.base_model,
                            ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=8192), seed=args.seed))
     backend = LocalBackend(args.out)
     await model.register(backend)
-    judge = harness.ModelSpec.parse(args.judge)
+    judge = harness.ModelSpec.parse(args.judge) if args.judge else None
 
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
         if not group.trajectories:  # every rollout raised (counted against max_exceptions)
             return None
-        return await ruler_score_group(group, judge.model, judge.params(), swallow_exceptions=True)
+        return await ruler_score_group(group, judge.model if judge else None, judge.params() if judge else None,
+                                       swallow_exceptions=True)
 
     rows = []
     try:
