@@ -18,7 +18,7 @@ import pytest
 from judges.extras import MissingExtraError
 from ruler import Trajectory, TrajectoryGroup
 from trainer import LocalBackend, TooManyExceptions, TrainableModel, gather_trajectory_groups, record_trajectory
-from trainer.record import agents_sdk_model, langchain_chat_model, recording_http_client
+from trainer.record import agents_sdk_model, langchain_chat_model, litellm_client, recording_http_client
 from trainer.sequences import trained_spans, training_sequences
 
 pytestmark = pytest.mark.slow
@@ -155,8 +155,19 @@ async def test_concurrent_recordings_in_tasks_and_threads_stay_apart(agents):
             sync.chat.completions.create(model="rec", messages=[{"role": "user", "content": text}], max_tokens=3)
         return traj
 
-    a, b, c, d = await asyncio.gather(task("alpha"), task("beta"), asyncio.to_thread(thread, "gamma"),
-                                      asyncio.to_thread(thread, "delta"))
+    async def via_litellm(text: str) -> Trajectory:
+        import litellm
+
+        async with record_trajectory() as traj:
+            await litellm.acompletion(messages=[{"role": "user", "content": text}], max_tokens=3,
+                                      client=litellm_client(), **agents.model.litellm_completion_params())
+        return traj
+
+    a, b, c, d, e = await asyncio.gather(task("alpha"), task("beta"), asyncio.to_thread(thread, "gamma"),
+                                         asyncio.to_thread(thread, "delta"), via_litellm("epsilon"))
+    (seq,) = training_sequences(e)  # litellm's completion is recorded with its served token ids
+    assert e.messages_and_choices[0]["content"] == "epsilon" and sum(seq.trained) == len(
+        e.messages_and_choices[1].model_extra["token_ids"]) > 0
     for traj, text in ((a, "alpha"), (b, "beta")):
         # two unrelated requests: the second starts an additional history
         assert traj.messages_and_choices[0]["content"] == text and len(traj.messages_and_choices) == 2
@@ -166,7 +177,7 @@ async def test_concurrent_recordings_in_tasks_and_threads_stay_apart(agents):
         assert [m["content"] for m in traj.messages_and_choices[:1]] == [text] and not traj.additional_histories
     # outside a recording nothing is recorded anywhere
     await ask(client, "outside")
-    assert all("outside" not in str(t.messages) for t in (a, b, c, d))
+    assert all("outside" not in str(t.messages()) for t in (a, b, c, d, e))
 
 
 async def test_a_rollout_that_raises_mid_way_is_counted_by_gather(agents):

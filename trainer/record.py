@@ -6,8 +6,8 @@ Agents SDK.
     traj.reward = ...
 
 Every chat completion made inside the block through a recording HTTP client (`model.openai_client()`,
-`langchain_chat_model(model)`, `agents_sdk_model(model)`, or any client given `recording_http_client()` /
-`recording_async_http_client()`) is added to the trajectory: the request's messages (tool results included),
+`langchain_chat_model(model)`, `agents_sdk_model(model)`, litellm with `client=litellm_client()`, or any
+client given `recording_http_client()` / `recording_async_http_client()`) is added to the trajectory: the request's messages (tool results included),
 its tools, and the answer's choice kept whole as an OpenAI `Choice`, so the served token ids ride along and
 `model.train` trains the turn token-exactly. A request whose messages do not extend a conversation already
 recorded starts an entry of `additional_histories`.
@@ -203,6 +203,15 @@ def recording_async_http_client(transport: httpx.AsyncBaseTransport | None = Non
     `record_trajectory`; `transport` is the one it wraps. For `AsyncOpenAI(http_client=...)`,
     `ChatOpenAI(http_async_client=...)`."""
     return httpx.AsyncClient(transport=AsyncRecordingTransport(transport), **_client_settings(kwargs))
+
+
+def litellm_client(transport: httpx.AsyncBaseTransport | None = None):
+    """A litellm `AsyncHTTPHandler` that records inside `record_trajectory`: pass it as
+    `litellm.acompletion(..., client=litellm_client(), **model.litellm_completion_params())` (the
+    `hosted_vllm/` provider of `litellm_completion_params` sends its requests through it)."""
+    from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+
+    return AsyncHTTPHandler(timeout=httpx.Timeout(600.0, connect=5.0), transport=AsyncRecordingTransport(transport))
 
 
 class record_trajectory:  # named like a function: `with record_trajectory() as traj`
