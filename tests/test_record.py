@@ -136,7 +136,7 @@ async def test_recorded_agents_train_one_step(agents):
 
 async def ask(client, text: str, **kw):
     return await client.chat.completions.create(model="rec", messages=[{"role": "user", "content": text}],
-                                                max_tokens=3, **kw)
+                                                **{"max_tokens": 3, **kw})
 
 
 async def test_concurrent_recordings_in_tasks_and_threads_stay_apart(agents):
