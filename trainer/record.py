@@ -9,8 +9,10 @@ Every chat completion made inside the block through a recording HTTP client (`mo
 `langchain_chat_model(model)`, `agents_sdk_model(model)`, litellm with `client=litellm_client()`, or any
 client given `recording_http_client()` / `recording_async_http_client()`) is added to the trajectory: the request's messages (tool results included),
 its tools, and the answer's choice kept whole as an OpenAI `Choice`, so the served token ids ride along and
-`model.train` trains the turn token-exactly. A request whose messages do not extend a conversation already
-recorded starts an entry of `additional_histories`.
+`model.train` trains the turn token-exactly (a request with `n` > 1 records its first choice). A request whose
+messages do not extend a conversation already recorded starts an entry of `additional_histories`; messages
+are matched by role, text, tool calls (id, name, arguments as JSON) and tool_call_id, so a framework that
+resends an assistant turn in its own shape still extends it.
 
 The recording HTTP client is an httpx transport wrapper: it reads the request JSON and the response JSON of
 `POST …/chat/completions` and changes nothing. Outside a recording it only passes requests through. Which
