@@ -251,5 +251,9 @@ async def test_the_cpu_server_forces_a_valid_tool_call_for_required_and_named_to
                          ("sometimes", "tool_choice must be")):
         with pytest.raises(openai.BadRequestError, match=message):
             await ask(client, "hello", tools=tools, tool_choice=bad)
+    broken = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "nonsense"}}}}}
+    with pytest.raises(openai.BadRequestError, match="not a usable JSON schema"):
+        await ask(client, "hello", tools=[broken], tool_choice="required")
     with pytest.raises(openai.BadRequestError, match="needs tools"):
         await ask(client, "hello", tool_choice="required")

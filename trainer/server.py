@@ -134,7 +134,7 @@ def _tool_call_grammar(tools: list[dict]):
         try:
             calls.append(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
                                                       separators=(", ", ": ")))
-        except Exception as exc:
+        except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar refuses a schema with a RuntimeError
             raise APIError(400, f"tools: the parameters of {fn['name']!r} are not a usable JSON schema: {exc}") \
                 from None
     body = calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
