@@ -102,7 +102,9 @@ class GeneratingEngine(Engine, Protocol):
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1, max_tokens: int = 256,
                        temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                       top_logprobs: int = 0) -> list[Sample]:
+                       top_logprobs: int = 0, grammar=None) -> list[Sample]:
         """`n` completions of `prompt_ids`, each at most `max_tokens` long (temperature 0: greedy), with the
-        sampled tokens' logprobs and, when `top_logprobs` > 0, that many alternatives per token."""
+        sampled tokens' logprobs and, when `top_logprobs` > 0, that many alternatives per token. `grammar`
+        (an `xgrammar.Grammar`, or None) constrains the completion (the server's `tool_choice` `required` or
+        a named function); the logprobs stay the policy's own."""
         ...

@@ -34,8 +34,11 @@ class TransformersEngine:
         return None
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1, max_tokens: int = 256, temperature: float = 1.0,
-                       top_p: float = 1.0, seed: int | None = None, top_logprobs: int = 0) -> list[Sample]:
-        """`n` samples of `prompt_ids` (temperature 0: greedy), each with its tokens' temperature-1 logprobs."""
+                       top_p: float = 1.0, seed: int | None = None, top_logprobs: int = 0,
+                       grammar=None) -> list[Sample]:
+        """`n` samples of `prompt_ids` (temperature 0: greedy), each with its tokens' temperature-1 logprobs.
+        `grammar` (an `xgrammar.Grammar`) constrains what is sampled; the logprobs stay the policy's own,
+        taken before the constraint."""
         if not prompt_ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
             raise ValueError("prompt_ids must be a non-empty list of token ids")
         if n < 1 or max_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or top_logprobs < 0:
@@ -43,9 +46,20 @@ class TransformersEngine:
                              f"got n={n}, max_tokens={max_tokens}, temperature={temperature}, top_p={top_p}, "
                              f"top_logprobs={top_logprobs}")
         return await asyncio.to_thread(self._generate, prompt_ids, n, max_tokens, temperature, top_p, seed,
-                                       top_logprobs)
+                                       top_logprobs, grammar)
 
-    def _generate(self, prompt_ids, n, max_tokens, temperature, top_p, seed, top_logprobs) -> list[Sample]:
+    def _logits_processor(self, grammar):
+        import xgrammar as xgr
+
+        if getattr(self, "_grammar_compiler", None) is None:
+            vocab = int(self.model.get_output_embeddings().weight.shape[0])
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab,
+                                                      stop_token_ids=self.stop_token_ids)
+            self._grammar_compiler = xgr.GrammarCompiler(info)
+        return xgr.contrib.hf.LogitsProcessor(self._grammar_compiler.compile_grammar(grammar))
+
+    def _generate(self, prompt_ids, n, max_tokens, temperature, top_p, seed, top_logprobs,
+                  grammar=None) -> list[Sample]:
         import torch
 
         eos = self.stop_token_ids
@@ -57,6 +71,8 @@ class TransformersEngine:
             kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=None)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if grammar is not None:
+            kwargs["logits_processor"] = [self._logits_processor(grammar)]
         with self.lock, torch.inference_mode():
             was_training = self.model.training
             self.model.eval()

@@ -84,12 +84,17 @@ class TrainableModel:
 
     def openai_client(self, **kwargs):
         """An `AsyncOpenAI` for this model's server (one client, reused, unless `kwargs` ask for another); use
-        `model=model.get_inference_name()` (or `model.name`)."""
+        `model=model.get_inference_name()` (or `model.name`). Its completions made inside
+        `trainer.record_trajectory` are recorded (unless `kwargs` give another `http_client`)."""
         from openai import AsyncOpenAI
 
+        from trainer.record import recording_async_http_client
+
         if kwargs or self._client is None or str(self._client.base_url).rstrip("/") != self.inference_base_url:
-            client = AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key,
-                                 **{"max_retries": 2, **kwargs})
+            settings = {"max_retries": 2, **kwargs}
+            if settings.get("http_client") is None:
+                settings["http_client"] = recording_async_http_client()
+            client = AsyncOpenAI(base_url=self.inference_base_url, api_key=self.inference_api_key, **settings)
             if kwargs:
                 return client
             self._client = client

@@ -3,7 +3,8 @@ subset of vLLM's OpenAI server that rollouts use, in the same shapes, so one rol
 on the CPU and on a GPU (where vLLM's own server answers; `trainer/vllm_server.py`).
 
 The subset: tools (rendered by the chat template; calls parsed with a vLLM parser name, `hermes` or
-`llama3_json`), `tool_choice` `auto`/`none`, `n`, `max_tokens`/`max_completion_tokens`, `temperature`,
+`llama3_json`), `tool_choice` `auto`/`none`/`required`/a named function (the last two by constrained
+decoding with xgrammar, Hermes format), `n`, `max_tokens`/`max_completion_tokens`, `temperature`,
 `top_p`, `seed`, `logprobs`/`top_logprobs` (0-20 alternatives per token; as vLLM, `top_logprobs` > 0 needs
 `logprobs: true`), `return_tokens_as_token_ids`, `return_token_ids` and `chat_template_kwargs`. As on the GPU
 path, every non-streamed completion carries what training needs whatever the request asked: the response's
@@ -96,6 +97,51 @@ def _check_tools(tools: list) -> None:
             raise APIError(400, f"tools[{i}].type must be 'function'")
 
 
+def _forced_tools(tool_choice: Any, tools: list | None) -> list[dict]:
+    """The tools one of which must be called: all of them for `required`, one for a named function; [] for
+    `auto`/`none`. Anything else is refused."""
+    if tool_choice in ("auto", "none"):
+        return []
+    if not tools:
+        raise APIError(400, f"tool_choice {tool_choice!r} needs tools")
+    if tool_choice == "required":
+        return list(tools)
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str) or tool_choice.get("type", "function") != "function":
+        raise APIError(400, f"tool_choice must be 'auto', 'none', 'required' or "
+                       f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}")
+    chosen = [t for t in tools if t["function"]["name"] == name]
+    if not chosen:
+        raise APIError(400, f"tool_choice names {name!r}, which is not among the tools")
+    return chosen
+
+
+def _tool_call_grammar(tools: list[dict]):
+    """An xgrammar grammar for one Hermes tool call to one of `tools`, arguments matching its parameters:
+    `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (constrained decoding, as vLLM does for
+    `tool_choice` `required` or a named function)."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise APIError(400, "tool_choice 'required' or a named function needs xgrammar on the CPU server "
+                       "(pip install 'ruler-rl[embedded]')") from None
+    calls = []
+    for tool in tools:
+        fn = tool["function"]
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        schema = {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                  "required": ["name", "arguments"], "additionalProperties": False}
+        try:
+            calls.append(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
+                                                      separators=(", ", ": ")))
+        except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar refuses a schema with a RuntimeError
+            raise APIError(400, f"tools: the parameters of {fn['name']!r} are not a usable JSON schema: {exc}") \
+                from None
+    body = calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
+    return xgr.Grammar.concat(xgr.Grammar.from_ebnf('root ::= "<tool_call>\\n"'), body,
+                              xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"'))
+
+
 def _split_reasoning(text: str, parser: str | None) -> tuple[str | None, str]:
     if parser != "qwen3" or "</think>" not in text:
         return None, text
@@ -158,11 +204,12 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
         if req.response_format and req.response_format.get("type") not in (None, "text"):
             raise APIError(400, "response_format (structured output) is not supported by the CPU server")
         tool_choice = req.tool_choice if req.tool_choice is not None else "auto"
-        if tool_choice not in ("auto", "none"):
-            raise APIError(400, f"tool_choice {tool_choice!r} is not supported by the CPU server (auto or none)")
         tools = req.tools or None
         if tools:
             _check_tools(tools)
+        forced = _forced_tools(tool_choice, tools)
+        if forced and served.tool_parser != "hermes":
+            raise APIError(400, f"tool_choice {tool_choice!r} needs the hermes tool parser on the CPU server")
             if not served.renders_tools:
                 raise APIError(400, f"the chat template of {served.name} cannot render tools; give one that can "
                                "(EngineConfig.chat_template)")
@@ -178,7 +225,8 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
             raise APIError(400, f"the prompt has {len(ids)} tokens; max_seq_length is {served.max_seq_length}")
         max_tokens = min(req.max_completion_tokens or req.max_tokens or room, room)
         samples = await served.engine.generate(ids, n=req.n, max_tokens=max_tokens, temperature=req.temperature,
-                                               top_p=req.top_p, seed=req.seed, top_logprobs=req.top_logprobs or 0)
+                                               top_p=req.top_p, seed=req.seed, top_logprobs=req.top_logprobs or 0,
+                                               **({"grammar": _tool_call_grammar(forced)} if forced else {}))
         tok = served.tokenizer
         choices = []
         for i, s in enumerate(samples):
