@@ -29,6 +29,8 @@ async def gather_trajectory_groups(
 
     `max_exceptions`: how many rollouts may raise (an int) or what fraction of them (a float < 1) before
     the whole gather fails with TooManyExceptions; rollouts that raised are kept in `group.exceptions`.
+    Tracing (`ruler.tracing`) configured without the `langfuse` package raises `MissingExtraError` before any
+    rollout runs.
     """
     items = list(groups)
     if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)) or max_exceptions < 0:
@@ -36,6 +38,9 @@ async def gather_trajectory_groups(
     for i, g in enumerate(items):
         if not (isinstance(g, TrajectoryGroup) or inspect.isawaitable(g)):
             raise TypeError(f"group {i} is a {type(g).__name__}: pass TrajectoryGroup(...) objects")
+    # resolved once, before any rollout runs: a tracing misconfiguration (MissingExtraError: langfuse not installed)
+    # is raised now, not after the first group's rollouts finished
+    tracer = tracing.current_tracer()
     bar = tqdm(total=len(items), desc=pbar_desc, unit="group", disable=pbar_desc is None)
     state = {"exceptions": 0, "trajectories": 0}
 
@@ -43,7 +48,7 @@ async def gather_trajectory_groups(
         group = g if isinstance(g, TrajectoryGroup) else await g
         state["exceptions"] += len(group.exceptions)
         state["trajectories"] += len(group) + len(group.exceptions)
-        tracing.rollouts_gathered(group)  # ids and rollout traces, when tracing is on (ruler.tracing)
+        tracing.rollouts_gathered(tracer, group)  # ids and rollout traces, when tracing is on; never raises
         if after_each is not None:
             result = after_each(group)
             group = await result if inspect.isawaitable(result) else result

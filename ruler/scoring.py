@@ -122,7 +122,8 @@ async def ruler_score_group(
                         "the trajectories' own")
     opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, tools=_group_tools(group.trajectories),
                               debug=debug, caller="ruler_score_group", **options)
-    tracer = tracing.current_tracer()  # None when tracing is off (ruler.tracing)
+    # resolved once, before any work: None when tracing is off, MissingExtraError when configured without langfuse
+    tracer = tracing.current_tracer()
     judging_id = None
     try:
         for i, t in enumerate(group.trajectories, 1):
@@ -190,7 +191,9 @@ def _scored_group(group: TrajectoryGroup, result: RulerResult, opts: RulerOption
                           for m, judge_scores in result.per_judge.items()})
         t.reward = s.score
         t.metadata[EXPLANATION_KEY] = s.explanation
-        tracing.trajectory_id(t)  # a stable id in metadata["ruler_trajectory_id"], kept if it has one
+        # a stable id in metadata["ruler_trajectory_id"], kept if it has one; never raises: a bad one was refused
+        # by validate_trajectories before any judge call
+        tracing.ensure_trajectory_id(t)
         t.log(f"RULER explanation: {s.explanation}")  # as ART writes it
         for note in result.notes:
             t.log(f"RULER note: {note}")

@@ -8,10 +8,12 @@ hooks the library calls cost one lookup when no tracer is set. Tracing is on whe
 - a tracer is set explicitly: `set_tracer(LangfuseTracer(public_key=..., secret_key=..., host=...))`
   (`set_tracer(False)` turns tracing off whatever the environment says, `set_tracer(None)` goes back to it).
 
-Configured without the `langfuse` package installed, scoring, gathering and training raise
-`judges.extras.MissingExtraError` naming `pip install 'ruler-rl[tracing]'` (before any judge call or step). Once on, a failing Langfuse
-(unreachable, erroring, rejecting) never breaks scoring or training: the SDK exports from a background
-thread and logs its failures, and every hook here logs (warning, logger `ruler.tracing`) instead of raising.
+The tracer is resolved once when scoring, gathering or training starts: configured without the `langfuse`
+package installed, `ruler_score_group`, `gather_trajectory_groups` and `model.train` raise
+`judges.extras.MissingExtraError` naming `pip install 'ruler-rl[tracing]'` before any rollout, judge call or
+step. Once on, a failing Langfuse (unreachable, erroring, rejecting) or a tracer that raises never breaks
+scoring, gathering or training: the SDK exports from a background thread and logs its failures, and every
+hook here logs (warning, logger `ruler.tracing`) instead of raising.
 
 What is sent (through the langfuse SDK, which exports OpenTelemetry spans to `{host}/api/public/otel/v1/traces`
 and scores to `{host}/api/public/scores`):
@@ -28,15 +30,19 @@ and scores to `{host}/api/public/scores`):
   its explanation as the comment) and an event `ruler-judgment` pointing at the judging trace;
 - **each training step** as one trace named `train-step` (step, loss, rewards and the rest of the run-log
   row; the ids of the trajectories given), and on each of those trajectories' traces an event
-  `train-step` with the step, the trajectory's advantage in its group and the step's trace id.
+  `train-step` with the step, the advantage the step trained the trajectory with (as the configured loss
+  computed it, e.g. unscaled for `dr_grpo`), whether the step trained it at all (`trajectory_trained`; not for
+  a group without a learning signal, a zero advantage, an aborted turn or nothing within `max_seq_length`,
+  and its advantage is then 0) and the step's trace id.
 
 **Trajectory ids.** `Trajectory` has no id field, so the id lives in `metadata["ruler_trajectory_id"]`
 (`TRAJECTORY_ID_KEY`): a uuid4 as 32 hex digits, written by `ruler_score_group` on the trajectories it
 returns (always, traced or not), and by the gather and training hooks on the trajectories they are given
 when tracing is on. An id already there (any non-empty string) is kept, so a recorder or the user may set
-their own. A 32-hex-digit id is the Langfuse trace id itself; any other id is hashed into one
-(`langfuse_trace_id`). Not to be confused with the judge's in-prompt numbering ("1".."N",
-`ruler.results.ScoreRow.trajectory_id`).
+their own; any other value there is refused by `ruler.trajectory.validate_trajectories` (so by scoring and
+training, before any judge call or step), and the hooks leave such a trajectory untraced rather than raise.
+A 32-hex-digit id is the Langfuse trace id itself; any other id is hashed into one (`langfuse_trace_id`).
+Not to be confused with the judge's in-prompt numbering ("1".."N", `ruler.results.ScoreRow.trajectory_id`).
 """
 
 from __future__ import annotations
@@ -57,8 +63,8 @@ if TYPE_CHECKING:
     from ruler.results import RulerResult
     from ruler.trajectory import Trajectory, TrajectoryGroup
 
-__all__ = ["TRAJECTORY_ID_KEY", "LangfuseTracer", "Tracer", "current_tracer", "flush", "langfuse_trace_id",
-           "new_trajectory_id", "set_tracer", "trajectory_id"]
+__all__ = ["TRAJECTORY_ID_KEY", "LangfuseTracer", "Tracer", "current_tracer", "ensure_trajectory_id", "flush",
+           "langfuse_trace_id", "new_trajectory_id", "set_tracer", "trajectory_id"]
 
 log = logging.getLogger("ruler.tracing")
 
@@ -93,6 +99,17 @@ def trajectory_id(trajectory: Trajectory, *, assign: bool = True) -> str | None:
     tid = new_trajectory_id()
     trajectory.metadata[TRAJECTORY_ID_KEY] = tid
     return tid
+
+
+def ensure_trajectory_id(trajectory: Trajectory) -> str | None:
+    """`trajectory_id(trajectory)` that never raises for what the metadata holds: the id, written into its
+    metadata when it has none; None (logged, nothing written) when its metadata holds a value that is not a
+    non-empty string (`validate_trajectories` refuses such trajectories before scoring or training)."""
+    try:
+        return trajectory_id(trajectory)
+    except ValueError as exc:
+        log.warning("tracing: a trajectory is left untraced: %s", exc)
+        return None
 
 
 def langfuse_trace_id(trajectory_id: str) -> str:
@@ -138,8 +155,10 @@ class Tracer(Protocol):
         """A judgment ended. `pairs`: for `ruler_score_group`, each input trajectory with its scored copy (which
         carries its id, score and explanation); None for `ruler`/`ruler_result`. `error`: why it failed."""
 
-    def train_step(self, model_name: str, project: str, row: dict, groups: list[TrajectoryGroup]) -> None:
-        """A training step ended (`row` is the step's run-log row) on `groups`, whose trajectories have ids."""
+    def train_step(self, model_name: str, project: str, row: dict, groups: list[TrajectoryGroup],
+                   advantages: list[list[float | None]]) -> None:
+        """A training step ended (`row` is the step's run-log row) on `groups`, whose trajectories have ids.
+        `advantages[g][k]`: the advantage the step trained `groups[g].trajectories[k]` with (None: not trained)."""
 
     def flush(self) -> None:
         """Send what is buffered (may block up to the exporter's timeout)."""
@@ -290,36 +309,54 @@ def judged(tracer: Tracer | None, judging_id: str | None, what: str, result: Rul
             pairs, error)
 
 
-def rollouts_gathered(group: TrajectoryGroup) -> None:
-    """`gather_trajectory_groups` finished a group: when tracing is on, give its trajectories ids (in place)
-    and send their rollout traces. Raises only for a bad configuration (`current_tracer`)."""
-    tracer = current_tracer()
+def rollouts_gathered(tracer: Tracer | None, group: TrajectoryGroup) -> None:
+    """`gather_trajectory_groups` finished a group (`tracer`: `current_tracer()` as resolved when the gathering
+    began; no-op when None): give its trajectories ids (in place) and send their rollout traces. Never raises
+    (a failure is logged): the rollouts are done."""
     if tracer is None:
         return
-    trajectories = list(group.trajectories)
-    for t in trajectories:
-        trajectory_id(t)
-    _safely("tracing rollouts", tracer.rollouts, trajectories)
+    _safely("tracing rollouts", _rollouts_gathered, tracer, group)
 
 
-def train_step(model, row: dict, groups: list[TrajectoryGroup]) -> None:
-    """`model.train` finished a step: when tracing is on, give the trajectories ids (in place) and send the
-    step's trace. Raises only for a bad configuration (`current_tracer`)."""
-    tracer = current_tracer()
+def _rollouts_gathered(tracer: Tracer, group: TrajectoryGroup) -> None:
+    trajectories = [t for t in group.trajectories if ensure_trajectory_id(t) is not None]
+    tracer.rollouts(trajectories)
+
+
+def train_step(tracer: Tracer | None, model, row: dict, groups: list[TrajectoryGroup],
+               advantages: dict[tuple[int, int], float]) -> None:
+    """`model.train` took a step (`tracer`: `current_tracer()` as resolved before the step; no-op when None):
+    give the trajectories ids (in place) and send the step's trace. `advantages[(g, k)]`: the advantage the
+    step trained trajectory `k` of `groups[g]` with (absent: not trained). Never raises (a failure is logged):
+    the step is taken and its row must reach the caller."""
     if tracer is None:
         return
+    _safely("tracing a training step", _train_step, tracer, model, row, groups, advantages)
+
+
+def _train_step(tracer: Tracer, model, row: dict, groups: list, advantages: dict[tuple[int, int], float]) -> None:
     from ruler.trajectory import TrajectoryGroup
 
-    kept = [g for g in groups if isinstance(g, TrajectoryGroup)]
-    for g in kept:
-        for t in g.trajectories:
-            trajectory_id(t)
-    _safely("tracing a training step", tracer.train_step, str(getattr(model, "name", "")),
-            str(getattr(model, "project", "")), dict(row), kept)
+    kept, per_group = [], []
+    for g, group in enumerate(groups):
+        if not isinstance(group, TrajectoryGroup):
+            continue
+        for t in group.trajectories:
+            ensure_trajectory_id(t)
+        kept.append(group)
+        per_group.append([advantages.get((g, k)) for k in range(len(group.trajectories))])
+    tracer.train_step(str(getattr(model, "name", "")), str(getattr(model, "project", "")), dict(row), kept,
+                      per_group)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Langfuse
+
+
+def _known_id(t: Trajectory) -> str | None:
+    """The trajectory's valid id, or None (none, or not a non-empty string): never raises, never assigns."""
+    value = t.metadata.get(TRAJECTORY_ID_KEY)
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def _last_message(messages: list[dict]) -> dict | None:
@@ -436,7 +473,7 @@ class LangfuseTracer:
 
     def _send_rollouts(self, trajectories: Iterable[Trajectory]) -> None:
         for t in trajectories:
-            tid = trajectory_id(t, assign=False)
+            tid = _known_id(t)
             if tid is not None and self._first_time(tid):
                 self._rollout(t, tid)
 
@@ -470,7 +507,7 @@ class LangfuseTracer:
         if pairs:
             # the rollouts first (as they were before judging), under the ids the scored copies carry
             for before, after in pairs:
-                tid = trajectory_id(after, assign=False)
+                tid = _known_id(after)
                 ids.append(tid)
                 if tid is not None and self._first_time(tid):
                     self._rollout(before.model_copy(update={"metadata": {**before.metadata, TRAJECTORY_ID_KEY: tid}}),
@@ -508,19 +545,18 @@ class LangfuseTracer:
                                       metadata={"trajectory_id": tid, "judge_model": judge_model,
                                                 "judging_trace_id": judging_id})
 
-    def train_step(self, model_name: str, project: str, row: dict, groups: list[TrajectoryGroup]) -> None:
-        from ruler.advantages import group_advantages
-
+    def train_step(self, model_name: str, project: str, row: dict, groups: list[TrajectoryGroup],
+                   advantages: list[list[float | None]]) -> None:
+        if len(advantages) != len(groups) or any(len(a) != len(g.trajectories) for a, g in zip(advantages, groups)):
+            raise ValueError("train_step: advantages must hold one list per group, one value per trajectory")
         step_trace = uuid.uuid4().hex
         ids = []
         links = []
-        for g, group in enumerate(groups):
+        for g, (group, group_advantages) in enumerate(zip(groups, advantages)):
             trajectories = list(group.trajectories)
             self._send_rollouts(trajectories)
-            rewards = [t.reward for t in trajectories]
-            advantages = group_advantages(rewards) if rewards else []
-            for t, adv in zip(trajectories, advantages):
-                tid = trajectory_id(t, assign=False)
+            for t, adv in zip(trajectories, group_advantages):
+                tid = _known_id(t)
                 ids.append(tid)
                 links.append((tid, g, t.reward, adv))
         numbers = {k: v for k, v in row.items() if isinstance(v, (int, float, bool, str)) or v is None}
@@ -539,7 +575,8 @@ class LangfuseTracer:
             self._client.create_event(
                 trace_context={"trace_id": langfuse_trace_id(tid)}, name="train-step",
                 metadata={"trajectory_id": tid, "step": row.get("step"), "train_trace_id": step_trace,
-                          "group": g, "reward": reward, "advantage": adv, "trained": row.get("trained"),
+                          "group": g, "reward": reward, "advantage": 0.0 if adv is None else adv,
+                          "trajectory_trained": adv is not None, "trained": row.get("trained"),
                           "model": model_name})
 
     def flush(self) -> None:

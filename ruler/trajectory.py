@@ -30,6 +30,8 @@ from typing import Any, Union
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
+from ruler.tracing import TRAJECTORY_ID_KEY
+
 MetadataValue = Union[float, int, str, bool, None]
 MessageOrChoice = Union[Choice, dict[str, Any]]
 KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
@@ -561,6 +563,15 @@ def _finite_values(values: Any, loc: tuple, what: str, problems: list[Problem]) 
             problems.append(Problem((*loc, key), f"{what}[{key!r}] is {value}: {what} values must be finite"))
 
 
+def _trajectory_id_problems(metadata: dict, i: int, problems: list[Problem]) -> None:
+    """A trajectory id the user (or a recorder) set must be a non-empty string (`ruler.tracing`)."""
+    value = metadata.get(TRAJECTORY_ID_KEY)
+    if value is not None and not (isinstance(value, str) and value.strip()):
+        problems.append(Problem((i, "metadata", TRAJECTORY_ID_KEY),
+                                f"metadata[{TRAJECTORY_ID_KEY!r}] is {value!r}: the trajectory's id must be a "
+                                "non-empty string (or absent, to get a fresh one)"))
+
+
 def _trajectory_problems(t: Any, i: int, limits: Limits, problems: list[Problem]) -> None:
     if not isinstance(t, Trajectory):
         problems.append(Problem((i,), f"expected a Trajectory, got {type(t).__name__}"))
@@ -569,6 +580,7 @@ def _trajectory_problems(t: Any, i: int, limits: Limits, problems: list[Problem]
         problems.append(Problem((i, "reward"), f"reward is {t.reward!r}: rewards must be finite numbers"))
     _finite_values(t.metrics, (i, "metrics"), "metrics", problems)
     _finite_values(t.metadata, (i, "metadata"), "metadata", problems)
+    _trajectory_id_problems(t.metadata, i, problems)
     if t.tools is not None:
         for k, tool in enumerate(t.tools):
             fn = tool.get("function") if isinstance(tool, dict) else None
@@ -592,7 +604,8 @@ def validate_trajectories(trajectories: TrajectoryGroup | Iterable[Trajectory], 
     (`MESSAGE_FIELDS`), content that is a string or a list of parts (required except on assistant
     messages), tool calls as a list of objects each naming its function (assistant messages only),
     a `tool_call_id` on tool messages, at most `limits.max_message_chars` characters and JSON nested at
-    most `limits.max_depth` deep; rewards, metrics and metadata are finite; at most
+    most `limits.max_depth` deep; rewards, metrics and metadata are finite; a trajectory id in
+    `metadata["ruler_trajectory_id"]` (`ruler.tracing`) is a non-empty string; at most
     `limits.max_trajectories` trajectories. An empty group passes (callers decide whether it may be empty).
     """
     if limits is not None and not isinstance(limits, Limits):

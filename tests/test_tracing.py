@@ -28,6 +28,7 @@ from ruler import (
 )
 from ruler.errors import JudgeUnavailableError
 from ruler.scoring import ruler_result
+from ruler.trajectory import TrajectoryError, validate_trajectories
 from tests.helpers import convo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,8 +325,51 @@ def test_bad_input_is_refused():
         tracing.LangfuseTracer(public_key="pk", secret_key="sk", host="http://127.0.0.1:9", timeout=0)
     own = Trajectory(messages_and_choices=convo("a"), metadata={"ruler_trajectory_id": "run-7/rollout-3"})
     assert tracing.trajectory_id(own) == "run-7/rollout-3"
+    assert tracing.ensure_trajectory_id(own) == "run-7/rollout-3"
+    bad = Trajectory(messages_and_choices=convo("a"), metadata={"ruler_trajectory_id": 3})
+    assert tracing.ensure_trajectory_id(bad) is None and bad.metadata == {"ruler_trajectory_id": 3}  # never raises
+    fresh = Trajectory(messages_and_choices=convo("a"), metadata={"ruler_trajectory_id": None})
+    assert len(tracing.ensure_trajectory_id(fresh)) == 32 == len(fresh.metadata["ruler_trajectory_id"])
     assert tracing.langfuse_trace_id("run-7/rollout-3") == __import__("langfuse").Langfuse.create_trace_id(
         seed="run-7/rollout-3")
+
+
+@pytest.mark.parametrize("bad", [3, "", "   ", True, 1.5])
+async def test_a_bad_trajectory_id_is_refused_before_any_judge_call_and_swallowed_like_other_bad_input(
+        judge, monkeypatch, bad):
+    for var in ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    assert tracing.current_tracer() is None  # tracing off: the id is input all the same
+    g = group("GOOD a", "BAD b", "OK c")
+    g.trajectories[1].metadata[tracing.TRAJECTORY_ID_KEY] = bad
+    with pytest.raises(TrajectoryError, match="^trajectory 2: metadata\\['ruler_trajectory_id'\\] is .*non-empty "
+                                              "string") as info:
+        validate_trajectories(g)
+    assert info.value.problems[0].loc == (1, "metadata", "ruler_trajectory_id")
+    with pytest.raises(TrajectoryError, match="trajectory 2: metadata\\['ruler_trajectory_id'\\]"):
+        await ruler_score_group(g, MODEL, judge.params, retry=FAST, cache=False)
+    assert await ruler_score_group(g, MODEL, judge.params, retry=FAST, cache=False, swallow_exceptions=True) is None
+    assert judge.requests == []  # refused before any judge call
+    g.trajectories[1].metadata[tracing.TRAJECTORY_ID_KEY] = "rollout-2"  # a good one is kept, the others get one
+    scored = await ruler_score_group(g, MODEL, judge.params, retry=FAST, cache=False)
+    ids = [t.metadata[tracing.TRAJECTORY_ID_KEY] for t in scored.trajectories]
+    assert ids[1] == "rollout-2" and len(ids[0]) == len(ids[2]) == 32 and len(judge.requests) == 1
+
+
+async def test_gathering_leaves_a_rollout_with_a_bad_id_untraced_and_never_raises(langfuse, caplog):
+    async def rollout(answer, **metadata):
+        return Trajectory(messages_and_choices=convo(answer), reward=1.0, metadata=metadata)
+
+    with caplog.at_level(logging.WARNING, logger="ruler.tracing"):
+        groups = await gather_trajectory_groups(
+            [TrajectoryGroup([rollout("a"), rollout("b", ruler_trajectory_id=7)]),
+             TrajectoryGroup([rollout("c"), rollout("d", ruler_trajectory_id="mine")])], pbar_desc=None)
+    tracing.flush()
+    assert [[t.metadata.get(tracing.TRAJECTORY_ID_KEY) for t in g.trajectories][1] for g in groups] == [7, "mine"]
+    good = [groups[0].trajectories[0], *groups[1].trajectories]
+    assert sorted(s["trace_id"] for s in langfuse.spans if s["name"] == "rollout") == sorted(
+        tracing.langfuse_trace_id(t.metadata[tracing.TRAJECTORY_ID_KEY]) for t in good)
+    assert "a trajectory is left untraced: metadata['ruler_trajectory_id'] must be a non-empty string" in caplog.text
 
 
 def _run(code: str, env: dict) -> subprocess.CompletedProcess:
@@ -373,6 +417,44 @@ def test_configured_without_the_package_is_a_clear_missing_extra_error(judge, tm
     assert issubclass(MissingExtraError, ImportError)
 
 
+GATHER_AND_REPORT = """
+import asyncio
+from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups
+from tests.helpers import convo
+ran = []
+async def rollout(a):
+    ran.append(a)
+    return Trajectory(messages_and_choices=convo(a))
+items = [TrajectoryGroup(rollout(a) for a in ("x", "y")), TrajectoryGroup(rollout(a) for a in ("z", "w"))]
+try:
+    asyncio.run(gather_trajectory_groups(items, pbar_desc=None))
+    print("gathered")
+except Exception as exc:
+    print("gather raised", type(exc).__name__, exc)
+print("rollouts run:", len(ran))
+from trainer import TrainableModel
+try:  # not registered: the tracer is resolved before anything else (RuntimeError 'not registered' otherwise)
+    asyncio.run(TrainableModel("m", "p", "local/smollm2-135m-instruct").train([]))
+except Exception as exc:
+    print("train raised", type(exc).__name__)
+"""
+
+
+def test_gathering_configured_without_the_package_raises_before_any_rollout_runs(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] == 'langfuse':\n"
+        "            raise ModuleNotFoundError(name, name=name)\n        return None\n"
+        "sys.meta_path.insert(0, Block())\n")
+    env = _clean_env(LANGFUSE_PUBLIC_KEY="pk", LANGFUSE_SECRET_KEY="sk", LANGFUSE_HOST="http://127.0.0.1:9",
+                     PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    res = _run(GATHER_AND_REPORT, env)
+    assert res.returncode == 0, res.stderr
+    assert "gather raised MissingExtraError tracing to Langfuse needs the 'tracing' extra" in res.stdout
+    assert "rollouts run: 0" in res.stdout
+    assert "train raised MissingExtraError" in res.stdout
+
+
 @pytest.mark.slow
 async def test_a_training_step_is_traced_and_linked_to_its_trajectories_and_a_failing_langfuse_does_not_stop_it(
         judge, langfuse, tmp_path, caplog):
@@ -411,10 +493,11 @@ async def test_a_training_step_is_traced_and_linked_to_its_trajectories_and_a_fa
             assert meta(spans["rollout"], "reward") == t.reward
             assert meta(spans["train-step"], "step") == 1
             assert meta(spans["train-step"], "train_trace_id") == steps[0]["trace_id"]
-        advantages = {s["trace_id"]: meta(s, "advantage") for s in langfuse.spans if s["name"] == "train-step"
-                      and s["trace_id"] in ids}
-        assert [advantages[tid] for tid in ids] == group_advantages([0.0, 1.0, 2.0])
-        assert advantages[ids[0]] < 0 < advantages[ids[2]]
+        events = {s["trace_id"]: s for s in langfuse.spans if s["name"] == "train-step" and s["trace_id"] in ids}
+        assert [meta(events[tid], "advantage") for tid in ids] == group_advantages([0.0, 1.0, 2.0])
+        assert meta(events[ids[0]], "advantage") < 0 < meta(events[ids[2]], "advantage")
+        # the middle one's advantage is 0: the step did not train it
+        assert [meta(events[tid], "trajectory_trained") for tid in ids] == [True, False, True]
 
         langfuse.fail = True  # Langfuse goes down: the next step trains all the same
         with caplog.at_level(logging.WARNING):
@@ -423,4 +506,69 @@ async def test_a_training_step_is_traced_and_linked_to_its_trajectories_and_a_fa
         assert second["trained"] is True and second["step"] == 2
         assert "/api/public/otel/v1/traces" in langfuse.refused
     finally:
+        await backend.close()
+
+
+@pytest.mark.slow
+async def test_traced_advantages_are_the_losses_own_and_no_tracing_failure_loses_a_step(langfuse, tmp_path, caplog):
+    from trainer import LocalBackend, TrainableModel, TrainConfig
+    from trainer.runlog import load_run_log
+
+    model = TrainableModel("adv", "p", "local/smollm2-135m-instruct")
+    backend = LocalBackend(tmp_path)
+    await model.register(backend)
+    try:
+        msgs = [{"role": "system", "content": "Answer with one word."},
+                {"role": "user", "content": "Capital of Italy?"}]
+
+        async def rollouts(seed, rewards=(0.0, 1.0, 3.0)):
+            reply = await model.openai_client().chat.completions.create(model=model.name, messages=msgs, n=3,
+                                                                        max_tokens=6, temperature=1.0, seed=seed)
+            return TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, c], reward=r)
+                                    for r, c in zip(rewards, reply.choices)])
+
+        # dr_grpo trains on unscaled advantages: the trace shows those, not group_advantages' default (scaled)
+        group = await rollouts(1)
+        row = await model.train([group], TrainConfig(learning_rate=1e-3, loss="dr_grpo"))
+        assert row["trained"] is True and row["step"] == 1
+        tracing.flush()
+        ids = [t.metadata[tracing.TRAJECTORY_ID_KEY] for t in group.trajectories]
+        events = {s["trace_id"]: s for s in langfuse.spans if s["name"] == "train-step" and s["trace_id"] in ids}
+        shown = [meta(events[tid], "advantage") for tid in ids]
+        assert shown == group_advantages([0.0, 1.0, 3.0], scale=False) == pytest.approx([-4 / 3, -1 / 3, 5 / 3])
+        assert shown != pytest.approx(group_advantages([0.0, 1.0, 3.0]))
+        assert [meta(events[tid], "trajectory_trained") for tid in ids] == [True, True, True]
+
+        # a tracer whose hooks raise: the step is taken, and its row is returned and logged
+        class Broken:
+            def __getattr__(self, name):
+                def fail(*args, **kwargs):
+                    raise RuntimeError(f"{name} exploded")
+                return fail
+
+        tracing.set_tracer(Broken())
+        with caplog.at_level(logging.WARNING):
+            second = await model.train([await rollouts(2)], TrainConfig(learning_rate=1e-3))
+        assert second["trained"] is True and second["step"] == 2 and await model.get_step() == 2
+        assert "tracing: tracing a training step failed (RuntimeError: train_step exploded)" in caplog.text
+
+        # a bad trajectory id is refused before the step, never found after it
+        bad = await rollouts(3)
+        bad.trajectories[2].metadata[tracing.TRAJECTORY_ID_KEY] = 5
+        with pytest.raises(TrajectoryError, match="group 0, trajectory 3: metadata\\['ruler_trajectory_id'\\] is 5"):
+            await model.train([bad], TrainConfig(learning_rate=1e-3))
+        assert await model.get_step() == 2
+
+        # whatever the after-step hook raises is logged: the row is the caller's
+        def boom(row, seqs):
+            raise RuntimeError(f"hook exploded after step {row['step']} on {len(seqs)} sequences")
+
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            third = await backend.train(model, [await rollouts(4)], TrainConfig(learning_rate=1e-3), on_step=boom)
+        assert third["trained"] is True and third["step"] == 3 and await model.get_step() == 3
+        assert "the after-step hook failed (RuntimeError: hook exploded after step 3 on 3 sequences)" in caplog.text
+        assert list(load_run_log(model.run_dir)["step"]) == [1, 2, 3]
+    finally:
+        tracing.set_tracer(None)
         await backend.close()

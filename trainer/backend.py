@@ -18,6 +18,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
 from trainer.engine import Engine, GeneratingEngine
 from trainer.runlog import append_row, load_run_log
-from trainer.sequences import end_of_turn_ids
+from trainer.sequences import TrainingSequence, end_of_turn_ids
 from trainer.server import BackgroundServer, Served, create_server_app
 from trainer.training import prepare, train_step, verify_logprob_path
 
@@ -71,6 +72,17 @@ def _check_lora(cfg, engine: str) -> None:
         if unservable:
             raise ValueError(f"vLLM serves LoRA on linear layers, not on {unservable}: drop them from "
                              "lora.target_modules")
+
+
+def _after_step(on_step, row: dict, seqs: list[TrainingSequence]) -> None:
+    """Call `on_step(row, seqs)`; the step is logged by now, so a failure is logged, never raised."""
+    if on_step is None:
+        return
+    try:
+        on_step(dict(row), list(seqs))
+    except Exception as exc:
+        log.warning("step %s: the after-step hook failed (%s: %s); the step is taken and logged", row.get("step"),
+                    type(exc).__name__, exc)
 
 
 @dataclass
@@ -244,11 +256,17 @@ class LocalBackend:
     async def get_step(self, model) -> int:
         return self._run(model).served.step
 
-    async def train(self, model, groups: list, config: TrainConfig) -> dict:
-        """One step on `groups`; returns (and logs) the step's row. Nothing to learn from: no step taken."""
+    async def train(self, model, groups: list, config: TrainConfig, *,
+                    on_step: Callable[[dict, list[TrainingSequence]], None] | None = None) -> dict:
+        """One step on `groups`; returns (and logs) the step's row. Nothing to learn from: no step taken.
+        `on_step(row, sequences)`, when given, is called once the row is logged, with the sequences the step
+        trained on (each with its `advantage`, `group` and `position`; none when no step was taken); what it
+        raises is logged, not raised, since the step is taken by then (model.train's tracing hook)."""
         run = self._run(model)
         if not isinstance(config, TrainConfig):
             raise TypeError("config must be a trainer.TrainConfig")
+        if on_step is not None and not callable(on_step):
+            raise TypeError(f"on_step must be callable or None, got {type(on_step).__name__}")
         started = time.perf_counter()
         rollout_s = started - run.last_train_end
         seqs, prep = await asyncio.to_thread(prepare, list(groups), run.tokenizer, config,
@@ -261,6 +279,7 @@ class LocalBackend:
             row.update(trained=False)
             append_row(run.run_dir, row, wandb_run=run.wandb_run)
             run.last_train_end = time.perf_counter()
+            _after_step(on_step, row, seqs)
             return row
         for g in run.optimizer.param_groups:
             g["lr"], g["weight_decay"] = config.learning_rate, config.weight_decay
@@ -288,6 +307,7 @@ class LocalBackend:
                    adapter_swap_s=time.perf_counter() - swap_started, step_s=time.perf_counter() - started)
         append_row(run.run_dir, row, wandb_run=run.wandb_run)
         run.last_train_end = time.perf_counter()
+        _after_step(on_step, row, seqs)
         return row
 
     def _train_locked(self, run: _Run, seqs, config: TrainConfig) -> dict:

@@ -113,14 +113,19 @@ class TrainableModel:
     async def train(self, groups: list, config: TrainConfig | None = None) -> dict:
         """One training step on `groups` (`ruler.TrajectoryGroup`s) with `config` (`TrainConfig()` by default);
         returns the step's run-log row (`trained` is False, with the reasons in `skipped`, when no group had a
-        learning signal)."""
+        learning signal). Bad trajectories (`TrajectoryError`) and a tracing misconfiguration (`MissingExtraError`)
+        are raised before the step; once it is taken, tracing it (`ruler.tracing`) never raises."""
         if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
             raise TypeError(f"groups must be a list of TrajectoryGroup, got {type(groups).__name__}")
         groups = list(groups)
-        tracing.current_tracer()  # a tracing misconfiguration is raised before the step, not after it
-        row = await self.backend.train(self, groups, config or TrainConfig())
-        tracing.train_step(self, row, groups)  # the step's trace, when tracing is on (ruler.tracing)
-        return row
+        # resolved once, before the step: a tracing misconfiguration is raised before any work, not after the step
+        tracer = tracing.current_tracer()
+
+        def traced(row: dict, seqs: list) -> None:  # after the step: never raises (ruler.tracing.train_step)
+            tracing.train_step(tracer, self, row, groups, {(s.group, s.position): s.advantage for s in seqs})
+
+        return await self.backend.train(self, groups, config or TrainConfig(),
+                                        on_step=traced if tracer is not None else None)
 
     async def delete_checkpoints(self, metric: str = "reward_mean") -> list[int]:
         """Delete every checkpoint but the latest and the best by `metric`; the steps deleted."""

@@ -46,6 +46,7 @@ class TrainingSequence:
     advantage: float = 0.0
     trajectory: int = 0  # the trajectory's index in its batch (losses normalise per trajectory)
     group: int = 0       # its group's index (sequences of one group may share their prefix in training)
+    position: int = 0    # the trajectory's index in its group: `groups[group].trajectories[position]`
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.trained) == len(self.old_logprobs)):

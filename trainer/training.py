@@ -124,7 +124,7 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                 if not any(seq.trained[1:]):  # the first token is never predicted
                     skipped["sequence without trained tokens within max_seq_length"] += 1
                     continue
-                seq.advantage, seq.trajectory, seq.group = float(adv), n_trajectories, g
+                seq.advantage, seq.trajectory, seq.group, seq.position = float(adv), n_trajectories, g, t
                 kept.append(seq)
             if not found:
                 skipped["no generated tokens"] += 1
