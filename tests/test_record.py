@@ -216,9 +216,11 @@ def test_a_missing_framework_package_is_a_clear_error(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "langgraph" else real(name, *a))
     model = SimpleNamespace(inference_base_url="http://x/v1", inference_api_key="k", get_inference_name=lambda s: "m")
-    for build in (langchain_chat_model, agents_sdk_model):
-        with pytest.raises(MissingExtraError, match=r"'agents' extra \(langgraph not installed\).*ruler-rl\[agents\]"):
-            build(model)
+    with pytest.raises(MissingExtraError, match=r"'agents' extra \(langgraph not installed\).*ruler-rl\[agents\]"):
+        langchain_chat_model(model)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "agents" else real(name, *a))
+    with pytest.raises(MissingExtraError, match=r"'agents' extra \(agents not installed\).*ruler-rl\[agents\]"):
+        agents_sdk_model(model)
 
 
 def test_bad_input_is_refused():
