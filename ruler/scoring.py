@@ -26,9 +26,9 @@ from ruler.options import (MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKEN
                            RulerOptions)
 from ruler.panel import score_panel
 from ruler.parse import TrajectoryScore
+from ruler.prompt import flatten_histories
 from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge
 from ruler.results import EXPLANATION_KEY, NOTES_KEY, RulerResult
-from ruler.prompt import flatten_histories
 from ruler.trajectory import (Choice, Trajectory, TrajectoryGroup, choice_to_message, require_task_stated,
                               validate_message_lists, validate_trajectories)
 

@@ -10,7 +10,6 @@ import json
 import logging
 import ssl
 import threading
-import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
@@ -185,7 +184,7 @@ async def test_an_invalid_recorded_trajectory_is_a_clear_error_at_block_exit(pol
     with pytest.raises(ZeroDivisionError):  # the block's own exception is never replaced
         async with record_trajectory():
             await ask(client, {"role": "narrator", "content": "x"})
-            1 / 0
+            raise ZeroDivisionError("the agent broke")
 
 
 async def test_a_history_trimming_agent_is_recorded_and_every_conversation_is_judged(policy, client, judge):

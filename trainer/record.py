@@ -104,7 +104,7 @@ _KEY_SKIP = {"role", "content", "tool_calls", "tool_call_id"}
 def _key(message: Any) -> tuple:
     """What identifies a message when matching a request to a recorded conversation: the whole message,
     normalised — role, content (text and every other part), tool calls (id, name, parsed arguments),
-    tool_call_id and any other field (name, ...). Frameworks resend assistant turns in their own shape (None
+    tool_call_id and any other field (name, ...; of an assistant turn only its name). Frameworks resend assistant turns in their own shape (None
     vs "" content, re-serialized arguments, empty fields), which this ignores."""
     if isinstance(message, Choice):
         message = choice_to_message(message)
@@ -113,10 +113,11 @@ def _key(message: Any) -> tuple:
     calls = tuple((c.get("id"), (c.get("function") or {}).get("name"),
                    json.dumps(_arguments((c.get("function") or {}).get("arguments")), sort_keys=True))
                   for c in message.get("tool_calls") or [] if isinstance(c, dict))
-    rest = json.dumps({k: v for k, v in message.items() if k not in _KEY_SKIP and v not in (None, "", [], {})
-                       and not (message.get("role") == "assistant" and k in ("reasoning", "reasoning_content",
-                                                                            "refusal", "audio"))},
-                      sort_keys=True, default=repr)
+    # an assistant turn is compared by what it said, called and its name: frameworks resend it with fields of
+    # their own (reasoning, refusal, annotations, audio) or without them
+    other = {k: v for k, v in message.items() if k not in _KEY_SKIP and v not in (None, "", [], {})
+             and (message.get("role") != "assistant" or k == "name")}
+    rest = json.dumps(other, sort_keys=True, default=repr)
     return (message.get("role"), _content(message.get("content")), calls, message.get("tool_call_id"), rest)
 
 
@@ -236,7 +237,7 @@ def _record(recorder: _Recorder, body: dict, response: httpx.Response) -> None:
         return
     try:
         recorder.add(body, data)
-    except Exception as exc:  # the agent's call must not fail because recording did
+    except Exception as exc:  # noqa: BLE001 -- the agent's call must not fail because recording did
         log.warning("record_trajectory: a chat completion could not be recorded (%s: %s)", type(exc).__name__, exc)
 
 
