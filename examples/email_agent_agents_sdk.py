@@ -55,14 +55,20 @@ def agents_sdk_tools(inbox: InboxTools) -> list:
     return [make(s) for s in TOOL_SCHEMAS]
 
 
-async def rollout(model: TrainableModel, scenario: Scenario, db: Path, args) -> Trajectory:
-    """One Agents SDK rollout on `scenario`, recorded; `return_final_answer` ends it."""
+def policy(model: TrainableModel, args):
+    """The SDK model every rollout of a step shares (`train` makes one per step and closes its HTTP client)."""
+    return agents_sdk_model(model)
+
+
+async def rollout(sdk_model, scenario: Scenario, db: Path, args) -> Trajectory:
+    """One Agents SDK rollout on `scenario` with `sdk_model` (from `policy`), recorded; `return_final_answer`
+    ends it."""
     from agents import Agent, MaxTurnsExceeded, ModelSettings, Runner, StopAtTools, set_tracing_disabled
 
     set_tracing_disabled(True)
     inbox = InboxTools(db, scenario.inbox_address, scenario.query_date)
     try:
-        agent = Agent(name="email agent", model=agents_sdk_model(model), tools=agents_sdk_tools(inbox),
+        agent = Agent(name="email agent", model=sdk_model, tools=agents_sdk_tools(inbox),
                       instructions=SYSTEM.format(address=scenario.inbox_address, date=scenario.query_date,
                                                  max_turns=args.max_turns),
                       model_settings=ModelSettings(temperature=1, max_tokens=args.max_tokens),
@@ -78,4 +84,4 @@ async def rollout(model: TrainableModel, scenario: Scenario, db: Path, args) -> 
 
 
 if __name__ == "__main__":
-    asyncio.run(train(rollout, "email-agent-agents-sdk", description=__doc__.splitlines()[0]))
+    asyncio.run(train(rollout, "email-agent-agents-sdk", description=__doc__.splitlines()[0], policy=policy))

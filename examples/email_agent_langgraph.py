@@ -57,14 +57,19 @@ def langchain_tools(inbox: InboxTools) -> list:
     return [make(s) for s in TOOL_SCHEMAS]
 
 
-async def rollout(model: TrainableModel, scenario: Scenario, db: Path, args) -> Trajectory:
-    """One LangGraph rollout on `scenario`, recorded."""
+def policy(model: TrainableModel, args):
+    """The chat model every rollout of a step shares (`train` makes one per step and closes its HTTP clients)."""
+    return langchain_chat_model(model, max_tokens=args.max_tokens)
+
+
+async def rollout(chat_model, scenario: Scenario, db: Path, args) -> Trajectory:
+    """One LangGraph rollout on `scenario` with `chat_model` (from `policy`), recorded."""
     from langgraph.errors import GraphRecursionError
     from langgraph.prebuilt import create_react_agent
 
     inbox = InboxTools(db, scenario.inbox_address, scenario.query_date)
     try:
-        agent = create_react_agent(langchain_chat_model(model, max_tokens=args.max_tokens), langchain_tools(inbox),
+        agent = create_react_agent(chat_model, langchain_tools(inbox),
                                    prompt=SYSTEM.format(address=scenario.inbox_address, date=scenario.query_date,
                                                         max_turns=args.max_turns))
         async with record_trajectory() as traj:
@@ -79,4 +84,4 @@ async def rollout(model: TrainableModel, scenario: Scenario, db: Path, args) -> 
 
 
 if __name__ == "__main__":
-    asyncio.run(train(rollout, "email-agent-langgraph", description=__doc__.splitlines()[0]))
+    asyncio.run(train(rollout, "email-agent-langgraph", description=__doc__.splitlines()[0], policy=policy))

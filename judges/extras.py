@@ -43,11 +43,21 @@ def pip_command(extra: str) -> str:
     return f"pip install 'ruler-rl[{extra}]'"
 
 
-def missing_modules(extra: str) -> list[str]:
-    """The modules of `extra` that are not installed (found without importing them)."""
+def missing_modules(extra: str, modules: list[str] | tuple[str, ...] | None = None) -> list[str]:
+    """The modules of `extra` (or of its subset `modules`) that are not installed (found without importing)."""
     _check_extra(extra)
+    if modules is None:
+        names = EXTRAS[extra]
+    else:
+        if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules:
+            raise ValueError(f"modules must be a non-empty list of module names of the {extra!r} extra")
+        unknown = [m for m in modules if m not in EXTRAS[extra]]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} not among the modules of the {extra!r} extra "
+                             f"({', '.join(EXTRAS[extra])})")
+        names = tuple(modules)
     missing = []
-    for name in EXTRAS[extra]:
+    for name in names:
         try:
             found = importlib.util.find_spec(name) is not None
         except (ImportError, ValueError):  # a broken or blocked installation counts as missing
@@ -57,15 +67,16 @@ def missing_modules(extra: str) -> list[str]:
     return missing
 
 
-def require(extra: str, what: str, hint: str = "") -> None:
-    """Raise MissingExtraError unless every module of `extra` is installed.
+def require(extra: str, what: str, hint: str = "", *, modules: list[str] | tuple[str, ...] | None = None) -> None:
+    """Raise MissingExtraError unless every module of `extra` is installed (only those of `modules`, a
+    subset of the extra's, when given: a part that uses one framework of an extra checks only that one).
 
     `what` names the part being used (e.g. "the judging service (ruler serve)"); `hint` is appended to the
     message (another way out, such as passing a real judge).
     """
     if not isinstance(what, str) or not what.strip():
         raise ValueError("require() needs `what`: the part of ruler-rl that needs the extra")
-    missing = missing_modules(extra)
+    missing = missing_modules(extra, modules)
     if missing:
         message = f"{what} needs the '{extra}' extra ({', '.join(missing)} not installed): {pip_command(extra)}"
         raise MissingExtraError(message + (f"; {hint}" if hint else ""), extra=extra, missing=missing)

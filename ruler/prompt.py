@@ -11,6 +11,13 @@ Layout (ART's, kept so users' tooling still parses it)::
              <trajectory id="1"> ...the rest of trajectory 1... </trajectory>
              <trajectory id="2"> ... </trajectory>
 
+A trajectory with `additional_histories` (a trimmed or summarised history, a side call, a sub-agent) is
+judged on all of its conversations: each further one follows the main one inside the trajectory's own block
+as `<conversation n="2" note="another conversation in the same rollout"> ... </conversation>`, rendered
+like the main one (shared content cited, text escaped). `flatten_histories` joins them into one message list
+for the judge with a marker message between conversations (`CONVERSATION_ROLE`, a role no validated message
+can have); the shared <context> prefix never reaches past the main conversation.
+
 Rendering of one message (`render="compact"`, the default; `render="art"` is ART's `json.dumps`)::
 
     [assistant]
@@ -29,7 +36,7 @@ value counts on its own) is shown once inside <context> as
 their text, so the context is the same whatever order the trajectories are shown in.
 
 Injection resistance: trajectory text cannot open or close our tags (`<trajectory`, `<context`,
-`<shared` become `&lt;...`), cannot forge a role header (a line that looks like one gets a leading
+`<shared` become `&lt;...`), cannot forge a conversation marker (`<conversation` too), cannot forge a role header (a line that looks like one gets a leading
 backslash) and cannot forge a shared reference; the system prompt says trajectory text is data.
 """
 
@@ -61,7 +68,44 @@ COMPACT_NOTE = (
     " [[Sk]] stands for the text of <shared id=\"Sk\">."
 )
 
-_TAG = re.compile(r"<(/?)\s*(trajectory|context|shared)\b", re.I)
+_TAG = re.compile(r"<(/?)\s*(trajectory|context|shared|conversation)\b", re.I)
+CONVERSATION_ROLE = "ruler.conversation"  # marker between a trajectory's conversations; not a valid role
+CONVERSATION_NOTE = "another conversation in the same rollout"
+HISTORIES_NOTE = (
+    " A trajectory may hold further <conversation> blocks after its main conversation: other conversations of the"
+    " same rollout (a trimmed or summarised history, a side call, a sub-agent); judge the trajectory on all of them."
+)
+
+
+def flatten_histories(main: list[dict], histories: list[list[dict]]) -> list[dict]:
+    """One message list for the judge: `main`, then each further conversation led by a marker message
+    (`{"role": CONVERSATION_ROLE, "n": 2, ...}`), which `build_prompt` renders as a <conversation> block."""
+    out = list(main)
+    for k, h in enumerate(histories, 2):
+        out.append({"role": CONVERSATION_ROLE, "n": k})
+        out.extend(h)
+    return out
+
+
+def _is_marker(m: Any) -> bool:
+    return isinstance(m, dict) and m.get("role") == CONVERSATION_ROLE
+
+
+def _split_conversations(messages: list[dict]) -> list[tuple[int | None, list[dict]]]:
+    """[(None, main), (2, history), ...]: a flattened list cut at its markers."""
+    parts: list[tuple[int | None, list[dict]]] = [(None, [])]
+    for m in messages:
+        if _is_marker(m):
+            parts.append((int(m.get("n", len(parts) + 1)), []))
+        else:
+            parts[-1][1].append(m)
+    return parts
+
+
+def _conversation_open(n: int) -> str:
+    return f'<conversation n="{n}" note="{CONVERSATION_NOTE}">'
+
+
 _HEADER = re.compile(r"^(\\*)(\[(?:system|developer|user|assistant|tool|function)\b[^\]\n]*\])", re.M)
 _REF = re.compile(r"\[\[(S\d+)\]\]")
 
@@ -100,6 +144,7 @@ class _Piece:
     is_json: bool = False
     call: str | None = None  # a tool call: the tool's name (the body holds its arguments)
     shareable: bool = False  # tool output may be shown once in <context>; what agents wrote never is
+    conversation: int | None = None  # a marker: conversation n of the trajectory starts here
 
 
 def _parse_json(text: str) -> tuple[Any, bool]:
@@ -200,6 +245,9 @@ def _tool_names(messages: list[dict]) -> dict[str, str]:
 def _pieces(messages: list[dict], names: dict[str, str]) -> list[_Piece]:
     out = []
     for m in messages:
+        if _is_marker(m):
+            out.append(_Piece("", "", conversation=int(m.get("n", 2))))
+            continue
         role = m.get("role", "?")
         extra = {k: v for k, v in m.items() if k not in ("role", "content", "tool_calls", "tool_call_id", "name")
                  and v not in (None, "", [], {})}
@@ -222,7 +270,14 @@ def _pieces(messages: list[dict], names: dict[str, str]) -> list[_Piece]:
 
 def _join(pieces: list[_Piece], refs: dict[str, str]) -> str:
     lines = []
+    open_conversation = False
     for p in pieces:
+        if p.conversation is not None:
+            if open_conversation:
+                lines.append("</conversation>")
+            lines.append(_conversation_open(p.conversation))
+            open_conversation = True
+            continue
         if p.header:
             lines.append(p.header)
         if p.call is not None:
@@ -236,6 +291,8 @@ def _join(pieces: list[_Piece], refs: dict[str, str]) -> str:
             body = _render_json(p.body, shared) if p.is_json else _text(p.body, shared)
         if body:
             lines.append(body)
+    if open_conversation:
+        lines.append("</conversation>")
     return "\n".join(lines)
 
 
@@ -252,10 +309,15 @@ class JudgePrompt:
 
 
 def common_prefix_len(message_lists: list[list[dict]]) -> int:
-    """How many leading messages every trajectory has in common."""
+    """How many leading messages every trajectory has in common (all of them when all are identical; else
+    never past the end of a main conversation: further conversations stay inside their trajectory's block)."""
     first = message_lists[0]
+    if all(ml == first for ml in message_lists):
+        return len(first)
     n = 0
     for i, msg in enumerate(first):
+        if _is_marker(msg):
+            break
         if all(len(ml) > i and ml[i] == msg for ml in message_lists):
             n += 1
         else:
@@ -304,9 +366,15 @@ def build_prompt(
         context_parts.append(_render_tools(tools, render))
         for i in shown:
             body = message_lists[i] if identical else message_lists[i][prefix:]
-            blocks.append(f'<trajectory id="{ids[i]}">\n{escape(json.dumps(body))}\n</trajectory>')
+            parts = []
+            for n, conversation in _split_conversations(body):
+                if n is None:
+                    parts.append(escape(json.dumps(conversation)))
+                else:
+                    parts.append(f"{_conversation_open(n)}\n{escape(json.dumps(conversation))}\n</conversation>")
+            blocks.append(f'<trajectory id="{ids[i]}">\n' + "\n".join(parts) + "\n</trajectory>")
     else:
-        names = _tool_names([m for ml in message_lists for m in ml])
+        names = _tool_names([m for ml in message_lists for m in ml if not _is_marker(m)])
         head = _pieces(message_lists[0][:prefix], names) if prefix and not identical else []
         tails = [_pieces(message_lists[i] if identical else message_lists[i][prefix:], names) for i in shown]
         counts = Counter(u for tail in tails for p in tail for u in _units(p))
@@ -332,7 +400,8 @@ def build_prompt(
     user += "Trajectories:\n\n" + "\n\n".join(blocks)
     system = SYSTEM_TEMPLATE.format(
         rubric=rubric.strip("\n"),
-        compact_note=COMPACT_NOTE if render == "compact" else "",
+        compact_note=(COMPACT_NOTE if render == "compact" else "")
+        + (HISTORIES_NOTE if any(_is_marker(m) for ml in message_lists for m in ml) else ""),
         ids=_id_list(shown_ids),
     )
     return JudgePrompt(

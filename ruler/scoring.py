@@ -19,7 +19,6 @@ import warnings
 from typing import Unpack
 
 from judges import DEFAULT_RUBRIC
-from judges.errors import JudgeInputError
 from judges.panel import JudgePanel
 from ruler import tracing
 from ruler.budget import score_within_budget
@@ -27,10 +26,11 @@ from ruler.options import (MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKEN
                            RulerOptions)
 from ruler.panel import score_panel
 from ruler.parse import TrajectoryScore
+from ruler.prompt import flatten_histories
 from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge
 from ruler.results import EXPLANATION_KEY, NOTES_KEY, RulerResult
-from ruler.trajectory import (Trajectory, TrajectoryGroup, require_task_stated, validate_message_lists,
-                              validate_trajectories)
+from ruler.trajectory import (Choice, Trajectory, TrajectoryGroup, choice_to_message, require_task_stated,
+                              validate_message_lists, validate_trajectories)
 
 __all__ = ["MAX_PERMUTATIONS", "MAX_PROMPT_TOKENS", "MIN_PROMPT_TOKENS", "UNKNOWN_CONTEXT_TOKENS", "RulerResult",
            "ruler", "ruler_result", "ruler_score_group"]
@@ -126,11 +126,10 @@ async def ruler_score_group(
     tracer = tracing.current_tracer()
     judging_id = None
     try:
-        for i, t in enumerate(group.trajectories, 1):
-            if getattr(t, "additional_histories", None):
-                raise JudgeInputError(f"trajectory {i} has additional_histories, which RULER does not score yet")
         validate_trajectories(group, limits=opts.limits)
-        message_lists = [t.messages() for t in group.trajectories]
+        # every conversation is judged: additional histories follow the main one in the trajectory's block
+        message_lists = [flatten_histories(t.messages(), [_history_messages(h) for h in t.additional_histories])
+                         for t in group.trajectories]
         require_task_stated(message_lists)
         with tracing.judging(tracer) as judging_id:
             result = await _judge_group(message_lists, opts)
@@ -164,11 +163,16 @@ async def _judge_group(message_lists: list[list[dict]], opts: RulerOptions) -> R
     return result
 
 
+def _history_messages(history) -> list[dict]:
+    """A further conversation as plain message dicts (choices become assistant messages)."""
+    return [choice_to_message(m) if isinstance(m, Choice) else m for m in history.messages_and_choices]
+
+
 def _group_tools(trajectories: list[Trajectory]) -> list[dict] | None:
     """The tool schemas offered in the group, each once."""
     seen: dict[str, dict] = {}
     for t in trajectories:
-        for tool in t.tools or []:
+        for tool in [*(t.tools or []), *(x for h in t.additional_histories for x in h.tools or [])]:
             seen.setdefault(json.dumps(tool, sort_keys=True, default=repr), tool)
     return list(seen.values()) or None
 

@@ -25,7 +25,7 @@ async def test_each_framework_email_agent_trains_one_step_with_ruler(inbox_db, t
     judge = FakeJudge()
     judge.first_bonus = 0.4
     try:
-        (row,) = await example.train(example.rollout, "smoke", argv=[
+        (row,) = await example.train(example.rollout, "smoke", policy=example.policy, argv=[
             "--steps", "1", "--groups-per-step", "1", "--group-size", "2", "--max-turns", "1", "--max-tokens", "12",
             "--per-inbox", "2", "--db", str(db), "--out", str(tmp_path), "--judge", f"openai/fake-judge@{judge.base}"])
     finally:

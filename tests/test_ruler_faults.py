@@ -259,10 +259,15 @@ async def test_budget_too_small_for_one_trajectory_is_a_clear_error(judge):
     assert judge.requests == []
 
 
-async def test_additional_histories_rejected(judge):
-    t = Trajectory(messages_and_choices=convo("a"), additional_histories=[{"messages_and_choices": convo("b")}])
-    with pytest.raises(ValueError, match="additional_histories"):
-        await ruler_score_group(TrajectoryGroup([t, t]), MODEL, judge.params)
+async def test_additional_histories_are_judged_inside_their_trajectory(judge):
+    a = Trajectory(messages_and_choices=convo("a"), additional_histories=[{"messages_and_choices": convo("GOOD b")}])
+    b = Trajectory(messages_and_choices=convo("a"), additional_histories=[{"messages_and_choices": convo("c")}])
+    scored = await ruler_score_group(TrajectoryGroup([a, b]), MODEL, judge.params)
+    assert [t.metrics["ruler_score"] for t in scored.trajectories] == [pytest.approx(0.9), pytest.approx(0.3)]
+    bad = Trajectory(messages_and_choices=convo("a"), additional_histories=[{"messages_and_choices": [
+        {"role": "narrator", "content": "x"}]}])
+    with pytest.raises(ValueError, match="history 1, message 1: unknown role"):  # still checked by validation
+        await ruler_score_group(TrajectoryGroup([a, bad]), MODEL, judge.params)
 
 
 async def test_a_rescored_group_shows_its_latest_explanation_everywhere(judge):

@@ -207,12 +207,12 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
         tools = req.tools or None
         if tools:
             _check_tools(tools)
-        forced = _forced_tools(tool_choice, tools)
-        if forced and served.tool_parser != "hermes":
-            raise APIError(400, f"tool_choice {tool_choice!r} needs the hermes tool parser on the CPU server")
             if not served.renders_tools:
                 raise APIError(400, f"the chat template of {served.name} cannot render tools; give one that can "
                                "(EngineConfig.chat_template)")
+        forced = _forced_tools(tool_choice, tools)
+        if forced and served.tool_parser != "hermes":
+            raise APIError(400, f"tool_choice {tool_choice!r} needs the hermes tool parser on the CPU server")
         try:
             ids = prompt_ids(served.tokenizer, req.messages, tools, chat_template=served.chat_template,
                              **(req.chat_template_kwargs or {}))

@@ -14,6 +14,7 @@ from evals.art_e.questions import Scenario, generate_scenarios
 from evals.art_e.tools import InboxTools
 from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups, ruler_score_group
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from trainer.record import aclose_recording
 
 
 def parse_args(argv=None, description: str = "") -> argparse.Namespace:
@@ -54,9 +55,13 @@ def finish(traj: Trajectory, scenario: Scenario, inbox: InboxTools) -> Trajector
     return traj
 
 
-async def train(rollout, default_name: str, argv=None, description: str = "") -> list[dict]:
-    """The training loop both examples share: data, model, `--steps` RULER-scored GRPO steps of `rollout(model,
-    scenario, db, args)`; the run-log rows."""
+async def train(rollout, default_name: str, argv=None, description: str = "", *, policy) -> list[dict]:
+    """The training loop both examples share: data, model, `--steps` RULER-scored GRPO steps of
+    `rollout(agent_model, scenario, db, args)`; the run-log rows. `policy(model, args)` makes the framework's
+    model (`langchain_chat_model`, `agents_sdk_model`): once per step, since it names that step's adapter,
+    shared by the step's rollouts and closed (`trainer.record.aclose_recording`) when the step ends."""
+    if not callable(rollout) or not callable(policy):
+        raise TypeError("train needs a rollout function and a policy factory (model, args) -> framework model")
     args = parse_args(argv, description)
     rng = random.Random(args.seed)
     if not args.db.is_file():
@@ -83,9 +88,13 @@ async def train(rollout, default_name: str, argv=None, description: str = "") ->
     try:
         for step in range(await model.get_step(), args.steps):
             picked = rng.sample(train_set, min(args.groups_per_step, len(train_set)))
-            groups = await gather_trajectory_groups(
-                [TrajectoryGroup(rollout(model, s, args.db, args) for _ in range(args.group_size)) for s in picked],
-                after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)
+            agent_model = policy(model, args)  # one per step (its HTTP clients too), closed when the step ends
+            try:
+                groups = await gather_trajectory_groups(
+                    [TrajectoryGroup(rollout(agent_model, s, args.db, args) for _ in range(args.group_size))
+                     for s in picked], after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)
+            finally:
+                await aclose_recording(agent_model)
             row = await model.train(groups, TrainConfig(learning_rate=args.lr))
             rows.append(row)
             print(f"step {row['step']}: trained={row['trained']} RULER reward {row.get('reward_mean', float('nan')):.3f}, "
