@@ -1,7 +1,8 @@
 """MCP·RL: train an agent on the tools of any MCP server, with RULER as the reward (no reward function written).
 
     async with MCPToolbox("python -m evals.art_e.mcp_server --db inbox.db") as box:     # or url="http://…/mcp"
-        tasks = await write_tasks(box.openai_tools, "openai/gpt-4.1", n=16, instructions=box.instructions)
+        tasks = await write_tasks(box.openai_tools, "openai/gpt-4.1", n=16, instructions=box.instructions,
+                                  resources=box.resources, guidance="Tasks a sales assistant would get.")
         result = await train_mcp_rl(model, box, tasks, judge="openai/o4-mini", config=MCPRLConfig(steps=10))
 
 or, from the command line, `ruler mcp-rl --server "CMD ARGS" --task-model MODEL --judge MODEL`.
@@ -26,7 +27,8 @@ The loop:
    of a `TrajectoryGroup` it is recorded in `group.exceptions` and counted by `gather_trajectory_groups`.
 4. `train_mcp_rl`: each step, `groups_per_step` training tasks are rolled out `group_size` times, each group
    is scored by `ruler_score_group` (a group the judge cannot score is dropped) and `model.train` takes one
-   step.
+   step, until the model has taken `steps` steps in total. The test tasks are rolled out before the first
+   step and after the last, and RULER ranks the two together (`MCPRLResult.evaluation`).
 
 Needs the `mcp` extra (`pip install 'ruler-rl[mcp]'`) beside `train`.
 """
