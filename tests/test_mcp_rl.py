@@ -255,7 +255,7 @@ def test_the_command_passes_env_cwd_instructions_and_resources_to_the_server_and
                         (["--inherit-env", "--env", "FAULTS_NOTE=mine"], "mine")):
         writer.reset()
         writer.script = ["prose"] * 3
-        res = CliRunner().invoke(app, [*base, *flags, "--instructions", "Tasks about echo."], env=env)
+        res = CliRunner().invoke(app, [*base, *flags, "--instructions", "Tasks about echo." + " Short ones." * 30], env=env)
         assert res.exit_code == 1, res.output
         prompt = writer.requests[0]["messages"][0]["content"]
         assert f"FAULTS_NOTE: {note};" in prompt and "Tasks about echo." in prompt

@@ -106,10 +106,14 @@ def mcp_rl(
     if instructions is not None:
         text = instructions
         try:
-            if len(instructions) < 4096 and Path(instructions).is_file():
+            is_file = Path(instructions).is_file()
+        except (OSError, ValueError):  # a text too long (or odd) to be a path
+            is_file = False
+        if is_file:
+            try:
                 text = Path(instructions).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise typer.BadParameter(f"cannot read {instructions}: {exc}", param_hint="--instructions") from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise typer.BadParameter(f"cannot read {instructions}: {exc}", param_hint="--instructions") from None
         if not text.strip() or len(text) > 20000:
             raise typer.BadParameter("must be a non-empty text (or file) of at most 20000 characters",
                                      param_hint="--instructions")
