@@ -15,11 +15,11 @@ import pytest
 from openai import AsyncOpenAI
 from typer.testing import CliRunner
 
+from evals.art_e.mcp_server import resolve_inbox
+from evals.art_e.tools import InboxTools
 from ruler import TrajectoryGroup, gather_trajectory_groups
 from ruler.errors import TooManyExceptions
 from ruler.testing import FakeJudge, free_port
-from evals.art_e.mcp_server import resolve_inbox
-from evals.art_e.tools import InboxTools
 from trainer.mcp_rl import (
     MCPRLConfig,
     MCPServerError,
@@ -174,6 +174,7 @@ def test_the_command_writes_and_saves_the_tasks_and_registers_the_model(inbox_db
                              env=env)
     assert res.exit_code == 0, res.output
     assert "2 tools (search_emails, read_email)" in res.output and "1 training and 1 test tasks" in res.output
+    assert "test evaluation: none (no test tasks, --eval-rollouts 0 or no step taken)" in res.output
     saved = TaskSet.load(tmp_path / "mcp-rl" / "a" / "tasks.json")
     assert {t.task for t in saved.train + saved.test} == {
         "Find the email about the budget meeting and tell me its date.",
