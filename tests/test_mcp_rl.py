@@ -15,6 +15,8 @@ import pytest
 from openai import AsyncOpenAI
 from typer.testing import CliRunner
 
+from evals.art_e.mcp_server import resolve_inbox
+from evals.art_e.tools import InboxTools
 from ruler import TrajectoryGroup, gather_trajectory_groups
 from ruler.errors import TooManyExceptions
 from ruler.testing import FakeJudge, free_port
@@ -65,15 +67,19 @@ async def test_the_loop_end_to_end_on_the_inbox_server_over_stdio(inbox_db, judg
 
     db, _ = inbox_db
     writer.script = [
-        reply([{"task": "Find the email about the budget meeting and tell me when it is.", "tools": ["search_emails"]},
-               {"task": "find the email about the BUDGET meeting, and tell me when it is", "tools": ["search_emails"]},
+        # every valid task names one keyword the inbox holds, so a forced search finds real mail
+        reply([{"task": "Search my emails for the keyword budget and tell me who sent the newest one.",
+                "tools": ["search_emails"]},
+               {"task": "search my emails for the keyword BUDGET, and tell me who sent the newest one",
+                "tools": ["search_emails"]},
                {"task": "Delete every email from John.", "tools": ["delete_email"]},
                {"task": "Hi", "tools": ["read_email"]},
-               {"task": "Who asked Sally to review the trading report last spring?",
+               {"task": "Search my emails for the keyword trading and summarize the newest one.",
                 "tools": ["search_emails", "read_email"]}]),
-        reply([{"task": "What did the latest email about the holiday party say about the venue?",
+        reply([{"task": "Search my emails for the keyword meeting and tell me when the next one is.",
                 "tools": ["search_emails", "read_email"]},
-               {"task": "Which colleagues wrote to me about the Houston office move?", "tools": ["search_emails"]}]),
+               {"task": "Search my emails for the keyword Houston and list who wrote them.",
+                "tools": ["search_emails"]}]),
     ]
     async with MCPToolbox(inbox_server(db), env=ENV, cwd=ROOT, tool_timeout=20) as box:
         assert box.tool_names == ["search_emails", "read_email"] and "inbox" in box.instructions
@@ -100,25 +106,57 @@ async def test_the_loop_end_to_end_on_the_inbox_server_over_stdio(inbox_db, judg
         backend = LocalBackend(tmp_path / "runs")
         await model.register(backend)
         judge.first_bonus = 0.4  # the scripted judge scores the first trajectory higher: a learning signal
+        # SmolLM2 rarely calls a tool on its own: the first turn is forced to call search_emails (constrained
+        # decoding on the CPU server), so the agent really runs a tool on the inbox server through MCP
+        forced = {"type": "function", "function": {"name": "search_emails"}}
         try:
             result = await train_mcp_rl(model, box, tasks, judge="openai/fake-judge", judge_params=judge.params,
                                         config=MCPRLConfig(steps=1, groups_per_step=1, group_size=2, max_turns=2,
-                                                           max_tokens=24, seed=0),
+                                                           max_tokens=64, temperature=0.3, seed=0,
+                                                           tool_choice=forced, eval_rollouts=1),
                                         train_config=TrainConfig(learning_rate=1e-4))
+            # `steps` is a total: the model is at step 1 already, so steps=1 takes none (and evaluates nothing)
+            again = await train_mcp_rl(model, box, tasks, judge="openai/fake-judge", judge_params=judge.params,
+                                       config=MCPRLConfig(steps=1, group_size=2, tool_choice=forced))
+            assert (again.rows, again.evaluation, await model.get_step()) == ([], None, 1)
         finally:
             await backend.close()
     (row,) = result.rows
     assert row["trained"] is True and row["step"] == 1 and row["sequences"] >= 2
     (group,) = result.groups[0]
-    assert len(group) == 2 and not group.exceptions and len(judge.requests) == 1
-    assert sorted(t.reward for t in group) == pytest.approx([0.3, 0.7])
+    assert len(group) == 2 and not group.exceptions and len(judge.requests) == 2  # a training and an eval group
     task_text = group.trajectories[0].metadata["task"]
     assert task_text in [t.task for t in tasks.train] and task_text in FakeJudge.user_text(judge.requests[0])
+    inbox = InboxTools(db, resolve_inbox(db, None))
+    found = []
     for t in group:
         served = [m for m in t.messages_and_choices if not isinstance(m, dict)]
         assert served and all(len(c.model_extra["token_ids"]) > 0 for c in served)  # trainable
         assert [x["function"]["name"] for x in t.tools] == ["search_emails", "read_email"]
-        assert 1 <= t.metrics["turns"] <= 2 and "ruler_score" in t.metrics
+        assert 1 <= t.metrics["turns"] <= 2 and "ruler_score" in t.metrics and t.metrics["tool_calls"] >= 1
+        (first_call, *_) = served[0].message.tool_calls
+        assert first_call.function.name == "search_emails"
+        tool_msgs = [m for m in t.messages_and_choices if isinstance(m, dict) and m["role"] == "tool"]
+        assert tool_msgs[0]["tool_call_id"] == first_call.id
+        for m in tool_msgs:  # the inbox server's answer: hits whose message ids are in the inbox
+            try:
+                hits = json.loads(m["content"])
+            except ValueError:
+                continue
+            for hit in hits if isinstance(hits, list) else []:
+                assert inbox.read_email(hit["message_id"]) is not None
+                found.append(hit["message_id"])
+    assert found, [m for t in group for m in t.messages_and_choices if isinstance(m, dict)]
+    # the judge ranked what the agent read: a real email snippet reached the judge's prompt
+    assert any(mid in FakeJudge.user_text(judge.requests[0]) for mid in found)
+    # the test split: the policy before and after the step, ranked together in one group by the judge
+    ev = result.evaluation
+    assert (ev.tasks, ev.groups_scored) == (1, 1) and len(ev.groups[0]) == 2
+    assert [t.metadata["eval"] for t in ev.groups[0]] == ["before", "after"]
+    assert tasks.test[0].task in FakeJudge.user_text(judge.requests[1])
+    before, after = ev.groups[0].trajectories
+    assert (ev.before_mean, ev.after_mean) == pytest.approx((before.reward, after.reward))
+    assert all("ruler_score" in t.metrics for t in ev.groups[0])
 
 
 @pytest.mark.slow
@@ -136,6 +174,7 @@ def test_the_command_writes_and_saves_the_tasks_and_registers_the_model(inbox_db
                              env=env)
     assert res.exit_code == 0, res.output
     assert "2 tools (search_emails, read_email)" in res.output and "1 training and 1 test tasks" in res.output
+    assert "test evaluation: none (no test tasks, --eval-rollouts 0 or no step taken)" in res.output
     saved = TaskSet.load(tmp_path / "mcp-rl" / "a" / "tasks.json")
     assert {t.task for t in saved.train + saved.test} == {
         "Find the email about the budget meeting and tell me its date.",
@@ -173,6 +212,69 @@ async def test_streamable_http_lists_the_tools_and_calls_one(http_server):
         assert not result.is_error and len(json.loads(result.text)) == 3
 
 
+# ---- the server's environment, working directory and resources ----------------------------------------------
+
+async def test_env_inherit_env_and_cwd_reach_the_server_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAULTS_PARENT_Q", "from-the-parent")
+    async with MCPToolbox(FAULTS, env={"FAULTS_NOTE": "hello-q"}, cwd=tmp_path) as box:
+        assert (await box.call("getenv", {"name": "FAULTS_NOTE"})).text == "hello-q"
+        # the SDK's default: the caller's own variables are not passed on
+        assert (await box.call("getenv", {"name": "FAULTS_PARENT_Q"})).text == "<unset>"
+        assert (await box.call("getcwd", {})).text == str(tmp_path)
+        assert "FAULTS_NOTE: hello-q" in box.instructions
+        assert box.resources == [{"uri": "faults://runbook", "name": "runbook",
+                                  "description": "What to do when a tool fails."}]
+    async with MCPToolbox(FAULTS, env={"FAULTS_NOTE": "wins"}, inherit_env=True) as box:
+        assert (await box.call("getenv", {"name": "FAULTS_PARENT_Q"})).text == "from-the-parent"
+        assert (await box.call("getenv", {"name": "FAULTS_NOTE"})).text == "wins"
+        assert (await box.call("getcwd", {})).text == os.getcwd()
+    with pytest.raises(ValueError, match="env must be a dict"):
+        MCPToolbox(FAULTS, env={"A=B": "x"})
+    with pytest.raises(ValueError, match="is not a directory"):
+        MCPToolbox(FAULTS, cwd=tmp_path / "missing")
+    with pytest.raises(ValueError, match="for a server command"):
+        MCPToolbox(url="http://127.0.0.1:1/mcp", inherit_env=True)
+
+
+def test_the_command_passes_env_cwd_instructions_and_resources_to_the_server_and_the_writer(writer, tmp_path):
+    from ruler.cli import app
+
+    guidance = tmp_path / "guidance.txt"
+    guidance.write_text("Only write tasks about failing tools, in French.")
+    writer.script = ["prose"] * 3  # the writer fails (no model is trained); its prompt is what is checked
+    base = ["mcp-rl", "--server", FAULTS, "--task-model", "openai/task-writer", "--task-api-base", writer.base,
+            "--n-tasks", "2"]
+    env = {"OPENAI_API_KEY": "sk-test", "FAULTS_NOTE": "from-the-shell"}
+    res = CliRunner().invoke(app, [*base, "--env", "FAULTS_NOTE=a=b", "--cwd", str(tmp_path),
+                                   "--instructions", str(guidance)], env=env)
+    assert res.exit_code == 1 and "gave 0 valid tasks" in res.output, res.output
+    prompt = writer.requests[0]["messages"][0]["content"]
+    assert f"FAULTS_NOTE: a=b; cwd: {tmp_path})" in prompt  # the server's instructions show its env and cwd
+    assert "Only write tasks about failing tools, in French." in prompt
+    assert "runbook (faults://runbook): What to do when a tool fails." in prompt
+    for flags, note in (([], "<unset>"), (["--inherit-env"], "from-the-shell"),
+                        (["--inherit-env", "--env", "FAULTS_NOTE=mine"], "mine")):
+        writer.reset()
+        writer.script = ["prose"] * 3
+        res = CliRunner().invoke(app, [*base, *flags, "--instructions", "Tasks about echo." + " Short ones." * 30], env=env)
+        assert res.exit_code == 1, res.output
+        prompt = writer.requests[0]["messages"][0]["content"]
+        assert f"FAULTS_NOTE: {note};" in prompt and "Tasks about echo." in prompt
+    for bad, match in ((["--env", "NOEQUALS"], "KEY=VALUE"), (["--cwd", str(tmp_path / "nope")], "does not exist"),
+                       (["--instructions", " "], "non-empty")):
+        res = CliRunner().invoke(app, [*base, *bad], env=env)
+        assert res.exit_code == 2 and match in res.output, res.output
+
+
+async def test_a_server_that_never_answers_the_handshake_times_out_at_connect_timeout():
+    started = time.monotonic()
+    with pytest.raises(MCPServerError) as err:
+        async with MCPToolbox(f"{FAULTS} --mode silent", connect_timeout=1):
+            pass
+    assert time.monotonic() - started < 5  # one deadline for the whole start-up, not one per request
+    assert "within connect_timeout=1 s" in str(err.value) and "failed to start" not in str(err.value)
+
+
 # ---- bad input ---------------------------------------------------------------------------------------------
 
 async def test_a_server_that_fails_to_start_is_named_with_its_stderr():
@@ -205,7 +307,7 @@ async def test_tools_that_raise_or_hang_become_tool_messages(judge):
                                                                                       "arguments": "{bad json"}}]},
                     {"content": "Done: the echo said hi."}]
     async with MCPToolbox(FAULTS, env=ENV, tool_timeout=1.5) as box:
-        assert box.tool_names == ["echo", "boom", "hang", "die"]
+        assert box.tool_names == ["echo", "boom", "hang", "die", "getenv", "getcwd"]
         started = time.monotonic()
         t = await rollout(MCPTask(id="t", task="Echo hi, then try the other tools."), box, policy, "fake-agent")
         assert time.monotonic() - started < 15  # the hanging tool was cut at its timeout
@@ -294,6 +396,10 @@ async def test_write_tasks_refuses_bad_arguments(kwargs, match):
         await write_tasks(TOOLS, "openai/task-writer", **kwargs)
     with pytest.raises(ValueError, match="OpenAI tool schemas"):
         await write_tasks([], "openai/task-writer", n=2)
+    with pytest.raises(ValueError, match="guidance"):
+        await write_tasks(TOOLS, "openai/task-writer", n=2, guidance=["not", "text"])
+    with pytest.raises(ValueError, match="resources"):
+        await write_tasks(TOOLS, "openai/task-writer", n=2, resources="faults://runbook")
 
 
 def test_toolbox_and_schema_conversion_refuse_bad_input():
@@ -310,3 +416,20 @@ def test_toolbox_and_schema_conversion_refuse_bad_input():
     with pytest.raises(ValueError, match="not a valid function name"):
         openai_tool_schema({"name": "fs.read", "inputSchema": {"type": "object"}})
     assert openai_tool_schema({"name": "ping"})["function"]["parameters"] == {"type": "object", "properties": {}}
+    with pytest.raises(ValueError, match="tool_choice must be"):
+        MCPRLConfig(tool_choice="sometimes")
+    with pytest.raises(ValueError, match="tool_choice must be"):
+        MCPRLConfig(tool_choice={"type": "function", "function": {}})
+    assert MCPRLConfig().tool_choice == "auto"
+
+
+async def test_rollout_refuses_a_tool_choice_naming_no_tool_of_the_server(judge):
+    policy = AsyncOpenAI(base_url=judge.base, api_key="sk-test", max_retries=0)
+    async with MCPToolbox(FAULTS, tool_timeout=5) as box:
+        with pytest.raises(ValueError, match="names 'search_emails', which is not a tool of the server"):
+            await rollout(MCPTask(id="t", task="Echo hi."), box, policy, "fake-agent",
+                          tool_choice={"type": "function", "function": {"name": "search_emails"}})
+        judge.script = [{"tool_calls": [call(1, "echo", {"text": "hi"})]}, {"content": "said hi"}]
+        t = await rollout(MCPTask(id="t", task="Echo hi."), box, policy, "fake-agent", tool_choice="required")
+    # the first turn carries the forced choice, later turns are "auto" so the agent can answer
+    assert [r["tool_choice"] for r in judge.requests] == ["required", "auto"] and t.metrics["answered"] is True

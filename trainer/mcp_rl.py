@@ -1,7 +1,8 @@
 """MCP·RL: train an agent on the tools of any MCP server, with RULER as the reward (no reward function written).
 
     async with MCPToolbox("python -m evals.art_e.mcp_server --db inbox.db") as box:     # or url="http://…/mcp"
-        tasks = await write_tasks(box.openai_tools, "openai/gpt-4.1", n=16, instructions=box.instructions)
+        tasks = await write_tasks(box.openai_tools, "openai/gpt-4.1", n=16, instructions=box.instructions,
+                                  resources=box.resources, guidance="Tasks a sales assistant would get.")
         result = await train_mcp_rl(model, box, tasks, judge="openai/o4-mini", config=MCPRLConfig(steps=10))
 
 or, from the command line, `ruler mcp-rl --server "CMD ARGS" --task-model MODEL --judge MODEL`.
@@ -26,7 +27,8 @@ The loop:
    of a `TrajectoryGroup` it is recorded in `group.exceptions` and counted by `gather_trajectory_groups`.
 4. `train_mcp_rl`: each step, `groups_per_step` training tasks are rolled out `group_size` times, each group
    is scored by `ruler_score_group` (a group the judge cannot score is dropped) and `model.train` takes one
-   step.
+   step, until the model has taken `steps` steps in total. The test tasks are rolled out before the first
+   step and after the last, and RULER ranks the two together (`MCPRLResult.evaluation`).
 
 Needs the `mcp` extra (`pip install 'ruler-rl[mcp]'`) beside `train`.
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import re
 import shlex
@@ -69,6 +72,7 @@ log = logging.getLogger("ruler")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept as a function name
 STDERR_TAIL_CHARS = 2000
 MAX_TOOL_PAGES = 100
+MAX_RESOURCES, RESOURCE_TEXT_CHARS = 50, 300  # what the task writer is shown of a server's resources
 TASK_MIN_CHARS, TASK_MAX_CHARS = 12, 2000
 
 
@@ -157,19 +161,28 @@ class MCPToolbox:
 
     `server`: a command line (split like a shell would, e.g. `"python -m evals.art_e.mcp_server --db x.db"`)
     run as a subprocess over stdio; or `url`: a streamable HTTP endpoint (`http://host:port/mcp`). Exactly
-    one of the two. `env` adds environment variables for the command, `cwd` is its working directory.
-    `connect_timeout`: seconds each start-up request (the protocol handshake, the tool listing) may take;
-    `tool_timeout`: seconds one tool call may take. Inside the `async with`: `tools` (the MCP tools), `openai_tools` (their OpenAI schemas; tools
-    whose name or schema cannot be offered are left out and named in `skipped_tools`), `instructions` (the
-    server's own, or None), `call(name, arguments)`.
+    one of the two.
+
+    The command's environment: the `mcp` SDK passes a command only a short list of safe variables (`HOME`,
+    `PATH`, `USER`, ... on POSIX), not the caller's whole environment (which may hold API keys). `env` adds
+    variables to that list; `inherit_env=True` passes the caller's whole environment (`os.environ`, then
+    `env` over it). `cwd` is the command's working directory (default: the caller's).
+
+    `connect_timeout`: seconds the whole start-up may take (starting the command, the protocol handshake, the
+    tool and resource listings: one deadline); running past it raises `MCPServerError` naming
+    `connect_timeout`. `tool_timeout`: seconds one tool call may take. Inside the `async with`: `tools` (the
+    MCP tools), `openai_tools` (their OpenAI schemas; tools whose name or schema cannot be offered are left
+    out and named in `skipped_tools`), `instructions` (the server's own, or None), `resources` (the server's
+    MCP resources, if it offers any: at most 50, each a dict of `uri`, `name` and `description`, texts cut to
+    300 characters), `call(name, arguments)`.
 
     One toolbox may serve many concurrent rollouts (MCP requests are multiplexed on one session); enter and
     leave it in the same task.
     """
 
     def __init__(self, server: str | None = None, *, url: str | None = None, env: dict[str, str] | None = None,
-                 cwd: str | Path | None = None, connect_timeout: float = 60.0, tool_timeout: float = 30.0,
-                 max_result_chars: int = 8000):
+                 cwd: str | Path | None = None, inherit_env: bool = False, connect_timeout: float = 60.0,
+                 tool_timeout: float = 30.0, max_result_chars: int = 8000):
         if (server is None) == (url is None):
             raise ValueError("give exactly one of server (a command line, run over stdio) and url (streamable HTTP)")
         if server is not None:
@@ -179,13 +192,23 @@ class MCPToolbox:
                 argv = shlex.split(server)
             except ValueError as exc:
                 raise ValueError(f"server command {server!r} cannot be split into arguments: {exc}") from None
+            if env is not None and (not isinstance(env, dict) or not all(
+                    isinstance(k, str) and k and "=" not in k and isinstance(v, str) for k, v in env.items())):
+                raise ValueError("env must be a dict of variable names (no '=') to string values, got "
+                                 f"{env!r}")
+            if not isinstance(inherit_env, bool):
+                raise ValueError(f"inherit_env must be True or False, got {inherit_env!r}")
+            if cwd is not None and not Path(cwd).is_dir():
+                raise ValueError(f"cwd {str(cwd)!r} is not a directory")
+            if inherit_env:
+                env = {**os.environ, **(env or {})}
             self.params = StdioServerParameters(command=argv[0], args=argv[1:], env=env,
                                                 cwd=str(cwd) if cwd is not None else None)
         else:
             if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
                 raise ValueError(f"url must be an http(s) URL of a streamable HTTP MCP endpoint, got {url!r}")
-            if env is not None or cwd is not None:
-                raise ValueError("env and cwd are for a server command, not a URL")
+            if env is not None or cwd is not None or inherit_env:
+                raise ValueError("env, inherit_env and cwd are for a server command, not a URL")
             self.params = None
         for name, value in (("connect_timeout", connect_timeout), ("tool_timeout", tool_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
@@ -199,6 +222,7 @@ class MCPToolbox:
         self.openai_tools: list[dict] = []
         self.skipped_tools: dict[str, str] = {}
         self.instructions: str | None = None
+        self.resources: list[dict] = []
         self._client: Client | None = None
         self._stack: AsyncExitStack | None = None
         self._errlog = None
@@ -227,12 +251,14 @@ class MCPToolbox:
                 transport = stdio_client(self.params, errlog=self._errlog)
             else:
                 transport = self.url
-            # the handshake's requests are bounded by read_timeout_seconds (a cancel scope cannot be wrapped
-            # around entering the client: its task group outlives it)
-            self._client = await self._stack.enter_async_context(
-                Client(transport, read_timeout_seconds=self.connect_timeout))
-            with anyio.fail_after(self.connect_timeout):
+            # one deadline for the whole start-up (starting the command, the protocol handshake, the tool and
+            # resource listings); each request is bounded by it too. asyncio.timeout, not an anyio cancel
+            # scope: the client's task group, entered inside, outlives the block.
+            async with asyncio.timeout(self.connect_timeout):
+                self._client = await self._stack.enter_async_context(
+                    Client(transport, read_timeout_seconds=self.connect_timeout))
                 await self._list_tools()
+                await self._list_resources()
         except BaseException as exc:
             tail = self.stderr_tail()
             try:
@@ -243,8 +269,10 @@ class MCPToolbox:
                 raise
             if isinstance(exc, MCPServerError):
                 raise
-            if isinstance(exc, TimeoutError):
-                why = f"gave no answer within the {self.connect_timeout:g} s connect timeout"
+            if isinstance(exc, TimeoutError) or any(isinstance(e, MCPError) and e.code == REQUEST_TIMEOUT
+                                                    for e in _leaves(exc)):
+                why = (f"did not finish starting (handshake and tool listing) within connect_timeout="
+                       f"{self.connect_timeout:g} s")
             else:
                 why = f"failed to start or connect ({_describe(exc)})"
             where = f"; its stderr ends:\n{tail}" if tail else ("; it wrote nothing to stderr"
@@ -272,6 +300,27 @@ class MCPToolbox:
         if not self.openai_tools:
             raise MCPServerError(f"{self.label} lists no tool an agent can be given"
                                  + (f" (left out: {self.skipped_tools})" if self.skipped_tools else ""))
+
+    async def _list_resources(self) -> None:
+        self.resources = []
+        if getattr(self._client.server_capabilities, "resources", None) is None:
+            return
+        cursor = None
+        try:
+            for _ in range(MAX_TOOL_PAGES):
+                page = await self._client.list_resources(cursor=cursor)
+                for r in page.resources:
+                    self.resources.append({"uri": str(r.uri)[:RESOURCE_TEXT_CHARS],
+                                           "name": (r.name or "")[:RESOURCE_TEXT_CHARS],
+                                           "description": (r.description or "").strip()[:RESOURCE_TEXT_CHARS]})
+                cursor = page.next_cursor
+                if not cursor or len(self.resources) >= MAX_RESOURCES:
+                    break
+        except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                raise
+            log.warning("%s: listing its resources failed (left out): %s", self.label, exc)
+        del self.resources[MAX_RESOURCES:]
 
     async def __aexit__(self, *exc_info) -> None:
         await self._close()
@@ -414,7 +463,8 @@ def _check_tools_list(tools: Any) -> list[str]:
 
 
 async def write_tasks(tools: list[dict], model: str, *, n: int, test_fraction: float = 0.25, seed: int = 0,
-                      params: dict | None = None, instructions: str | None = None, max_attempts: int = 3,
+                      params: dict | None = None, instructions: str | None = None, guidance: str | None = None,
+                      resources: list[dict] | None = None, max_attempts: int = 3,
                       retry: RetryPolicy | None = None) -> TaskSet:
     """`n` distinct tasks for an agent with `tools` (OpenAI tool schemas), written by litellm `model`.
 
@@ -423,6 +473,10 @@ async def write_tasks(tools: list[dict], model: str, *, n: int, test_fraction: f
     and deduplicated (case, punctuation and spacing ignored). Up to `max_attempts` calls; fewer than `n` kept
     tasks then raise `TaskWriterError` with the counts of each rejection. The kept tasks are shuffled with
     `seed`; `round(n * test_fraction)` of them (at least one when `test_fraction` > 0) are the test split.
+    The writer is shown the server's `instructions` (`MCPToolbox.instructions`), the user's own `guidance`
+    (what kind of tasks to write: a text of at most 20000 characters) and the server's `resources`
+    (`MCPToolbox.resources`: only their uri, name and description, at most 50, each text cut to 300
+    characters).
     A writer endpoint that keeps failing raises `judges.JudgeError` (its calls are retried by `retry`).
     """
     names = _check_tools_list(tools)
@@ -439,11 +493,23 @@ async def write_tasks(tools: list[dict], model: str, *, n: int, test_fraction: f
         raise ValueError(f"max_attempts must be an integer from 1 to 100, got {max_attempts!r}")
     if instructions is not None and not isinstance(instructions, str):
         raise ValueError(f"instructions must be a string or None, got {type(instructions).__name__}")
+    if guidance is not None and (not isinstance(guidance, str) or len(guidance) > 20000):
+        raise ValueError("guidance must be a text of at most 20000 characters or None")
+    if resources is not None and (not isinstance(resources, list) or not all(isinstance(r, dict) for r in resources)):
+        raise ValueError("resources must be a list of dicts (MCPToolbox.resources) or None")
     if params is not None and not isinstance(params, dict):
         raise ValueError(f"params must be a dict of litellm parameters, got {type(params).__name__}")
     report, kept, seen = TaskReport(requested=n), [], set()
     tool_text = json.dumps(tools, indent=1, ensure_ascii=False)
     extra = f"The server describes itself: {instructions.strip()}\n" if instructions and instructions.strip() else ""
+    if resources:
+        shown = [{k: str(r.get(k) or "")[:RESOURCE_TEXT_CHARS] for k in ("uri", "name", "description")}
+                 for r in resources[:MAX_RESOURCES]]
+        extra += ("The server also offers these resources (data the tasks may be about):\n"
+                  + "\n".join(f"- {r['name'] or r['uri']} ({r['uri']}): {r['description']}".rstrip(": ")
+                              for r in shown) + "\n")
+    if guidance and guidance.strip():
+        extra += f"Instructions from the user for the tasks (follow them):\n{guidance.strip()}\n"
     while len(kept) < n and report.attempts < max_attempts:
         count = n - len(kept)
         messages = [{"role": "user", "content": WRITER_PROMPT.format(tools=tool_text, instructions=extra, count=count)}]
@@ -505,7 +571,8 @@ answer in plain text, without a tool call. You may take up to {max_turns} turns.
 
 
 async def rollout(task: MCPTask, toolbox: MCPToolbox, client: Any, model: str, *, max_turns: int = 6,
-                  max_tokens: int = 256, temperature: float = 1.0, system: str | None = None) -> Trajectory:
+                  max_tokens: int = 256, temperature: float = 1.0, system: str | None = None,
+                  tool_choice: str | dict = "auto") -> Trajectory:
     """One episode of the agent on `task`: a `Trajectory` of the conversation, the served `Choice`s kept whole.
 
     `client`: an `openai.AsyncOpenAI` (or compatible) serving `model` (for a `TrainableModel`:
@@ -513,6 +580,11 @@ async def rollout(task: MCPTask, toolbox: MCPToolbox, client: Any, model: str, *
     tools; every tool call in it runs (in order) and gets a tool message; the episode ends at a reply without
     a tool call (the answer) or after `max_turns` turns (`metrics["ran_out_of_turns"]`). Tool failures are
     tool messages (see `MCPToolbox.call`); a failing policy or connection raises.
+
+    `tool_choice` is the OpenAI `tool_choice` of the first turn (`"auto"`, the default; `"required"`; or
+    `{"type": "function", "function": {"name": NAME}}` naming one of the toolbox's tools): `"required"` or a
+    name makes the agent start with a tool call; later turns are always `"auto"`, so the agent can still
+    answer. (The CPU server forces exactly one call for a forced turn; vLLM may make several.)
     """
     if not isinstance(task, MCPTask):
         raise TypeError(f"rollout takes an MCPTask, got {type(task).__name__}")
@@ -527,6 +599,7 @@ async def rollout(task: MCPTask, toolbox: MCPToolbox, client: Any, model: str, *
         raise ValueError(f"temperature must be a number in [0, 2], got {temperature!r}")
     if not toolbox.openai_tools:
         raise RuntimeError("the toolbox has no tools: use it inside `async with`")
+    _check_tool_choice(tool_choice, toolbox.tool_names)
     instructions = f"\n\nAbout the server: {toolbox.instructions.strip()}" if toolbox.instructions else ""
     messages: list = [{"role": "system", "content": system if system is not None else
                        SYSTEM.format(max_turns=max_turns, instructions=instructions)},
@@ -541,7 +614,8 @@ async def rollout(task: MCPTask, toolbox: MCPToolbox, client: Any, model: str, *
         metrics["turns"] += 1
         history = [m if isinstance(m, dict) else choice_to_message(m) for m in messages]
         response = await client.chat.completions.create(model=model, messages=history, tools=toolbox.openai_tools,
-                                                        tool_choice="auto", max_tokens=max_tokens,
+                                                        tool_choice=tool_choice if metrics["turns"] == 1
+                                                        else "auto", max_tokens=max_tokens,
                                                         temperature=temperature)
         if not getattr(response, "choices", None):
             raise RuntimeError(f"the policy {model} answered with no choice")
@@ -562,6 +636,17 @@ async def rollout(task: MCPTask, toolbox: MCPToolbox, client: Any, model: str, *
                       metadata={"task_id": task.id, "task": task.task, "split": task.split, "policy": model})
 
 
+def _check_tool_choice(tool_choice: Any, names: list[str] | None = None) -> None:
+    if tool_choice in ("auto", "required"):
+        return
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str) or tool_choice.get("type", "function") != "function":
+        raise ValueError("tool_choice must be 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}, "
+                         f"got {tool_choice!r}")
+    if names is not None and name not in names:
+        raise ValueError(f"tool_choice names {name!r}, which is not a tool of the server ({', '.join(names)})")
+
+
 async def _run_call(toolbox: MCPToolbox, call: Any) -> ToolCallResult:
     fn = getattr(call, "function", None)
     name = getattr(fn, "name", None)
@@ -578,9 +663,15 @@ async def _run_call(toolbox: MCPToolbox, call: Any) -> ToolCallResult:
 
 
 class MCPRLConfig(pydantic.BaseModel):
-    """The loop's settings. `steps` training steps; each rolls out `groups_per_step` training tasks (drawn with
-    `seed`) `group_size` times; `max_exceptions` (a count, or a fraction < 1 of the step's rollouts) may raise
-    before the step fails with `TooManyExceptions`. The rest go to `rollout`."""
+    """The loop's settings.
+
+    `steps` is the total number of training steps of the model, not a count added to it: a model at step
+    `k` (a resumed run) takes `steps - k` more, none when `steps <= k` (as the examples count to a total).
+    Each step rolls out `groups_per_step` training tasks (drawn with `seed`) `group_size` times;
+    `max_exceptions` (a count, or a fraction < 1 of the step's rollouts) may raise before the step fails
+    with `TooManyExceptions`. `tool_choice` is the first turn's (see `rollout`). `eval_rollouts`: rollouts
+    of each test task before and after training for the evaluation (0: no evaluation). The rest go to
+    `rollout`."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -591,24 +682,57 @@ class MCPRLConfig(pydantic.BaseModel):
     max_tokens: int = pydantic.Field(256, ge=1)
     temperature: float = pydantic.Field(1.0, ge=0, le=2)
     max_exceptions: float = pydantic.Field(0.25, ge=0)
+    tool_choice: str | dict = "auto"
+    eval_rollouts: int = pydantic.Field(2, ge=0, le=64)
     seed: int = 0
+
+    @pydantic.field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value):
+        _check_tool_choice(value)
+        return value
+
+
+@dataclass
+class MCPRLEvaluation:
+    """The policy on the test tasks before and after training, judged by RULER relative within groups: for
+    each test task, `eval_rollouts` rollouts of the policy before training and as many after it form one
+    group that the judge ranks together. `before_mean` and `after_mean` are the mean RULER scores of the two
+    halves over the groups the judge scored (`groups_scored` of `tasks`; None when it scored none); an
+    after-mean above the before-mean says the judge preferred the trained policy. `groups`: the scored
+    groups (each trajectory's `metadata["eval"]` is "before" or "after")."""
+
+    tasks: int
+    groups_scored: int
+    before_mean: float | None
+    after_mean: float | None
+    groups: list[TrajectoryGroup] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"tasks": self.tasks, "groups_scored": self.groups_scored, "before_mean": self.before_mean,
+                "after_mean": self.after_mean}
 
 
 @dataclass
 class MCPRLResult:
-    """What `train_mcp_rl` did: each step's run-log row and its scored groups."""
+    """What `train_mcp_rl` did: each step's run-log row, its scored groups, and the test-split evaluation
+    (None when there are no test tasks, `eval_rollouts` is 0 or no step was taken)."""
 
     rows: list[dict] = field(default_factory=list)
     groups: list[list[TrajectoryGroup]] = field(default_factory=list)
+    evaluation: MCPRLEvaluation | None = None
 
 
 async def train_mcp_rl(model: Any, toolbox: MCPToolbox, tasks: TaskSet, *, judge: str | None = None,
                        judge_params: dict | None = None, config: MCPRLConfig | None = None,
                        train_config: Any = None) -> MCPRLResult:
     """Train registered `model` (a `trainer.TrainableModel`) on `tasks.train` with the tools of `toolbox`,
-    RULER (`judge`, any litellm model; RULER's default when None) as the reward; `train_config` is the
-    `trainer.TrainConfig` of every step. Groups the judge cannot score are dropped (logged), rollouts that
-    raise are counted against `config.max_exceptions`."""
+    RULER (`judge`, any litellm model; RULER's default when None) as the reward, until the model's step is
+    `config.steps` (a total; see `MCPRLConfig`); `train_config` is the `trainer.TrainConfig` of every step.
+    Groups the judge cannot score are dropped (logged), rollouts that raise are counted against
+    `config.max_exceptions`. When there are test tasks (and `config.eval_rollouts` > 0 and a step is taken),
+    the policy is rolled out on them before the first step and after the last, and RULER ranks the two
+    together (`MCPRLResult.evaluation`, see `MCPRLEvaluation`)."""
     from trainer.config import TrainConfig
 
     config = config or MCPRLConfig()
@@ -622,28 +746,53 @@ async def train_mcp_rl(model: Any, toolbox: MCPToolbox, tasks: TaskSet, *, judge
         raise ValueError("toolbox must be a connected MCPToolbox (inside `async with`)")
     if not callable(getattr(model, "openai_client", None)) or not callable(getattr(model, "train", None)):
         raise TypeError(f"model must be a registered trainer.TrainableModel, got {type(model).__name__}")
+    _check_tool_choice(config.tool_choice, toolbox.tool_names)
     rng = random.Random(config.seed)
     result = MCPRLResult()
+    max_exceptions = config.max_exceptions if config.max_exceptions < 1 else int(config.max_exceptions)
 
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
         if len(group.trajectories) < 2:  # every rollout (or all but one) raised: nothing to rank
             return None
         return await ruler_score_group(group, judge, judge_params, swallow_exceptions=True)
 
+    def rollouts(task: MCPTask, n: int) -> list:
+        return [rollout(task, toolbox, client, model.get_inference_name(), max_turns=config.max_turns,
+                        max_tokens=config.max_tokens, temperature=config.temperature,
+                        tool_choice=config.tool_choice) for _ in range(n)]
+
+    async def eval_rollouts(label: str) -> list[list[Trajectory]]:
+        groups = await gather_trajectory_groups(
+            [TrajectoryGroup(rollouts(t, config.eval_rollouts), metadata={"task_id": t.id}) for t in tasks.test],
+            max_exceptions=max_exceptions, pbar_desc=f"mcp-rl eval {label}")
+        for g in groups:
+            for t in g.trajectories:
+                t.metadata["eval"] = label
+        return [list(g.trajectories) for g in groups]
+
     client = model.openai_client()
     start = await model.get_step()
-    for step in range(start, start + config.steps):
+    evaluate = bool(tasks.test) and config.eval_rollouts > 0 and start < config.steps
+    before = await eval_rollouts("before") if evaluate else []
+    for step in range(start, config.steps):
         picked = rng.sample(tasks.train, min(config.groups_per_step, len(tasks.train)))
-        name = model.get_inference_name()
         groups = await gather_trajectory_groups(
-            [TrajectoryGroup((rollout(t, toolbox, client, name, max_turns=config.max_turns,
-                                      max_tokens=config.max_tokens, temperature=config.temperature)
-                              for _ in range(config.group_size)), metadata={"task_id": t.id}) for t in picked],
-            after_each=score, max_exceptions=config.max_exceptions if config.max_exceptions < 1
-            else int(config.max_exceptions), pbar_desc=f"mcp-rl step {step}")
+            [TrajectoryGroup(rollouts(t, config.group_size), metadata={"task_id": t.id}) for t in picked],
+            after_each=score, max_exceptions=max_exceptions, pbar_desc=f"mcp-rl step {step}")
         if len(groups) < len(picked):
             log.warning("step %d: the judge scored %d of %d groups", step, len(groups), len(picked))
         row = await model.train(groups, train_config or TrainConfig())
         result.rows.append(row)
         result.groups.append(groups)
+    if evaluate:
+        after = await eval_rollouts("after")
+        mixed = [TrajectoryGroup(b + a, metadata={"task_id": t.id, "eval": True})
+                 for t, b, a in zip(tasks.test, before, after, strict=True)]
+        scored = [g for g in await asyncio.gather(*(score(g) for g in mixed)) if g is not None]
+        halves = {label: [t.reward for g in scored for t in g.trajectories if t.metadata.get("eval") == label]
+                  for label in ("before", "after")}
+        result.evaluation = MCPRLEvaluation(
+            tasks=len(tasks.test), groups_scored=len(scored),
+            before_mean=sum(halves["before"]) / len(halves["before"]) if halves["before"] else None,
+            after_mean=sum(halves["after"]) / len(halves["after"]) if halves["after"] else None, groups=scored)
     return result
