@@ -19,8 +19,21 @@ import json
 import sys
 from pathlib import Path
 
+import pydantic
+
 from trainer.config import EngineConfig, LoRAConfig
 from trainer.vllm_server import ServerProcess
+
+
+class LoadAdapter(pydantic.BaseModel):
+    """vLLM's `/v1/load_lora_adapter` body."""
+    lora_name: str
+    lora_path: str
+
+
+class UnloadAdapter(pydantic.BaseModel):
+    """vLLM's `/v1/unload_lora_adapter` body."""
+    lora_name: str
 
 
 class TransformersServerProcess(ServerProcess):
@@ -56,7 +69,6 @@ def build_app(spec: dict):
     import asyncio
     import threading
 
-    import pydantic
     import torch
     from fastapi import HTTPException
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -84,13 +96,6 @@ def build_app(spec: dict):
                     renders_tools=spec["renders_tools"], tool_parser=spec["tool_parser"],
                     reasoning_parser=spec["reasoning_parser"], end_of_turn=spec["end_of_turn"])
     app = create_server_app({name: served})
-
-    class LoadAdapter(pydantic.BaseModel):
-        lora_name: str
-        lora_path: str
-
-    class UnloadAdapter(pydantic.BaseModel):
-        lora_name: str
 
     def swap(step: int, weights: dict) -> None:
         with lock:  # between two generations: every sample is wholly one step's
