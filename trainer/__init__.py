@@ -14,6 +14,7 @@ from trainer.backend import LocalBackend
 from trainer.config import EngineConfig, LoRAConfig, ModelConfig, TrainConfig
 from ruler.gather import TooManyExceptions, gather_trajectory_groups
 from trainer.model import TrainableModel
+from trainer.pipeline import train_pipelined
 
 __all__ = ["EngineConfig", "LoRAConfig", "LocalBackend", "ModelConfig", "TooManyExceptions", "TrainConfig",
-           "TrainableModel", "gather_trajectory_groups"]
+           "TrainableModel", "gather_trajectory_groups", "train_pipelined"]

@@ -9,7 +9,10 @@ Two engines implement it:
   (training and generation take turns under one lock).
 - `trainer.vllm_server.VLLMServer` (GPU): vLLM's own OpenAI server in a child process. It has its own
   `base_url`, loads each step's adapter from its checkpoint folder, and sleeps around training steps when
-  `EngineConfig.enable_sleep_mode` is on (`can_sleep`).
+  `EngineConfig.enable_sleep_mode` is on and it shares the trainer's GPU (`can_sleep`; a dedicated placement
+  on GPUs of its own never sleeps).
+- `trainer.engine_process.TransformersServerProcess` (CPU, `placement="dedicated"`): the CPU server with its own
+  copy of the model in a child process, loading adapters like vLLM's; it never sleeps.
 
 The backend uses only what is declared here: it never checks which engine it holds.
 """
