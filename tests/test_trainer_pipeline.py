@@ -137,6 +137,13 @@ async def test_dedicated_cpu_placement_overlaps_rollouts_with_training_one_step_
         # fresh rollouts carry step 2, and their sampled logprobs are the trainer's own (weights ~1)
         fresh = await rollouts(model, seed=7)
         assert {t.messages_and_choices[-1].model_extra["policy_step"] for t in fresh} == {2}
+        # through litellm with ART's parameters too: the label survives the conversion to an OpenAI choice
+        import litellm
+
+        from ruler.trajectory import convert_litellm_choice_to_openai
+
+        via = await litellm.acompletion(messages=MSGS, max_tokens=4, **model.litellm_completion_params())
+        assert convert_litellm_choice_to_openai(via.choices[0]).model_extra["policy_step"] == 2
         row = await model.train([fresh], TrainConfig(learning_rate=1e-3, **STALE_KW))
         assert row["policy_lag_max"] == 0 and row["step"] == 3
         assert math.isclose(row["sampler_weight_mean"], 1.0, abs_tol=2e-3), row["sampler_weight_mean"]

@@ -108,7 +108,8 @@ class TrainableModel:
     async def train(self, groups: list, config: TrainConfig | None = None) -> dict:
         """One training step on `groups` (`ruler.TrajectoryGroup`s) with `config` (`TrainConfig()` by default);
         returns the step's run-log row (`trained` is False, with the reasons in `skipped`, when no group had a
-        learning signal)."""
+        learning signal). A trajectory sampled by a policy step further behind than
+        `config.max_off_policy_steps` raises `trainer.sequences.StalePolicyError` before anything is applied."""
         if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
             raise TypeError(f"groups must be a list of TrajectoryGroup, got {type(groups).__name__}")
         groups = list(groups)
