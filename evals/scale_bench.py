@@ -390,7 +390,7 @@ async def pipeline(args) -> dict:
     await model.register(backend)
     result["register_s"] = time.perf_counter() - started
     client = model.openai_client(timeout=1200)
-    rollout_s: dict[int, float] = {}
+    rollout_s: list[float] = []  # per gather, in order: train_pipelined trains on them in that order
 
     async def gather(step: int) -> list:
         t0 = time.perf_counter()
@@ -425,7 +425,7 @@ async def pipeline(args) -> dict:
             groups = [TrajectoryGroup([Trajectory(messages_and_choices=items, reward=float(i % 3)) for i, items in
                                        enumerate(trajs[g * args.group_size:(g + 1) * args.group_size])])
                       for g in range(args.groups)]
-        rollout_s[step] = time.perf_counter() - t0
+        rollout_s.append(time.perf_counter() - t0)
         return groups
 
     last_end = time.perf_counter()
@@ -434,7 +434,7 @@ async def pipeline(args) -> dict:
         nonlocal last_end
         now = time.perf_counter()
         keep = {k: v for k, v in row.items() if not isinstance(v, dict)}
-        keep.update(wall_step_s=now - last_end, gather_s=rollout_s.get(row["step"] - 1))
+        keep.update(wall_step_s=now - last_end, gather_s=rollout_s[len(result["steps"])])
         last_end = now
         result["steps"].append(keep)
         save()

@@ -99,19 +99,22 @@ async def main() -> None:
         print(f"resuming from step {await model.get_step()}", flush=True)
     config = TrainConfig(learning_rate=args.lr, loss=args.loss,
                          **({"max_off_policy_steps": 1, "sampler_correction": "tis"} if args.overlap else {}))
-    rollout_s: dict[int, float] = {}
+    rollout_s: list[float] = []  # per gather, in order: train_pipelined trains on them in that order
 
     async def gather(step: int) -> list[TrajectoryGroup]:
         picked = questions_for_step(step, args.questions_per_step)
         started = time.perf_counter()
         groups = await gather_trajectory_groups([group(step, i, q, a) for i, (q, a) in enumerate(picked)],
                                                 pbar_desc=None)
-        rollout_s[step] = time.perf_counter() - started
+        rollout_s.append(time.perf_counter() - started)
         return groups
 
+    trained: list[dict] = []
+
     def report(row, groups) -> None:
+        trained.append(row)
         print(f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  loss {row.get('loss', 0):+.4f}  "
-              f"rollout {rollout_s.get(row['step'] - 1, 0):.1f}s  train {row.get('train_s', 0):.1f}s  "
+              f"rollout {rollout_s[len(trained) - 1]:.1f}s  train {row.get('train_s', 0):.1f}s  "
               f"policy lag {row.get('policy_lag_max', 0)}", flush=True)
 
     try:
