@@ -6,6 +6,12 @@
     python evals/scale_bench.py trl    --shape qwen2.5-7b --out DIR                # TRL GRPOTrainer, prefix workload
     python evals/scale_bench.py report --out DIR                                   # the tables from the JSON files
     python evals/scale_bench.py ours --shape tiny --dry-run --out DIR             # CPU check of the script
+    # issue #13, two GPUs: (a) colocated, (b) dedicated, (c) dedicated with one step of overlap
+    python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement colocated
+    python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement dedicated
+    python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement dedicated --overlap
+    python evals/scale_bench.py pipeline --task tiny --out DIR --placement dedicated --overlap    # SmolLM2, reward
+    python evals/scale_bench.py pipeline --task tiny --dry-run --out DIR --placement dedicated --overlap  # CPU
 
 A model folder holds the shape's `config.json` (numbers of the public Hugging Face configs, `SHAPES`),
 SmolLM2-135M-Instruct's tokenizer (49,152 ids, all inside each shape's vocabulary) and a
@@ -22,6 +28,12 @@ Workloads:
 - `agent` (#12): 32 rollouts (4 groups x 8), 3 turns: ~2.25k-token prompt, 256 sampled, a ~2.25k-token
   tool result (different per rollout), 256 sampled, another, 256 sampled: ~7.6k-token sequences;
   `--agent-steps` steps (rollout, train with sharing, sleep/wake, adapter load).
+- `pipeline` (#13): `--pipeline-steps` steps of `--task agent` (the agent workload above, random weights) or
+  `--task tiny` (`examples/tiny_task.py` on SmolLM2, real weights: reward) through `trainer.pipeline`, with
+  `--placement colocated` (one GPU, sleep/wake) or `dedicated` (vLLM on `--inference-gpus`, the trainer on
+  `--trainer-gpus`), and `--overlap` (`max_off_policy_steps=1`: step k+1's rollouts gathered while step k
+  trains). Per step: seconds between step ends, rollout and train seconds, reward, policy lag; over the run:
+  each GPU's mean utilization (NVML, every 100 ms) and peak memory. `pipeline-<task>-<placement>[-overlap].json`.
 Every part writes its JSON as it goes (`ours-<shape>.json`), and stops starting new work after `--budget-s`.
 """
 
@@ -34,6 +46,7 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -285,6 +298,165 @@ async def ours(args) -> dict:
     return result
 
 
+# --------------------------------------------------------------------------------------------- pipeline (#13)
+
+
+class GpuUsage:
+    """Mean utilization (%) and peak used memory (GiB) of each listed GPU over the block (NVML, every 100 ms);
+    nothing without NVML (a CPU check of the script)."""
+
+    def __init__(self, gpus: list[int]):
+        self.gpus, self.samples, self.peak = gpus, {g: [] for g in gpus}, {g: 0 for g in gpus}
+        self.thread = None
+
+    def __enter__(self):
+        try:
+            from evals.trainer_gpu_bench import _nvml
+
+            nvml = _nvml()
+            nvml.nvmlInit()
+        except Exception:  # noqa: BLE001 - no GPU tooling here
+            return self
+        self.handles = {g: nvml.nvmlDeviceGetHandleByIndex(g) for g in self.gpus}
+        self.stop = False
+
+        def poll():
+            while not self.stop:
+                for g, h in self.handles.items():
+                    self.samples[g].append(nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+                    self.peak[g] = max(self.peak[g], nvml.nvmlDeviceGetMemoryInfo(h).used)
+                time.sleep(0.1)
+
+        self.thread = threading.Thread(target=poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.thread is not None:
+            self.stop = True
+            self.thread.join()
+
+    def summary(self) -> dict:
+        return {str(g): {"util_mean_pct": statistics.mean(v) if v else None, "peak_gib": self.peak[g] / 2**30}
+                for g, v in self.samples.items()}
+
+
+async def pipeline(args) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from tiny_task import messages, questions_for_step, reward
+    from transformers import AutoTokenizer
+
+    from ruler import Trajectory, TrajectoryGroup
+    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+    from trainer.config import LoRAConfig
+    from trainer.pipeline import train_pipelined
+
+    dedicated = args.placement == "dedicated"
+    label = f"pipeline-{args.task}-{args.placement}{'-overlap' if args.overlap else ''}"
+    out_json = args.out / f"{label}.json"
+    engine = "transformers" if args.dry_run else "vllm"
+    gpus = {} if args.dry_run or not dedicated else {"inference_gpus": args.inference_gpus,
+                                                       "trainer_gpus": args.trainer_gpus}
+    if args.task == "tiny":
+        base, random_weights, max_seq = args.tiny_model or default_tokenizer_dir(), False, 256
+        lora, util = LoRAConfig(rank=8, alpha=16.0), args.util if args.util_given else 0.3
+    else:
+        base, random_weights, max_seq = str(make_model_dir(args.shape, args.models / args.shape, args.tokenizer)), \
+            True, args.max_seq
+        lora, util = LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), args.util
+    if dedicated and not args.dry_run:
+        util = max(util, 0.85)  # the inference GPUs are vLLM's alone
+    cfg = ModelConfig(lora=lora, seed=0, random_weights=random_weights, engine=EngineConfig(
+        engine=engine, placement=args.placement, max_seq_length=max_seq, gpu_memory_utilization=util,
+        max_num_seqs=64, **gpus))
+    config = TrainConfig(learning_rate=args.lr if args.task == "tiny" else 1e-5,
+                         max_tokens_per_micro_batch=args.micro_tokens,
+                         **({"max_off_policy_steps": 1, "sampler_correction": "tis"} if args.overlap else {}))
+    result: dict = {"label": label, "task": args.task, "shape": args.shape if args.task == "agent" else "smollm2-135m",
+                    "placement": args.placement, "overlap": args.overlap, "gpus": gpus, "dry_run": args.dry_run,
+                    "steps": [], "errors": []}
+
+    def save():
+        out_json.write_text(json.dumps(result, indent=1, default=str))
+
+    tok = AutoTokenizer.from_pretrained(base)
+    words = word_ids(tok)
+    rng = random.Random(0)
+    fixed = {} if args.dry_run else {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
+    watched = sorted(set(args.inference_gpus + args.trainer_gpus)) if dedicated else [0]
+    model = TrainableModel(label.replace("pipeline-", "p-"), "bench", base, cfg)
+    backend = LocalBackend(args.out / "runs")
+    started = time.perf_counter()
+    await model.register(backend)
+    result["register_s"] = time.perf_counter() - started
+    client = model.openai_client(timeout=1200)
+    rollout_s: list[float] = []  # per gather, in order: train_pipelined trains on them in that order
+
+    async def gather(step: int) -> list:
+        t0 = time.perf_counter()
+        if args.task == "tiny":
+            async def group(i, question, answer):
+                prompt = messages(question)
+                r = await client.chat.completions.create(model=model.name, messages=prompt, n=args.group_size,
+                                                         max_tokens=args.tiny_max_tokens, temperature=1.0,
+                                                         seed=step * 100 + i)
+                return TrajectoryGroup([Trajectory(messages_and_choices=[*prompt, c],
+                                                   reward=reward(c.message.content, answer)) for c in r.choices])
+
+            groups = await asyncio.gather(*(group(i, q, a) for i, (q, a) in
+                                            enumerate(questions_for_step(step, args.groups))))
+        else:
+            async def history(first):
+                items: list = [{"role": "user", "content": first}]
+                for k in range(args.turns):
+                    msgs = [it if isinstance(it, dict) else {"role": "assistant", "content": it.message.content}
+                            for it in items]
+                    r = await client.chat.completions.create(model=model.name, messages=msgs, max_tokens=args.gen,
+                                                             temperature=1.0, extra_body=fixed)
+                    items.append(r.choices[0])
+                    if k < args.turns - 1:
+                        items.append({"role": "user", "content": "Tool result: " +
+                                      synthetic_text(tok, words, args.turn_tokens, rng)})
+                return items
+
+            firsts = [synthetic_text(tok, words, args.turn_tokens, rng) for _ in range(args.groups)]
+            trajs = await asyncio.gather(*(history(firsts[g]) for g in range(args.groups)
+                                           for _ in range(args.group_size)))
+            groups = [TrajectoryGroup([Trajectory(messages_and_choices=items, reward=float(i % 3)) for i, items in
+                                       enumerate(trajs[g * args.group_size:(g + 1) * args.group_size])])
+                      for g in range(args.groups)]
+        rollout_s.append(time.perf_counter() - t0)
+        return groups
+
+    last_end = time.perf_counter()
+
+    def on_step(row, groups):
+        nonlocal last_end
+        now = time.perf_counter()
+        keep = {k: v for k, v in row.items() if not isinstance(v, dict)}
+        keep.update(wall_step_s=now - last_end, gather_s=rollout_s[len(result["steps"])])
+        last_end = now
+        result["steps"].append(keep)
+        save()
+        print(f"{label} step {row['step']}: {keep['wall_step_s']:.1f}s reward {row.get('reward_mean', 0):.3f} "
+              f"lag {row.get('policy_lag_max')}", flush=True)
+
+    try:
+        with GpuUsage(watched) as usage:
+            await train_pipelined(model, gather, steps=args.pipeline_steps, config=config, on_step=on_step)
+        result["gpu"] = usage.summary()
+    except Exception as exc:  # noqa: BLE001 - recorded, the server still closed
+        result["errors"].append(traceback.format_exc()[-2000:])
+        print(f"error: {exc!r}", flush=True)
+    finally:
+        await backend.close()
+    steady = [r["wall_step_s"] for r in result["steps"][1:]]  # the first includes warm-up
+    result["steady_step_s"] = statistics.mean(steady) if steady else None
+    result["reward_last"] = result["steps"][-1].get("reward_mean") if result["steps"] else None
+    save()
+    return result
+
+
 # --------------------------------------------------------------------------------------------- raw vLLM
 
 
@@ -469,7 +641,7 @@ def report(out: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report"])
+    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline"])
     ap.add_argument("--shape", default="qwen2.5-7b", choices=sorted(SHAPES))
     ap.add_argument("--out", type=Path, default=Path("out/scale"))
     ap.add_argument("--models", type=Path, default=Path("/tmp/scale-models"))
@@ -490,7 +662,19 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=520)
     ap.add_argument("--reserve-s", type=float, default=40, help="time kept for closing and writing")
     ap.add_argument("--dry-run", action="store_true", help="CPU engine, for checking the script")
+    ap.add_argument("--task", default="agent", choices=["agent", "tiny"], help="pipeline: the workload")
+    ap.add_argument("--placement", default="colocated", choices=["colocated", "dedicated"], help="pipeline")
+    ap.add_argument("--inference-gpus", type=lambda v: [int(x) for x in v.split(",")], default=[1],
+                    help="pipeline, dedicated: vLLM's GPUs, e.g. 1 or 1,2")
+    ap.add_argument("--trainer-gpus", type=lambda v: [int(x) for x in v.split(",")], default=[0],
+                    help="pipeline, dedicated: the trainer's GPU")
+    ap.add_argument("--overlap", action="store_true", help="pipeline: gather step k+1 while step k trains")
+    ap.add_argument("--pipeline-steps", type=int, default=6)
+    ap.add_argument("--tiny-model", default=None, help="pipeline --task tiny: SmolLM2 folder (default as --tokenizer)")
+    ap.add_argument("--tiny-max-tokens", type=int, default=12)
+    ap.add_argument("--lr", type=float, default=5e-4, help="pipeline --task tiny: learning rate")
     args = ap.parse_args()
+    args.util_given = args.util is not None
     if args.util is None:
         args.util = GPU_UTIL[args.shape]
     if args.part == "model":
@@ -501,7 +685,12 @@ def main() -> None:
     if args.part == "report":
         print(report(args.out))
         return
-    result = asyncio.run(ours(args)) if args.part == "ours" else raw(args) if args.part == "raw" else trl(args)
+    if args.part == "pipeline":
+        if args.dry_run and args.task == "agent" and args.shape != "tiny":
+            raise SystemExit("--dry-run runs on the CPU: use --shape tiny (or --task tiny)")
+        result = asyncio.run(pipeline(args))
+    else:
+        result = asyncio.run(ours(args)) if args.part == "ours" else raw(args) if args.part == "raw" else trl(args)
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=1, default=str))
 
 

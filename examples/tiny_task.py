@@ -6,6 +6,12 @@ Reward: 1 if the right answer is among the reply's words, plus up to 0.5 for bre
 
     python examples/tiny_task.py --steps 12            # embedded SmolLM2-135M + LoRA, transformers on CPU
     python examples/tiny_task.py --base-model Qwen/Qwen2.5-0.5B-Instruct --engine vllm   # on a GPU
+    python examples/tiny_task.py --engine vllm --placement dedicated --inference-gpus 1 --trainer-gpus 0 --overlap
+    python examples/tiny_task.py --engine transformers --placement dedicated --overlap   # the same loop on a CPU
+
+`--overlap` gathers step k+1's rollouts while step k trains (`trainer.pipeline.train_pipelined`,
+`max_off_policy_steps=1` with the decoupled `tis` correction); it pays off with `--placement dedicated`,
+where the server keeps answering during the step. The loop code is the same in every mode.
 
 The run lands in {out}/tiny/{name}: checkpoints/, history.jsonl (one row per step) and, at the end,
 train-report.png. Run it again with the same --out to resume from the last complete checkpoint.
@@ -23,6 +29,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from trainer.pipeline import train_pipelined
 from trainer.runlog import plot_train_report
 
 QUESTIONS = [
@@ -63,12 +70,19 @@ async def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--base-model", default="local/smollm2-135m-instruct")
     ap.add_argument("--engine", default="auto", choices=["auto", "transformers", "vllm"])
+    ap.add_argument("--placement", default="colocated", choices=["colocated", "dedicated"])
+    ap.add_argument("--inference-gpus", default="", help="dedicated with vLLM: e.g. 1 or 1,2")
+    ap.add_argument("--trainer-gpus", default="", help="dedicated with vLLM: e.g. 0")
+    ap.add_argument("--overlap", action="store_true", help="gather step k+1 while step k trains")
     ap.add_argument("--name", default="one-word")
     ap.add_argument("--out", default="./runs")
     args = ap.parse_args()
 
+    gpus = {"inference_gpus": [int(g) for g in args.inference_gpus.split(",") if g],
+            "trainer_gpus": [int(g) for g in args.trainer_gpus.split(",") if g]}
     model = TrainableModel(args.name, "tiny", args.base_model, ModelConfig(
-        seed=args.seed, engine=EngineConfig(engine=args.engine, max_seq_length=256)))
+        seed=args.seed, engine=EngineConfig(engine=args.engine, max_seq_length=256, placement=args.placement,
+                                            **gpus)))
     backend = LocalBackend(args.out)
     await model.register(backend)
     client = model.openai_client()
@@ -83,16 +97,30 @@ async def main() -> None:
 
     if await model.get_step():
         print(f"resuming from step {await model.get_step()}", flush=True)
+    config = TrainConfig(learning_rate=args.lr, loss=args.loss,
+                         **({"max_off_policy_steps": 1, "sampler_correction": "tis"} if args.overlap else {}))
+    rollout_s: list[float] = []  # per gather, in order: train_pipelined trains on them in that order
+
+    async def gather(step: int) -> list[TrajectoryGroup]:
+        picked = questions_for_step(step, args.questions_per_step)
+        started = time.perf_counter()
+        groups = await gather_trajectory_groups([group(step, i, q, a) for i, (q, a) in enumerate(picked)],
+                                                pbar_desc=None)
+        rollout_s.append(time.perf_counter() - started)
+        return groups
+
+    trained: list[dict] = []
+
+    def report(row, groups) -> None:
+        trained.append(row)
+        print(f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  loss {row.get('loss', 0):+.4f}  "
+              f"rollout {rollout_s[len(trained) - 1]:.1f}s  train {row.get('train_s', 0):.1f}s  "
+              f"policy lag {row.get('policy_lag_max', 0)}", flush=True)
+
     try:
-        for step in range(await model.get_step(), args.steps):
-            picked = questions_for_step(step, args.questions_per_step)
-            started = time.perf_counter()
-            groups = await gather_trajectory_groups([group(step, i, q, a) for i, (q, a) in enumerate(picked)],
-                                                    pbar_desc=None)
-            rollout = time.perf_counter() - started
-            row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))
-            print(f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  loss {row.get('loss', 0):+.4f}  "
-                  f"rollout {rollout:.1f}s  train {row.get('train_s', 0):.1f}s", flush=True)
+        remaining = args.steps - await model.get_step()
+        if remaining > 0:  # overlap off: gather, train, gather, ... as in the loop of the README
+            await train_pipelined(model, gather, steps=remaining, config=config, on_step=report)
     finally:
         await backend.close()
     print("report:", plot_train_report(model.run_dir))

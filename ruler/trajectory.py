@@ -93,7 +93,7 @@ def _openai_choices(items: Any) -> Any:
 
 def convert_litellm_choice_to_openai(choice: Any) -> Choice:
     """An OpenAI `Choice` from a litellm response choice, keeping what the server sent beside the standard
-    fields (`prompt_token_ids`, `token_ids`, `token_logprobs`, which litellm keeps in
+    fields (`prompt_token_ids`, `token_ids`, `token_logprobs`, `policy_step`, which litellm keeps in
     `provider_specific_fields`): training needs them. Same name and use as ART's helper."""
     if isinstance(choice, Choice):
         return choice
@@ -101,7 +101,7 @@ def convert_litellm_choice_to_openai(choice: Any) -> Choice:
         raise TypeError(f"expected a litellm or OpenAI choice, got {type(choice).__name__}")
     data = choice.model_dump()
     nested = data.get("provider_specific_fields") or {}
-    for key in ("prompt_token_ids", "token_ids", "token_logprobs"):
+    for key in ("prompt_token_ids", "token_ids", "token_logprobs", "policy_step"):
         if data.get(key) is None and isinstance(nested, dict) and nested.get(key) is not None:
             data[key] = nested[key]
     return Choice.model_validate(data)

@@ -84,3 +84,35 @@ def test_vllm_args_may_not_set_what_the_engine_sets_itself(tmp_path):
                         reasoning_parser="qwen3", port=8000)
     flags = {a[2:].replace("-", "_") for a in server.command() if a.startswith("--")}
     assert flags and flags <= set(_ENGINE_OWNED_FLAGS), flags - set(_ENGINE_OWNED_FLAGS)
+
+
+def test_placement_is_configuration_and_bad_placements_are_refused_clearly():
+    dedicated = EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[1, 2], trainer_gpus=[0],
+                             inference_parallel="data")
+    assert (dedicated.inference_gpus, dedicated.trainer_gpus) == ([1, 2], [0])
+    assert EngineConfig(engine="transformers", placement="dedicated").inference_gpus == []  # the CPU child form
+    assert EngineConfig.model_validate(dedicated.model_dump()) == dedicated
+    for given, error in (
+            ({"engine": "vllm", "placement": "dedicated", "inference_gpus": [0, 1], "trainer_gpus": [1]},
+             r"GPU\(s\) \[1\] are in both inference_gpus and trainer_gpus"),
+            ({"engine": "vllm", "placement": "dedicated", "inference_gpus": [1]}, "needs both inference_gpus and"),
+            ({"engine": "vllm", "placement": "dedicated"}, "needs both inference_gpus and trainer_gpus"),
+            ({"engine": "transformers", "placement": "dedicated", "inference_gpus": [1], "trainer_gpus": [0]},
+             "needs the vLLM engine"),
+            ({"placement": "dedicated", "trainer_gpus": [0]}, "give both inference_gpus and trainer_gpus, or neither"),
+            ({"inference_gpus": [1], "trainer_gpus": [0]}, "only act with placement='dedicated'"),
+            ({"placement": "dedicated", "inference_gpus": [1, 1], "trainer_gpus": [0]}, "listed twice"),
+            ({"placement": "dedicated", "inference_gpus": [-1], "trainer_gpus": [0]}, "ints >= 0"),
+            ({"placement": "split"}, "colocated"),
+            ({"vllm_args": {"tensor_parallel_size": 2}}, "inference_gpus with inference_parallel='tensor'")):
+        with pytest.raises(pydantic.ValidationError, match=error):
+            EngineConfig(**given)
+
+
+def test_training_on_stale_rollouts_needs_the_sampler_correction():
+    with pytest.raises(pydantic.ValidationError, match="max_off_policy_steps=1 .* set sampler_correction='tis'"):
+        TrainConfig(max_off_policy_steps=1)
+    with pytest.raises(pydantic.ValidationError):
+        TrainConfig(max_off_policy_steps=-1)
+    assert TrainConfig(max_off_policy_steps=1, sampler_correction="tis").max_off_policy_steps == 1
+    assert TrainConfig().max_off_policy_steps == 0

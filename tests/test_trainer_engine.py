@@ -174,3 +174,54 @@ async def test_the_backend_drives_an_engine_with_its_own_server_through_the_prot
         assert [p for p, _ in ScriptedVLLM.calls] == ["/v1/load_lora_adapter"] and '"v@2"' in ScriptedVLLM.calls[0][1]
     finally:
         await backend.close()
+
+
+def dedicated_server(tmp_path, **engine) -> VLLMServer:
+    cfg = EngineConfig(engine="vllm", placement="dedicated", **engine)
+    return VLLMServer("some/model", cfg, served_name="m", lora_rank=8, log_dir=tmp_path, chat_template_file=None,
+                      tool_parser="hermes", reasoning_parser=None, port=8000)
+
+
+def test_a_dedicated_vllm_server_runs_on_its_own_gpus_with_vllms_parallel_flags_and_never_sleeps(tmp_path):
+    colocated = VLLMServer("some/model", EngineConfig(engine="vllm"), served_name="m", lora_rank=8, log_dir=tmp_path,
+                           chat_template_file=None, tool_parser="hermes", reasoning_parser=None, port=8000)
+    argv, env = colocated.command(), colocated.environment({"PATH": "/bin"})
+    assert "--enable-sleep-mode" in argv and colocated.can_sleep and "CUDA_VISIBLE_DEVICES" not in env
+    assert "--tensor-parallel-size" not in argv and env["RULER_SERVED_NAME"] == "m" and env["PATH"] == "/bin"
+
+    one = dedicated_server(tmp_path, inference_gpus=[1], trainer_gpus=[0])
+    argv, env = one.command(), one.environment({"PATH": "/bin"})
+    assert not one.can_sleep and "--enable-sleep-mode" not in argv
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert not any(a in argv for a in ("--tensor-parallel-size", "--data-parallel-size"))
+
+    tp = dedicated_server(tmp_path, inference_gpus=[2, 3], trainer_gpus=[0, 1])
+    argv, env = tp.command(), tp.environment({})
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    dp = dedicated_server(tmp_path, inference_gpus=[1, 2, 3], trainer_gpus=[0], inference_parallel="data")
+    argv = dp.command()
+    assert argv[argv.index("--data-parallel-size") + 1] == "3" and "--tensor-parallel-size" not in argv
+    # indices are this process's: mapped through its own CUDA_VISIBLE_DEVICES to the GPUs they name
+    assert tp.environment({"CUDA_VISIBLE_DEVICES": "4,5,6,7"})["CUDA_VISIBLE_DEVICES"] == "6,7"
+    with pytest.raises(ValueError, match=r"GPU index\(es\) \[2, 3\] are beyond"):
+        tp.environment({"CUDA_VISIBLE_DEVICES": "4,5"})
+
+
+def test_dedicated_gpus_are_checked_against_the_machine_before_anything_starts():
+    from trainer.backend import LocalBackend
+    from trainer.vllm_server import check_gpus
+
+    cfg = EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[1], trainer_gpus=[0])
+    check_gpus(cfg, 2)
+    check_gpus(EngineConfig(), 0)  # colocated: nothing to check
+    with pytest.raises(ValueError, match=r"GPU\(s\) \[2\] do not exist; 2 CUDA device\(s\) are visible"):
+        check_gpus(cfg.model_copy(update={"inference_gpus": [2]}), 2)
+    with pytest.raises(ValueError, match="no CUDA GPU is visible"):
+        check_gpus(cfg, 0)
+    with pytest.raises(ValueError, match="no CUDA GPU is visible"):
+        LocalBackend._trainer_device(cfg, "vllm", False)
+    auto = EngineConfig(placement="dedicated", inference_gpus=[1], trainer_gpus=[0])  # auto without vLLM
+    with pytest.raises(ValueError, match="needs the vLLM engine, and vLLM is not available here"):
+        LocalBackend._trainer_device(auto, "transformers", False)
+    assert LocalBackend._trainer_device(EngineConfig(engine="transformers", placement="dedicated"), "transformers",
+                                        False) == "cpu"

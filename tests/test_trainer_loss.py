@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_lora_model
-from trainer import training
+from trainer import packing, training
 from trainer.config import TrainConfig
 from trainer.loss import policy_loss, token_weights
 from trainer.sequences import TrainingSequence
@@ -109,3 +109,77 @@ def test_bad_input_is_named():
         policy_loss(torch.zeros(2, 2), OLD, torch.zeros(3), MASK, kind="grpo")
     with pytest.raises(ValueError, match="shapes"):
         policy_loss(torch.zeros(2, 3), OLD, ADV, MASK, kind="grpo")
+
+
+def test_the_decoupled_objective_clips_against_the_proximal_policy_and_weights_by_the_truncated_behaviour_ratio():
+    """Hand-computed: new/proximal ratios 1.5 (clipped to 1.2) and 0.9 (A=+1, one trajectory of two tokens,
+    grpo); the proximal policy gives the tokens 3x and 0.8x the probability the stale behaviour policy gave
+    them: importance weights min(3, C=2) = 2 and 0.8."""
+    new = torch.log(torch.tensor([[1.5, 0.9]]))
+    proximal = torch.zeros(1, 2)
+    behaviour = torch.tensor([[-math.log(3.0), math.log(1.25)]])
+    weights = torch.clamp(torch.exp(proximal - behaviour), max=2.0)
+    w = token_weights(torch.ones(1, 2), "grpo", n_seqs=1, total_tokens=2)
+    loss, _ = policy_loss(new, proximal, torch.tensor([1.0]), w, kind="grpo", epsilon=0.2, sampler_weights=weights)
+    assert loss.item() == pytest.approx(0.5 * (-2.0 * 1.2 - 0.8 * 0.9))
+
+
+def test_a_step_on_one_step_stale_rollouts_is_the_truncated_importance_weighted_objective():
+    """Rollouts sampled by policy k (their logprobs recorded), the adapter then updated to k+1, and the batch
+    trained at k+1 with sampler_correction="tis": the loss is sum_i 1/(n L_i) sum_t -min(pi_k+1/pi_k, C) A_i
+    (the PPO ratio against the proximal policy k+1 is 1 before the update), and the gradients are those of
+    that objective computed by hand from the model's own full forward."""
+    model = tiny_lora_model(seed=0)
+    seqs = micro_batch_sequences()
+
+    def logprobs(seq, *, grad=False, full=False):
+        rows, _ = packing.pack([seq], capacity=10_000)
+        with torch.set_grad_enabled(grad):
+            return training._row_logprobs(model, rows[0], 64, full_forward=full, masked=True)
+
+    model.eval()
+    sampled = [logprobs(s).tolist() for s in seqs]  # what policy k sampled the tokens with
+    stale = []
+    for s, lps in zip(seqs, sampled):
+        old = [math.nan] * len(s.token_ids)
+        for j, k in enumerate(k for k in range(1, len(s.token_ids)) if s.trained[k]):
+            old[k] = lps[j]
+        stale.append(TrainingSequence(s.token_ids, s.trained, old, advantage=s.advantage, trajectory=s.trajectory,
+                                      group=s.group))
+    # policy k -> k+1: a step on other data moves the adapter
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=2.0)
+    training.train_step(model, sgd, micro_batch_sequences(), TrainConfig(share_prefix=False, max_grad_norm=1e9))
+    cap = 1.01
+    tokens: dict[int, int] = {}
+    for s in seqs:
+        tokens[s.trajectory] = tokens.get(s.trajectory, 0) + sum(s.trained[1:])
+    n = len(tokens)
+    # by hand: the proximal policy's logprobs from the full forward, the truncated weights, the objective
+    model.zero_grad(set_to_none=True)
+    expected, truncated, moved = 0.0, 0, 0.0
+    for s, lps in zip(seqs, sampled):
+        current = logprobs(s, grad=True, full=True)
+        ratio_to_sampler = torch.exp(current.detach() - torch.tensor(lps))
+        w = torch.clamp(ratio_to_sampler, max=cap)
+        truncated += int((ratio_to_sampler > cap).sum())
+        moved = max(moved, float((ratio_to_sampler - 1).abs().max()))
+        coeff = -w * s.advantage / (tokens[s.trajectory] * n)
+        term = (coeff * torch.exp(current - current.detach())).sum()  # value sum(coeff); gradient the PPO term's
+        term.backward()
+        expected += term.item()
+    hand_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    config = TrainConfig(loss="grpo", share_prefix=False, max_off_policy_steps=1, sampler_correction="tis",
+                         sampler_cap=cap)
+    model.train()
+    loss, stats = training.accumulate_loss(model, stale, config)
+    assert moved > 1e-3 and truncated > 0  # the step moved the policy; some weights hit the cap
+    assert loss == pytest.approx(expected, abs=1e-5)
+    assert stats["sampler_truncated"] == truncated and stats["ratio_dev_max"] < 1e-4
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert torch.allclose(p.grad, hand_grads[name], atol=1e-6, rtol=1e-4), name
+    # without the correction the stale logprobs would be the old policy: a different objective
+    model.zero_grad(set_to_none=True)
+    plain, _ = training.accumulate_loss(model, stale, TrainConfig(loss="grpo", share_prefix=False))
+    assert plain != pytest.approx(loss, abs=1e-4)

@@ -95,3 +95,23 @@ async def test_requests_with_tools_are_refused_when_the_template_cannot_render_t
         assert r.status_code == 400 and "cannot render tools" in json.loads(r.text)["error"]["message"]
         ok = await http.post("/v1/chat/completions", json={"model": "agent", "messages": []})
         assert ok.status_code == 200
+
+
+async def test_every_choice_says_which_policy_step_sampled_it(client):
+    """The step of the adapter the request was routed to: the base model (step 0) before any adapter, then
+    the latest adapter for the bare name, the named step for `<name>@<step>`; nothing for other names."""
+    async with client:
+        msgs = [{"role": "user", "content": "hi"}]
+
+        async def steps(model, n=2):
+            r = await client.post("/v1/chat/completions", json={"model": model, "messages": msgs, "n": n})
+            return [c.get("policy_step") for c in r.json()["choices"]]
+
+        assert await steps("agent") == [0, 0]
+        assert await steps("agent@0") == [0, 0]
+        await client.post("/v1/load_lora_adapter", json={"lora_name": "agent@3", "lora_path": "/ckpt/0003"})
+        assert await steps("agent") == [3, 3]
+        assert await steps("agent@2", n=1) == [2]
+        assert await steps("other-model", n=1) == [None]
+        await client.post("/v1/load_lora_adapter", json={"lora_name": "agent@4", "lora_path": "/missing"})
+        assert await steps("agent", n=1) == [3]  # a failed load changes nothing

@@ -14,7 +14,8 @@ from trainer.backend import LocalBackend
 from trainer.config import EngineConfig, LoRAConfig, ModelConfig, TrainConfig
 from ruler.gather import TooManyExceptions, gather_trajectory_groups
 from trainer.model import TrainableModel
+from trainer.pipeline import train_pipelined
 from trainer.record import record_trajectory
 
 __all__ = ["EngineConfig", "LoRAConfig", "LocalBackend", "ModelConfig", "TooManyExceptions", "TrainConfig",
-           "TrainableModel", "gather_trajectory_groups", "record_trajectory"]
+           "TrainableModel", "gather_trajectory_groups", "record_trajectory", "train_pipelined"]

@@ -10,6 +10,13 @@ for all models). Either way rollouts get `prompt_token_ids`, `token_ids` and sam
 choice, and training uses exactly those (`trainer/sequences.py`). The backend drives both engines through
 the `trainer.engine.Engine` protocol alone: an engine with its own `base_url` answers rollouts itself, one
 without is served by the CPU server; `can_sleep` says whether to sleep it around a training step.
+
+Placement (`EngineConfig.placement`): `colocated` shares one device between the engine and the trainer;
+`dedicated` gives vLLM's server `inference_gpus` and trains on the first of `trainer_gpus` with no sleep/wake,
+so the server keeps answering (with the previous adapter) while a step trains; with the transformers engine
+`dedicated` runs the CPU server in a child process of its own (`trainer/engine_process.py`). Either way each
+served choice says which policy step sampled it (`policy_step`), and `train` refuses trajectories older than
+`TrainConfig.max_off_policy_steps` (`trainer.sequences.StalePolicyError`).
 """
 
 from __future__ import annotations
@@ -165,17 +172,23 @@ class LocalBackend:
         cfg = model.config
         base = resolve_base_model(model.base_model)
         cuda = torch.cuda.is_available()
+        kind = cfg.engine.engine
+        if kind == "auto":
+            from trainer.vllm_server import vllm_available
+
+            kind = "vllm" if vllm_available() else "transformers"
+        device = self._trainer_device(cfg.engine, kind, cuda)
         torch.manual_seed(cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
         dtype = torch.bfloat16 if cuda else torch.float32
         if cfg.random_weights:  # the architecture only: built on the device, no weights read
             from transformers import AutoConfig
 
-            with torch.device("cuda" if cuda else "cpu"):
+            with torch.device(device):
                 hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base), dtype=dtype)
         else:
             hf = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
-            hf.to("cuda" if cuda else "cpu")
+            hf.to(device)
         checkpointing = cfg.gradient_checkpointing
         if checkpointing is None:  # on for 1B+ models on a GPU
             checkpointing = cuda and sum(p.numel() for p in hf.parameters()) >= 1_000_000_000
@@ -199,11 +212,6 @@ class LocalBackend:
                 optimizer.load_state_dict(torch.load(where / "optimizer.pt", map_location=hf.device))
             log.info("resumed %s from step %d", model.name, step)
         lock = threading.Lock()
-        kind = cfg.engine.engine
-        if kind == "auto":
-            from trainer.vllm_server import vllm_available
-
-            kind = "vllm" if vllm_available() else "transformers"
         _check_lora(cfg, kind)
         end_of_turn = end_of_turn_ids(tokenizer, getattr(hf, "generation_config", None))
         template, tools_ok = pick_chat_template(tokenizer, cfg.engine.chat_template)
@@ -241,11 +249,41 @@ class LocalBackend:
             if tool_parser not in TOOL_PARSERS:
                 raise ValueError(f"the CPU engine parses tool calls with {sorted(TOOL_PARSERS)}; {base} defaults to "
                                  f"{tool_parser!r}: set EngineConfig.tool_call_parser")
-            engine = TransformersEngine(peft_model, tokenizer, lock, stop_token_ids=end_of_turn)
+            if cfg.engine.placement == "dedicated":  # the CPU server in a child process of its own
+                from trainer.engine_process import TransformersServerProcess
+
+                engine = TransformersServerProcess(
+                    base, cfg.engine, served_name=model.name, lora=cfg.lora, log_dir=run_dir,
+                    chat_template=template, renders_tools=tools_ok, tool_parser=tool_parser,
+                    reasoning_parser=reasoning_parser, end_of_turn=end_of_turn, host=self.host,
+                    random_weights=cfg.random_weights, seed=cfg.seed)
+            else:
+                engine = TransformersEngine(peft_model, tokenizer, lock, stop_token_ids=end_of_turn)
+                engine.policy_step = step
         served = Served(model.name, engine if isinstance(engine, GeneratingEngine) else None, tokenizer,
                         cfg.engine.max_seq_length, step, chat_template=template, renders_tools=tools_ok,
                         tool_parser=tool_parser, reasoning_parser=reasoning_parser, end_of_turn=end_of_turn)
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward)
+
+    @staticmethod
+    def _trainer_device(engine_cfg, kind: str, cuda: bool) -> str:
+        """The trainer's torch device: `cuda:<first trainer GPU>` for a dedicated vLLM placement (its GPUs checked
+        to exist first), `cuda` or `cpu` otherwise."""
+        if engine_cfg.placement != "dedicated" or not engine_cfg.trainer_gpus:
+            return "cuda" if cuda else "cpu"
+        if kind != "vllm":
+            raise ValueError("placement='dedicated' with inference_gpus/trainer_gpus needs the vLLM engine, and vLLM "
+                             "is not available here (pip install 'ruler-rl[gpu]' on a CUDA machine); without GPU "
+                             "lists the transformers engine's dedicated form runs its server on the CPU")
+        import torch
+
+        from trainer.vllm_server import check_gpus
+
+        check_gpus(engine_cfg, torch.cuda.device_count() if cuda else 0)
+        if len(engine_cfg.trainer_gpus) > 1:
+            log.warning("trainer_gpus=%s: this version trains on the first only (cuda:%d); sharding the trainer "
+                        "(torch FSDP) is the README's Scale plan", engine_cfg.trainer_gpus, engine_cfg.trainer_gpus[0])
+        return f"cuda:{engine_cfg.trainer_gpus[0]}"
 
     def _run(self, model) -> _Run:
         run = self._runs.get(getattr(model, "name", None))
@@ -271,7 +309,7 @@ class LocalBackend:
         rollout_s = started - run.last_train_end
         seqs, prep = await asyncio.to_thread(prepare, list(groups), run.tokenizer, config,
                                              run.served.max_seq_length, chat_template=run.served.chat_template,
-                                             end_of_turn=run.served.end_of_turn)
+                                             end_of_turn=run.served.end_of_turn, policy_step=run.served.step)
         row: dict[str, Any] = {"step": run.served.step, "time": time.time(), "loss_kind": config.loss,
                                "rollout_s": rollout_s, **prep}
         if not seqs:
@@ -316,6 +354,8 @@ class LocalBackend:
         with run.lock:
             try:
                 stats = train_step(run.peft_model, run.optimizer, seqs, config, full_forward=run.full_forward)
+                if isinstance(run.engine, GeneratingEngine):  # it generates with these weights from now on
+                    run.engine.policy_step = run.served.step + 1
                 if torch.cuda.is_available():  # hand the activations' cached blocks back before vLLM wakes
                     torch.cuda.empty_cache()
                 return stats

@@ -37,9 +37,12 @@ _ENGINE_OWNED_FLAGS = {
     "generation_config": "set by the engine (vLLM's sampling defaults)", "enable_auto_tool_choice": "always on",
     "tool_call_parser": "tool_call_parser", "reasoning_parser": "reasoning_parser",
     "chat_template": "chat_template", "disable_uvicorn_access_log": "set by the engine",
+    "tensor_parallel_size": "inference_gpus with inference_parallel='tensor'",
+    "data_parallel_size": "inference_gpus with inference_parallel='data'",
 }
 _VLLM_ONLY = ("gpu_memory_utilization", "max_model_len", "enforce_eager", "enable_sleep_mode", "max_num_seqs",
-              "keep_adapters", "startup_timeout_s", "server_timeout_s", "vllm_args")
+              "keep_adapters", "startup_timeout_s", "server_timeout_s", "vllm_args", "inference_parallel")
+Placement = Literal["colocated", "dedicated"]
 
 
 class _Strict(pydantic.BaseModel):
@@ -147,6 +150,65 @@ class EngineConfig(_Strict):
         "becomes `--swap-space 8`, `True` a bare flag, `False`/None nothing, a dict or list JSON. Default none. "
         "Flags the engine sets itself (model, port, LoRA, parsers, the fields above, ...) are refused: use "
         "the field named in the error."))
+
+    placement: Placement = pydantic.Field("colocated", description=(
+        "Where inference runs relative to training. Default `colocated`: one device holds both; vLLM sleeps "
+        "during each training step (`enable_sleep_mode`) and rollouts wait for it. `dedicated`: inference has "
+        "devices of its own and keeps serving while the trainer trains (no sleep/wake; each step's adapter "
+        "is loaded when it is written), so rollouts for the next step can be gathered during a step "
+        "(`TrainConfig.max_off_policy_steps`, `trainer.pipeline`). With vLLM, `dedicated` needs "
+        "`inference_gpus` and `trainer_gpus` (disjoint). With `engine='transformers'` it runs the CPU "
+        "engine's server in a child process of its own on the CPU (no GPU lists): the same protocol, for "
+        "tests and small machines. See the README's Scale section."))
+    inference_gpus: list[int] = pydantic.Field(default_factory=list, description=(
+        "`placement='dedicated'` with vLLM only: the CUDA device indices (as this process numbers them) vLLM's "
+        "server runs on; its child process gets them as `CUDA_VISIBLE_DEVICES`. Several: vLLM's own "
+        "`--tensor-parallel-size` or `--data-parallel-size` of that count (`inference_parallel`). Default "
+        "none. Distinct ints >= 0, disjoint from `trainer_gpus`; indices beyond the visible GPUs fail at "
+        "register."))
+    trainer_gpus: list[int] = pydantic.Field(default_factory=list, description=(
+        "`placement='dedicated'` with vLLM only: the CUDA device indices of the trainer; the LoRA model is "
+        "trained on the first (`cuda:<first>`); more than one is accepted but only the first is used in this "
+        "version (a warning; sharding the trainer with torch FSDP is the README's Scale plan). Default none. "
+        "Distinct ints >= 0, disjoint from `inference_gpus`."))
+    inference_parallel: Literal["tensor", "data"] = pydantic.Field("tensor", description=(
+        "vLLM only, with several `inference_gpus`: `tensor` shards each forward over them "
+        "(`--tensor-parallel-size N`, for a model one GPU cannot hold or serve fast enough), `data` runs one "
+        "engine replica per GPU behind one server (`--data-parallel-size N`, for throughput of a model that "
+        "fits one GPU). Default `tensor`."))
+
+    @pydantic.field_validator("inference_gpus", "trainer_gpus")
+    @classmethod
+    def _gpu_list(cls, gpus: list[int]) -> list[int]:
+        if any(isinstance(g, bool) or g < 0 for g in gpus):
+            raise ValueError(f"GPU indices are ints >= 0, got {gpus}")
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"a GPU is listed twice: {gpus}")
+        return gpus
+
+    @pydantic.model_validator(mode="after")
+    def _placement(self) -> EngineConfig:
+        lists = [n for n in ("inference_gpus", "trainer_gpus") if getattr(self, n)]
+        if self.placement == "colocated":
+            if lists:
+                raise ValueError(f"{' and '.join(lists)} only act with placement='dedicated'; colocated "
+                                 "inference and training share one device")
+            return self
+        shared = sorted(set(self.inference_gpus) & set(self.trainer_gpus))
+        if shared:
+            raise ValueError(f"placement='dedicated': GPU(s) {shared} are in both inference_gpus and trainer_gpus; "
+                             "dedicated devices are disjoint (use placement='colocated' to share one)")
+        if self.engine == "vllm" and len(lists) < 2:
+            raise ValueError("placement='dedicated' with engine='vllm' needs both inference_gpus and trainer_gpus "
+                             f"(got inference_gpus={self.inference_gpus}, trainer_gpus={self.trainer_gpus})")
+        if self.engine == "transformers" and lists:
+            raise ValueError("placement='dedicated' on GPUs needs the vLLM engine (engine='vllm'); with "
+                             "engine='transformers' the dedicated server is a CPU child process and takes no "
+                             f"GPU lists (got {', '.join(lists)})")
+        if self.engine == "auto" and len(lists) == 1:
+            raise ValueError(f"placement='dedicated': give both inference_gpus and trainer_gpus, or neither "
+                             f"(the transformers engine's CPU form); got only {lists[0]}")
+        return self
 
     @pydantic.field_validator("vllm_args")
     @classmethod
@@ -272,6 +334,19 @@ class TrainConfig(_Strict):
     sampler_cap: float = pydantic.Field(2.0, gt=0, description=(
         "`sampler_correction='tis'` only: the truncation C of the importance weight min(pi_trainer / "
         "pi_sampler, C). Default 2.0; > 0. Set to another value without `tis`: an error."))
+    max_off_policy_steps: int = pydantic.Field(0, ge=0, description=(
+        "How many policy steps behind the trainer a trained turn may have been sampled, in steps. Each served "
+        "choice carries `policy_step`, the adapter step that sampled it; this step trains the policy at step "
+        "S (`await model.get_step()`), so a turn sampled at step s is S - s steps off-policy. Default 0: only "
+        "turns sampled by the current policy (today's strict on-policy loop). 1: rollouts for the next step "
+        "may be gathered by the step-S policy while step S trains (`trainer.pipeline`, a dedicated "
+        "placement). A trajectory with a turn older than the bound, or sampled by a step newer than the "
+        "trainer's, is refused (`StalePolicyError`, naming group, trajectory, its step and the bound; "
+        "nothing is applied); turns without a `policy_step` (an API model's, a hand-made choice) are not "
+        "checked and are counted as `turns_without_policy_step`. Above 0 it needs "
+        "`sampler_correction='tis'`: the decoupled objective (PPO clip against the trainer's own logprobs "
+        "before the update, each token weighted by min(pi_trainer / pi_sampler, sampler_cap)) is what corrects "
+        "for the stale sampler."))
 
     @pydantic.model_validator(mode="after")
     def _options_that_act(self) -> TrainConfig:
@@ -284,6 +359,10 @@ class TrainConfig(_Strict):
             if name in given and not acts:
                 raise ValueError(f"{name} only acts with {condition}; this configuration would ignore it "
                                  f"(leave it unset, or set {condition})")
+        if self.max_off_policy_steps > 0 and self.sampler_correction != "tis":
+            raise ValueError(f"max_off_policy_steps={self.max_off_policy_steps} trains turns an older policy sampled; "
+                             "set sampler_correction='tis' so the loss corrects for it (clip against the trainer's "
+                             "own logprobs, weight by the truncated ratio to the sampler's)")
         if self.loss == "dapo" and self.epsilon_high < self.epsilon:
             raise ValueError(f"loss='dapo' clips higher than it clips lower: epsilon_high ({self.epsilon_high}) "
                              f"must be >= epsilon ({self.epsilon})")

@@ -9,7 +9,10 @@ Two engines implement it:
   (training and generation take turns under one lock).
 - `trainer.vllm_server.VLLMServer` (GPU): vLLM's own OpenAI server in a child process. It has its own
   `base_url`, loads each step's adapter from its checkpoint folder, and sleeps around training steps when
-  `EngineConfig.enable_sleep_mode` is on (`can_sleep`).
+  `EngineConfig.enable_sleep_mode` is on and it shares the trainer's GPU (`can_sleep`; a dedicated placement
+  on GPUs of its own never sleeps).
+- `trainer.engine_process.TransformersServerProcess` (CPU, `placement="dedicated"`): the CPU server with its own
+  copy of the model in a child process, loading adapters like vLLM's; it never sleeps.
 
 The backend uses only what is declared here: it never checks which engine it holds.
 """
@@ -32,11 +35,14 @@ class Sample:
     finish_reason: `stop` (an end-of-turn id was sampled) or `length` (`max_tokens` reached).
     top_logprobs: per sampled token, the `top_logprobs` most likely (token id, logprob) pairs, most likely
     first; empty when they were not asked for.
+    policy_step: the policy step (adapter step) of the weights that generated it, read under the engine's lock;
+    None when the engine does not know (the server then reports the served step).
     """
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    policy_step: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -99,6 +105,11 @@ class Engine(Protocol):
 class GeneratingEngine(Engine, Protocol):
     """An engine that generates in this process; the backend's server (`trainer/server.py`) turns its samples
     into OpenAI-shaped completions."""
+
+    policy_step: int
+    """The policy step of the weights it generates with. Whoever changes the weights (the backend's training
+    step, an adapter load) sets it while holding the lock generation takes, so each `Sample.policy_step` is
+    exactly the step that sampled it."""
 
     async def generate(self, prompt_ids: list[int], *, n: int = 1, max_tokens: int = 256,
                        temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,

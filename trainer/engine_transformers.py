@@ -29,6 +29,7 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.lock = lock or threading.Lock()
         self.stop_token_ids = list(stop_token_ids)
+        self.policy_step = 0  # changed with the weights, under `lock` (trainer.engine.GeneratingEngine)
 
     async def start(self) -> None:
         return None
@@ -79,6 +80,7 @@ class TransformersEngine:
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), **kwargs)
+            policy_step = self.policy_step
             if was_training:
                 self.model.train()
         new = out.sequences[:, len(prompt_ids):]
@@ -92,7 +94,7 @@ class TransformersEngine:
             cut = end or len(row)
             tops = [list(zip(top.indices[r, i].tolist(), top.values[r, i].tolist())) for i in range(cut)] \
                 if top is not None else []
-            samples.append(Sample(row[:cut], lp[:cut], "stop" if end else "length", tops))
+            samples.append(Sample(row[:cut], lp[:cut], "stop" if end else "length", tops, policy_step))
         return samples
 
     async def load_adapter(self, step: int, path: Path) -> None:

@@ -35,6 +35,11 @@ class AbortedTurnError(ValueError):
     """A generated turn was aborted by the server: it is not a finished turn and is never trained."""
 
 
+class StalePolicyError(ValueError):
+    """A trajectory was sampled by a policy step further behind the trainer than
+    `TrainConfig.max_off_policy_steps` allows (or by a step ahead of it)."""
+
+
 @dataclass
 class TrainingSequence:
     """One forward pass: `token_ids`, which of them the model sampled (`trained`), and their sampled
@@ -43,6 +48,7 @@ class TrainingSequence:
     trained: list[bool]
     old_logprobs: list[float]
     turns: int = 0
+    policy_step: int | None = None  # the oldest policy step that sampled one of its turns (None: none known)
     advantage: float = 0.0
     trajectory: int = 0  # the trajectory's index in its batch (losses normalise per trajectory)
     group: int = 0       # its group's index (sequences of one group may share their prefix in training)
@@ -61,6 +67,7 @@ class SequenceReport:
     context_breaks: int = 0          # turns whose prompt did not extend the previous turn: new sequence
     off_policy_turns: int = 0        # re-rendered text (allow_off_policy_text)
     turns_without_logprobs: int = 0  # served ids but no sampled logprobs: ratio 1
+    turns_without_policy_step: int = 0  # served turns that do not say which policy step sampled them
     truncated: int = 0               # sequences cut to max_seq_length (counted by `training.prepare`)
 
 
@@ -69,6 +76,7 @@ class _Turn:
     prompt: list[int]
     completion: list[int]
     logprobs: list[float] | None
+    policy_step: int | None = None
 
 
 def _extra(choice: Choice, key: str) -> Any:
@@ -105,7 +113,9 @@ def served_turn(choice: Choice) -> _Turn | None:
             lps = [float(x) for x in compact]
     if lps is not None:
         lps = [x if math.isfinite(x) else math.nan for x in lps]
-    return _Turn(list(prompt), list(completion), lps)
+    step = _extra(choice, "policy_step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+    return _Turn(list(prompt), list(completion), lps, step)
 
 
 def end_of_turn_ids(tokenizer, generation_config=None) -> list[int]:
@@ -164,8 +174,11 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
                 raise ValueError("a tokenizer is needed to re-render off-policy text")
             turn = _text_turn(tokenizer, before, item, tools, **render)
             report.off_policy_turns += 1
-        elif turn.logprobs is None:
-            report.turns_without_logprobs += 1
+        else:
+            if turn.logprobs is None:
+                report.turns_without_logprobs += 1
+            if turn.policy_step is None:
+                report.turns_without_policy_step += 1
         before.append(choice_to_message(item))
         report.turns += 1
         lps = turn.logprobs or [math.nan] * len(turn.completion)
@@ -181,6 +194,9 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
         current.trained += [False] * len(gap) + [True] * len(turn.completion)
         current.old_logprobs += [math.nan] * len(gap) + lps
         current.turns += 1
+        if turn.policy_step is not None:
+            current.policy_step = (turn.policy_step if current.policy_step is None
+                                   else min(current.policy_step, turn.policy_step))
     return seqs
 
 

@@ -10,7 +10,8 @@ decoding with xgrammar, Hermes format), `n`, `max_tokens`/`max_completion_tokens
 path, every non-streamed completion carries what training needs whatever the request asked: the response's
 and each choice's `prompt_token_ids`, each choice's `token_ids`, and the sampled tokens' logprobs (the
 policy's own, at temperature 1): standard `logprobs` when asked for, else one compact `token_logprobs` list
-per choice.
+per choice; and each choice's `policy_step`, the adapter step whose weights sampled it (as the middleware in
+vLLM's server adds it), which training checks against `TrainConfig.max_off_policy_steps`.
 
 `<model>` is the latest adapter; `<model>@<step>` names a step (only the latest is served here: the CPU
 engine generates with the very weights being trained). Requests that arrive during a training step wait
@@ -241,6 +242,7 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
                 "index": i, "finish_reason": "tool_calls" if calls else s.finish_reason, "stop_reason": None,
                 "message": {"role": "assistant", "content": content, "tool_calls": calls, "reasoning": reasoning},
                 "logprobs": standard, "token_ids": s.token_ids, "prompt_token_ids": ids,
+                "policy_step": served.step if s.policy_step is None else s.policy_step,
                 **({} if req.logprobs else {"token_logprobs": s.logprobs})})
         completion = sum(len(s.token_ids) for s in samples)
         return _json({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",

@@ -18,7 +18,13 @@ from ruler.trajectory import Problem, TrajectoryError, TrajectoryGroup, validate
 from trainer.config import TrainConfig
 from trainer.loss import policy_loss, token_weights
 from trainer.packing import MASKABLE_ATTENTION, Row, pack
-from trainer.sequences import AbortedTurnError, SequenceReport, TrainingSequence, training_sequences
+from trainer.sequences import (
+    AbortedTurnError,
+    SequenceReport,
+    StalePolicyError,
+    TrainingSequence,
+    training_sequences,
+)
 
 
 def logit_transform(config):
@@ -76,13 +82,22 @@ def verify_logprob_path(model, *, length: int = 24) -> float:
 
 
 def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_seq_length: int, *,
-            chat_template: str | None = None, end_of_turn: list[int] | None = None):
+            chat_template: str | None = None, end_of_turn: list[int] | None = None,
+            policy_step: int | None = None):
     """(sequences, stats): the batch a step trains on, and what was skipped and why.
 
     Raises `TrajectoryError` for malformed trajectories (ruler's one validation, naming group, trajectory
     and field), and `MissingTokenIdsError` (naming the group and trajectory) for a generated turn without
-    served token ids, unless `config.allow_off_policy_text`.
+    served token ids, unless `config.allow_off_policy_text`. With `policy_step` (the step of the policy
+    being trained) every trained trajectory's oldest `policy_step` label must be within
+    `config.max_off_policy_steps` of it and not newer, else `StalePolicyError` naming group, trajectory,
+    its step and the bound (turns without a label are counted in `turns_without_policy_step`); the stats
+    then say `policy_lag_max` and `stale_trajectories` (trained trajectories sampled by an older step).
     """
+    if policy_step is not None and (isinstance(policy_step, bool) or not isinstance(policy_step, int)
+                                    or policy_step < 0):
+        raise ValueError(f"policy_step must be an int >= 0 or None, got {policy_step!r}")
+    lag_max, stale = 0, 0
     skipped: Counter = Counter()
     report = SequenceReport()
     rewards: list[float] = []
@@ -114,6 +129,20 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
             except AbortedTurnError:
                 skipped["trajectory with an aborted turn"] += 1
                 continue
+            sampled = [seq.policy_step for seq in found if seq.policy_step is not None]
+            if policy_step is not None and sampled:
+                lag = policy_step - min(sampled)
+                if max(sampled) > policy_step:
+                    raise StalePolicyError(
+                        f"group {g} trajectory {t} was sampled by policy step {max(sampled)}, newer than the "
+                        f"trainer's step {policy_step}: it comes from another run or a later checkpoint")
+                if lag > config.max_off_policy_steps:
+                    raise StalePolicyError(
+                        f"group {g} trajectory {t} was sampled by policy step {min(sampled)}; the trainer is at "
+                        f"step {policy_step}, {lag} step(s) later, beyond TrainConfig.max_off_policy_steps="
+                        f"{config.max_off_policy_steps} (nothing was applied: gather fresh rollouts, or allow "
+                        f"more staleness with sampler_correction='tis')")
+                lag_max, stale = max(lag_max, lag), stale + (lag > 0)
             kept = []
             for seq in found:
                 if len(seq.token_ids) > max_seq_length:
@@ -138,7 +167,8 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                   "turns": report.turns, "context_breaks": report.context_breaks,
                   "off_policy_turns": report.off_policy_turns,
                   "turns_without_logprobs": report.turns_without_logprobs, "truncated": report.truncated,
-                  "skipped": dict(skipped)}
+                  "turns_without_policy_step": report.turns_without_policy_step, "policy_lag_max": lag_max,
+                  "stale_trajectories": stale, "skipped": dict(skipped)}
 
 
 def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, masked: bool):

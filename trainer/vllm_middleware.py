@@ -6,7 +6,9 @@ rollout carries what token-exact training needs without the rollout code asking 
   bare served name (`$RULER_SERVED_NAME`) is routed to the latest adapter; and, for a non-streamed answer,
   the response's `prompt_token_ids` are copied into each choice — agent code keeps choices, not responses.
   Logprobs the client did not ask for come as one compact `token_logprobs` list per choice (standard
-  `logprobs` stay `null`); asked for, they come as vLLM wrote them. `top_logprobs` without `logprobs` is
+  `logprobs` stay `null`); asked for, they come as vLLM wrote them. Each choice also gets `policy_step`, the
+  step of the adapter the request was routed to (`<name>@<step>`; the bare name before any adapter and
+  `<name>@0` are the base model, step 0), which training checks against `TrainConfig.max_off_policy_steps`. `top_logprobs` without `logprobs` is
   refused (400), as vLLM itself would (it only sees the switched-on `logprobs`), and as the CPU server does.
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
@@ -101,7 +103,18 @@ class TrainingDataMiddleware:
         scope = {**scope, "headers": _with_length(scope["headers"], len(raw))}
         if body.get("stream"):
             return await self.app(scope, _replay(raw, receive), send)
-        return await self.app(scope, _replay(raw, receive), _TrainingFields(send, compact_logprobs=not asked))
+        return await self.app(scope, _replay(raw, receive), _TrainingFields(send, compact_logprobs=not asked,
+                                                                            policy_step=self._step(body.get("model"))))
+
+    def _step(self, model) -> int | None:
+        """The policy step a request routed to `model` is sampled by: `<served>@<k>` is step k, the bare served
+        name (no adapter loaded yet) the base model, step 0; None for a name that is not ours."""
+        if not self.served or not isinstance(model, str):
+            return None
+        if model == self.served:
+            return 0
+        base, _, step = model.rpartition("@")
+        return int(step) if base == self.served and step.isdigit() else None
 
     async def _load_adapter(self, scope, receive, send):
         raw = await _read_body(receive)
@@ -146,9 +159,10 @@ class _TrainingFields:
     the client did not ask for logprobs, hands them over as one compact `token_logprobs` list per choice
     instead of an object per token (a fraction of the bytes for clients to parse)."""
 
-    def __init__(self, send, *, compact_logprobs: bool):
+    def __init__(self, send, *, compact_logprobs: bool, policy_step: int | None = None):
         self.send = send
         self.compact = compact_logprobs
+        self.policy_step = policy_step
         self.start = None
         self.chunks: list[bytes] = []
         self.passthrough = False
@@ -175,6 +189,8 @@ class _TrainingFields:
             for choice in body.get("choices", []):
                 if ids is not None:
                     choice["prompt_token_ids"] = ids
+                if self.policy_step is not None:
+                    choice["policy_step"] = self.policy_step
                 content = (choice.get("logprobs") or {}).get("content")
                 if self.compact and content is not None:
                     choice["token_logprobs"] = [entry["logprob"] for entry in content]

@@ -87,40 +87,184 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-class VLLMServer:
-    """vLLM's OpenAI server in a child process, with the adapter, sleep and wake calls a trainer needs (a
-    `trainer.engine.Engine` with a `base_url` of its own; it generates nothing in this process)."""
+def visible_device_ids(indices: list[int], parent_visible: str | None = None) -> str:
+    """`CUDA_VISIBLE_DEVICES` for a child process that should see `indices` of this process's CUDA devices:
+    this process numbers its devices through its own `CUDA_VISIBLE_DEVICES` (when set), so index i is
+    entry i of that list (a GPU id or UUID), not physical GPU i."""
+    if not indices:
+        raise ValueError("no device indices given")
+    if parent_visible is None or not parent_visible.strip():
+        return ",".join(str(i) for i in indices)
+    listed = [d.strip() for d in parent_visible.split(",") if d.strip()]
+    beyond = [i for i in indices if i >= len(listed)]
+    if beyond:
+        raise ValueError(f"GPU index(es) {beyond} are beyond this process's CUDA_VISIBLE_DEVICES={parent_visible!r} "
+                         f"({len(listed)} visible)")
+    return ",".join(listed[i] for i in indices)
 
-    name = "vllm"
 
-    def __init__(self, base_model: str, config: EngineConfig, *, served_name: str, lora_rank: int,
-                 log_dir: Path, chat_template_file: Path | None, tool_parser: str, reasoning_parser: str | None,
-                 host: str = "127.0.0.1", port: int | None = None, tools_ok: bool = True):
+def check_gpus(config: EngineConfig, device_count: int) -> None:
+    """Refuse a dedicated placement naming GPUs this machine does not have (`device_count` visible CUDA
+    devices; 0: no CUDA) before anything starts."""
+    if config.placement != "dedicated" or not (config.inference_gpus or config.trainer_gpus):
+        return
+    if device_count < 1:
+        raise ValueError("placement='dedicated' names GPUs (inference_gpus, trainer_gpus) but no CUDA GPU is visible "
+                         "here; use placement='colocated' (or engine='transformers' with no GPU lists)")
+    missing = sorted(g for g in config.inference_gpus + config.trainer_gpus if g >= device_count)
+    if missing:
+        raise ValueError(f"placement='dedicated': GPU(s) {missing} do not exist; {device_count} CUDA device(s) are "
+                         f"visible (indices 0..{device_count - 1})")
+
+
+class ServerProcess:
+    """An inference server in a child process that `LocalBackend` starts and owns: health-checked start,
+    adapter loading by path through `/v1/load_lora_adapter` (vLLM's endpoint), log file, clean close. A
+    `trainer.engine.Engine` with a `base_url` of its own. Subclasses give `command()` and `environment()`."""
+
+    name = "server-process"
+
+    def __init__(self, config: EngineConfig, *, served_name: str, log_dir: Path, host: str = "127.0.0.1",
+                 port: int | None = None):
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
         if not isinstance(served_name, str) or not served_name:
             raise ValueError("served_name must be a non-empty string")
-        lora_serving_rank(lora_rank)  # refuse a rank vLLM cannot serve before starting anything
-        self.base_model, self.config, self.served_name = base_model, config, served_name
-        self.lora_rank, self.log_dir = lora_rank, Path(log_dir)
-        self.chat_template_file, self.tool_parser, self.reasoning_parser = (chat_template_file, tool_parser,
-                                                                             reasoning_parser)
+        self.config, self.served_name, self.log_dir = config, served_name, Path(log_dir)
         self.host = host
         self.port = port or _free_port(host)  # chosen now, so that base_url is known before start()
-        self.tools_ok = tools_ok
         self.loaded: list[int] = []
         self.proc: subprocess.Popen | None = None
         self.http: httpx.AsyncClient | None = None
 
     @property
     def base_url(self) -> str:
-        """vLLM's OpenAI-compatible base URL (it answers once `start()` has returned)."""
+        """The server's OpenAI-compatible base URL (it answers once `start()` has returned)."""
         return f"http://{self.host}:{self.port}/v1"
 
     @property
     def can_sleep(self) -> bool:
-        """Sleep mode frees the GPU for training steps only when vLLM runs with `--enable-sleep-mode`."""
-        return self.config.enable_sleep_mode
+        return False
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The child's environment: `base` (default this process's) with the repository on PYTHONPATH."""
+        base = dict(os.environ if base is None else base)
+        root = str(Path(__file__).resolve().parents[1])  # so the child imports this package
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH")) if p)
+        return base
+
+    def _require(self) -> None:
+        """Raise when what the child needs is not installed."""
+
+    async def start(self) -> None:
+        self._require()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_file = self.log_dir / f"{self.name}-server.log"
+        started = time.perf_counter()
+        with open(self.log_file, "ab") as out:
+            self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=out,
+                                         stderr=subprocess.STDOUT)
+        self.http = httpx.AsyncClient(base_url=f"http://{self.host}:{self.port}",
+                                      timeout=httpx.Timeout(self.config.server_timeout_s, connect=5.0))
+        deadline = started + self.config.startup_timeout_s
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the {self.name} server exited with code {self.proc.returncode} while starting; "
+                                   f"the end of {self.log_file}:\n{self._log_tail()}")
+            try:
+                if (await self.http.get("/health", timeout=2.0)).status_code == 200:
+                    log.info("%s server for %s up in %.0f s at %s", self.name, self.served_name,
+                             time.perf_counter() - started, self.base_url)
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+        await self.close()
+        raise TimeoutError(f"the {self.name} server did not answer within {self.config.startup_timeout_s} s; "
+                           f"see {self.log_file}")
+
+    def _log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    async def _post(self, path: str, **kwargs) -> httpx.Response:
+        if self.http is None:
+            raise RuntimeError(f"the {self.name} server is not started")
+        r = await self.http.post(path, **kwargs)
+        if r.status_code != 200:
+            raise RuntimeError(f"{self.name} server {path}: HTTP {r.status_code}: {r.text[:500]}")
+        return r
+
+    async def load_adapter(self, step: int, path: str | Path) -> None:
+        """Serve the adapter saved at `path` as `NAME@step`, make it the bare name's, unregister old names.
+
+        By path, through the disk: vLLM 0.24's `/v1/load_lora_adapter` takes a folder (or a tensorizer
+        config), and its weight-update endpoints replace base weights, not a LoRA; the adapter is a few MB
+        the checkpoint writes anyway (README, Scale)."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        await self._post("/v1/load_lora_adapter", json={"lora_name": f"{self.served_name}@{step}",
+                                                        "lora_path": str(path)})
+        self.loaded.append(step)
+        while len(self.loaded) > self.config.keep_adapters:
+            old = self.loaded.pop(0)
+            await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{old}"})
+
+    async def sleep(self) -> None:
+        raise RuntimeError(f"the {self.name} server does not sleep")
+
+    async def wake(self) -> None:
+        raise RuntimeError(f"the {self.name} server does not sleep")
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+            self.http = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                await asyncio.to_thread(self.proc.wait, 60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.wait)
+        self.proc = None
+
+
+class VLLMServer(ServerProcess):
+    """vLLM's OpenAI server in a child process, with the adapter, sleep and wake calls a trainer needs (a
+    `trainer.engine.Engine` with a `base_url` of its own; it generates nothing in this process).
+
+    Placement (`EngineConfig.placement`): colocated, it shares the trainer's GPU and sleeps around each
+    training step (when `enable_sleep_mode`); dedicated, it runs on `inference_gpus` (its
+    `CUDA_VISIBLE_DEVICES`, tensor or data parallel over several through vLLM's own flags) and never sleeps:
+    it keeps serving the previous adapter while the trainer trains on `trainer_gpus`."""
+
+    name = "vllm"
+
+    def __init__(self, base_model: str, config: EngineConfig, *, served_name: str, lora_rank: int,
+                 log_dir: Path, chat_template_file: Path | None, tool_parser: str, reasoning_parser: str | None,
+                 host: str = "127.0.0.1", port: int | None = None, tools_ok: bool = True):
+        super().__init__(config, served_name=served_name, log_dir=log_dir, host=host, port=port)
+        lora_serving_rank(lora_rank)  # refuse a rank vLLM cannot serve before starting anything
+        self.base_model, self.lora_rank = base_model, lora_rank
+        self.chat_template_file, self.tool_parser, self.reasoning_parser = (chat_template_file, tool_parser,
+                                                                             reasoning_parser)
+        self.tools_ok = tools_ok
+
+    @property
+    def dedicated(self) -> bool:
+        return self.config.placement == "dedicated"
+
+    @property
+    def can_sleep(self) -> bool:
+        """Sleep mode frees the GPU for training steps only when vLLM shares it (colocated) and runs with
+        `--enable-sleep-mode`; a dedicated server never sleeps."""
+        return self.config.enable_sleep_mode and not self.dedicated
 
     def command(self) -> list[str]:
         c = self.config
@@ -135,8 +279,11 @@ class VLLMServer:
                 "--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser,
                 "--middleware", "trainer.vllm_middleware.TrainingDataMiddleware",
                 "--disable-uvicorn-access-log"]
-        if c.enable_sleep_mode:
+        if self.can_sleep:
             argv.append("--enable-sleep-mode")
+        if self.dedicated and len(c.inference_gpus) > 1:
+            flag = "--tensor-parallel-size" if c.inference_parallel == "tensor" else "--data-parallel-size"
+            argv += [flag, str(len(c.inference_gpus))]
         if c.enforce_eager:
             argv.append("--enforce-eager")
         if self.reasoning_parser:
@@ -151,87 +298,36 @@ class VLLMServer:
                 argv += [flag, value if isinstance(value, str) else _cli_value(value)]
         return argv
 
-    async def start(self) -> None:
-        if importlib.util.find_spec("vllm") is None:
-            raise RuntimeError("the vLLM engine needs vLLM: pip install 'ruler-rl[gpu]'")
-        root = str(Path(__file__).resolve().parents[1])  # so vLLM's process imports the middleware
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-               "RULER_SERVED_NAME": self.served_name,
-               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """vLLM's environment: runtime LoRA loading and the dev endpoints (sleep/wake) on, the served name for
+        the middleware and, dedicated, `CUDA_VISIBLE_DEVICES` of the inference GPUs (mapped through this
+        process's own `CUDA_VISIBLE_DEVICES`)."""
+        env = super().environment(base)
+        env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                    "RULER_SERVED_NAME": self.served_name})
         if not self.tools_ok:
             env["RULER_TOOLS_UNSUPPORTED"] = "1"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_file = self.log_dir / "vllm-server.log"
-        started = time.perf_counter()
-        with open(self.log_file, "ab") as out:
-            self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT)
-        self.http = httpx.AsyncClient(base_url=f"http://{self.host}:{self.port}",
-                                      timeout=httpx.Timeout(self.config.server_timeout_s, connect=5.0))
-        deadline = started + self.config.startup_timeout_s
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM's server exited with code {self.proc.returncode} while starting; "
-                                   f"the end of {self.log_file}:\n{self._log_tail()}")
-            try:
-                if (await self.http.get("/health", timeout=2.0)).status_code == 200:
-                    log.info("vLLM server for %s up in %.0f s at %s", self.served_name,
-                             time.perf_counter() - started, self.base_url)
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(1.0)
-        await self.close()
-        raise TimeoutError(f"vLLM's server did not answer within {self.config.startup_timeout_s} s; "
-                           f"see {self.log_file}")
+        if self.dedicated:
+            parent = (os.environ if base is None else base).get("CUDA_VISIBLE_DEVICES")
+            env["CUDA_VISIBLE_DEVICES"] = visible_device_ids(self.config.inference_gpus, parent)
+        return env
 
-    def _log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_file.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
-
-    async def _post(self, path: str, **kwargs) -> httpx.Response:
-        if self.http is None:
-            raise RuntimeError("the vLLM server is not started")
-        r = await self.http.post(path, **kwargs)
-        if r.status_code != 200:
-            raise RuntimeError(f"vLLM server {path}: HTTP {r.status_code}: {r.text[:500]}")
-        return r
-
-    async def load_adapter(self, step: int, path: str | Path) -> None:
-        """Serve the adapter saved at `path` as `NAME@step`, make it the bare name's, unregister old names."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
-        await self._post("/v1/load_lora_adapter", json={"lora_name": f"{self.served_name}@{step}",
-                                                        "lora_path": str(path)})
-        self.loaded.append(step)
-        while len(self.loaded) > self.config.keep_adapters:
-            old = self.loaded.pop(0)
-            await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{old}"})
+    def _require(self) -> None:
+        if importlib.util.find_spec("vllm") is None:
+            raise RuntimeError("the vLLM engine needs vLLM: pip install 'ruler-rl[gpu]'")
 
     async def sleep(self) -> None:
         """Level 1 (weights offloaded to CPU, KV cache freed); `mode=wait` lets in-flight requests finish."""
         if not self.can_sleep:
-            raise RuntimeError("vLLM runs without sleep mode (EngineConfig.enable_sleep_mode=False)")
+            raise RuntimeError("vLLM runs without sleep mode (EngineConfig.enable_sleep_mode=False, or a dedicated "
+                               "placement)")
         await self._post("/sleep", params={"level": "1", "mode": "wait"})
 
     async def wake(self) -> None:
         if not self.can_sleep:
-            raise RuntimeError("vLLM runs without sleep mode (EngineConfig.enable_sleep_mode=False)")
+            raise RuntimeError("vLLM runs without sleep mode (EngineConfig.enable_sleep_mode=False, or a dedicated "
+                               "placement)")
         await self._post("/wake_up")
-
-    async def close(self) -> None:
-        if self.http is not None:
-            await self.http.aclose()
-            self.http = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                await asyncio.to_thread(self.proc.wait, 60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                await asyncio.to_thread(self.proc.wait)
-        self.proc = None
 
 
 def _cli_value(value) -> str:
