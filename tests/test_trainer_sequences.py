@@ -300,7 +300,9 @@ async def test_the_server_speaks_vllms_shapes_and_refuses_what_it_cannot_do(serv
         assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["logprob"] >= e["logprob"] for e in entries)
         for bad, fragment in (({"model": "chatml@7"}, "unknown adapter step"), ({"model": "nope"}, "not served"),
                               ({"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
-                              ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"),
+                              ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": TOOLS},
+                               "not among the tools"),
+                              ({"tool_choice": "required"}, "needs tools"),
                               ({"stream": True}, "stream"),
                               ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
                               ({"messages": [{"role": "assistant", "content": "x", "tool_calls": "oops"}]},
