@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -50,7 +50,7 @@ def parse_when(value: str | None, name: str) -> datetime | None:
     except ValueError:
         raise typer.BadParameter(f"not an ISO 8601 date or date-time: {value!r} (e.g. 2026-11-01 or "
                                  "2026-11-01T12:00:00+00:00)", param_hint=name) from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def labelled_groups(items: list[Pair | Group]) -> list[LabelledGroup]:
@@ -84,7 +84,8 @@ def untrained_judge(student: str) -> str:
 
 
 async def run_distill(*, teacher: str | None, since: datetime | None, until: datetime | None, cache: Path | None,
-                      datasets: list[Path], student: str, steps: int, lr: float, out: Path, rubric: str = DEFAULT_RUBRIC,
+                      datasets: list[Path], student: str, steps: int, lr: float, out: Path,
+                      rubric: str = DEFAULT_RUBRIC,
                       holdout: float = 0.2, seed: int = 0, batch_size: int = 4, orderings: int = 1,
                       max_eval: int | None = None, print_fn=console.print) -> dict:
     """Gather teacher data, split it by group, measure the untrained student, train, save, measure the trained
@@ -170,7 +171,8 @@ def distill(
         "--teacher", help="The judge model whose cached judgments to learn from (its litellm model string).")] = None,
     since: Annotated[str | None, typer.Option("--since", help="Only judgments stored at or after this "
                                                               "ISO date/time (UTC unless given).")] = None,
-    until: Annotated[str | None, typer.Option("--until", help="Only judgments stored before this ISO date/time.")] = None,
+    until: Annotated[str | None, typer.Option(
+        "--until", help="Only judgments stored before this ISO date/time.")] = None,
     cache: Annotated[Path | None, typer.Option("--cache", help="The judge cache folder (default: the judge "
                                                                "cache, $RULER_CACHE_DIR).")] = None,
     dataset: Annotated[list[Path] | None, typer.Option(

@@ -6,10 +6,9 @@ import asyncio
 import json
 import random
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import diskcache
 import pytest
 from typer.testing import CliRunner
 
@@ -20,8 +19,16 @@ from ruler.cache import export_judgments, judgment_record, open_cache
 from ruler.prompt import build_prompt
 from ruler.scoring import ruler_result, ruler_score_group
 from tests.helpers import convo
-from trainer.distill import (LabelledGroup, TeacherExample, agreement_figures, from_cache, from_labels, group_key,
-                             render_answer, shown_ids, split_by_group)
+from trainer.distill import (
+    LabelledGroup,
+    agreement_figures,
+    from_cache,
+    from_labels,
+    group_key,
+    render_answer,
+    shown_ids,
+    split_by_group,
+)
 
 runner = CliRunner()
 RUBRIC = "Score each answer by the quality word it states: excellent 1, mediocre 0.5, terrible 0."
@@ -56,7 +63,7 @@ async def test_cache_records_each_judgment_and_export_selects_one_judge(tmp_path
 def test_export_by_date_and_what_it_leaves_out(tmp_path):
     store = open_cache(tmp_path / "c")
     msgs = build_prompt(_group_convs("GOOD a", "BAD b"), RUBRIC).messages
-    day = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    day = datetime(2026, 11, 1, tzinfo=UTC)
     scores = [{"trajectory_id": "1", "explanation": "x", "score": 1.0},
               {"trajectory_id": "2", "explanation": "y", "score": 0.0}]
     for k in range(5):  # one a day, Nov 1..5
@@ -159,8 +166,8 @@ def test_teacher_data_validation_errors():
 
 def test_agreement_figures_count_ties_as_wrong_and_errors_apart():
     teacher = [{"1": 1.0, "2": 0.5, "3": 0.0}, {"1": 0.0, "2": 1.0}]
-    a = agreement_figures("j", [teacher[0], teacher[1], teacher[0], teacher[0]], [{"1": 0.9, "2": 0.2, "3": 0.1}, {"1": 0.5, "2": 0.5}, None,
-                                             {"1": 0.1, "2": 0.2, "3": 0.3}])
+    a = agreement_figures("j", [teacher[0], teacher[1], teacher[0], teacher[0]],
+                          [{"1": 0.9, "2": 0.2, "3": 0.1}, {"1": 0.5, "2": 0.5}, None, {"1": 0.1, "2": 0.2, "3": 0.3}])
     # pairs: 3 right; 1 tie; 3 reversed -> 3 / 7 right, 1 / 7 ties
     assert (a.pairs, a.errors) == (7, 1)
     assert a.pairwise_accuracy == pytest.approx(3 / 7) and a.ties == pytest.approx(1 / 7)
@@ -205,7 +212,8 @@ def test_distill_command_errors(tmp_path):
     msgs = build_prompt(_group_convs("GOOD a", "BAD b"), RUBRIC).messages
     store.set("ruler:1", judgment_record([], [], model="openai/gpt-4.1", messages=msgs, answer=""))
     res = _cli("--out", out, "--teacher", "openai/o3", "--cache", str(tmp_path / "c"))
-    assert res.exit_code == 2 and "no usable judgments of 'openai/o3'" in res.output and "openai/gpt-4.1 (1)" in res.output
+    assert res.exit_code == 2 and "no usable judgments of 'openai/o3'" in res.output
+    assert "openai/gpt-4.1 (1)" in res.output
     res = _cli("--out", out, "--dataset", str(tmp_path / "missing.jsonl"))
     assert res.exit_code == 2 and "dataset file not found" in res.output
     res = _cli("--out", out, "--dataset", str(tmp_path / "x.jsonl"), "--rubric", "no-such-rubric")

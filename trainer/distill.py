@@ -33,7 +33,7 @@ from ruler.cache import CachedJudgment
 from ruler.prompt import JudgePrompt, build_prompt
 from ruler.providers import LOCAL_EXPLANATION_CHARS
 
-_TRAJECTORY = re.compile(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', re.S)
+_TRAJECTORY = re.compile(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', re.DOTALL)
 
 
 @dataclass

@@ -120,7 +120,6 @@ def load_student(base: str, config: SFTConfig):
 def sft_backward(model, seqs: list[TrainingSequence], config: SFTConfig, *, full_forward: bool = False) -> dict:
     """Pack `seqs`, run each row forward and backward with the loss -sum(log p(trained token)) / N over the
     batch's N trained tokens, leaving the gradients on the parameters. Returns loss, tokens, rows."""
-    import torch
 
     if not seqs:
         raise ValueError("an SFT step needs at least one sequence")
