@@ -257,7 +257,7 @@ def test_distill_20_steps_beats_the_untrained_student_and_loads_as_a_judge(tmp_p
     out = tmp_path / "my-judge"
     started = time.perf_counter()
     res = runner.invoke(app, ["distill", "--dataset", str(data), "--out", str(out), "--steps", "20", "--lr", "1e-3",
-                              "--batch-size", "4", "--holdout", "0.25", "--max-eval", "4", "--seed", "0",
+                              "--batch-size", "2", "--holdout", "0.25", "--max-eval", "4", "--seed", "0",
                               "--rubric", RUBRIC, "--cache", str(tmp_path / "cache"), "--json"])
     assert res.exit_code == 0, res.output
     result = json.loads(res.stdout.strip().splitlines()[-1])
