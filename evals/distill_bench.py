@@ -16,7 +16,9 @@ default rubric (`trainer.distill.from_labels`: the rewards min-max scaled as the
 
 `run` writes `report.json` (both agreements, the training history, the commands) and `README.md` (a table)
 under `--out`, and the judge under `--out/judge`. On a GPU the SFT runs in bf16 on CUDA; the judge itself is
-measured through `local/<folder>` (transformers, constrained JSON), as `ruler distill` does.
+measured through `local/<folder>` (transformers on the CPU, constrained JSON), as `ruler distill` does, so a
+prompt longer than the student's context (SmolLM2: 8192 tokens) counts as "no valid answer". Checked on a CPU
+at tiny size (`run` with 2 steps on a synthetic file, LLMBar limit 2); `sample` and the full run are not run yet.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ async def sample_groups(*, policy: str, db: Path, scenarios: Path, split: str, g
 
 
 async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: float, batch_size: int, seed: int,
-                    out: Path, max_eval: int | None, llmbar_limit: int, llmbar_root: Path | None) -> dict:
+                    out: Path, max_eval: int | None, llmbar_limit: int, llmbar_root: Path | None,
+                    max_seq_length: int = 8192) -> dict:
     """Distil `student` on the graded groups of `train`; agreement with the rubric on `test` before and after;
     the distilled judge on LLMBar Natural (`llmbar_limit` pairs; 0 skips it)."""
     from evals.distill import labelled_groups, untrained_judge
@@ -92,7 +95,8 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
     train_ex, test_ex = examples(train), examples(test)
     if max_eval:
         test_ex = test_ex[:max_eval]
-    config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+    config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=max_seq_length,
+                       max_tokens_per_micro_batch=max(8192, max_seq_length))
     started = time.perf_counter()
     model, tokenizer, full_forward = await asyncio.to_thread(load_student, student, config)
     judge_dir = out / "judge"
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-eval", type=int, default=None)
     r.add_argument("--llmbar-limit", type=int, default=200)
     r.add_argument("--llmbar-root", type=Path, default=None)
+    r.add_argument("--max-seq-length", type=int, default=8192, help="longer prompts are skipped in training")
     r.add_argument("--out", type=Path, default=Path("evals/reports/distill"))
     a = p.parse_args(argv)
     if a.cmd == "sample":
@@ -170,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report = asyncio.run(run_bench(train=a.train, test=a.test, student=a.student, steps=a.steps, lr=a.lr,
                                        batch_size=a.batch_size, seed=a.seed, out=a.out, max_eval=a.max_eval,
-                                       llmbar_limit=a.llmbar_limit, llmbar_root=a.llmbar_root))
+                                       llmbar_limit=a.llmbar_limit, llmbar_root=a.llmbar_root,
+                                       max_seq_length=a.max_seq_length))
         result = {k: report[k] for k in ("train_prompts", "test_prompts", "untrained", "distilled")}
     print(json.dumps(result, default=str))
     return 0
