@@ -7,11 +7,18 @@ and takes ~45 s, so the first load writes a plain safetensors copy under the use
 
 The model is small and weak; its output is therefore *constrained* to the JSON schema it is given with
 xgrammar (the structured-decoding library vLLM uses), so every answer parses.
+
+Any other small model runs the same way from a folder (`load_local_model`, the judge `local/<folder>`): a
+plain transformers model folder (`config.json` + weights; a merged fine-tune), or a peft LoRA adapter folder
+(`adapter_config.json` + `adapter_model.safetensors`, e.g. what `ruler distill` writes), loaded on its base
+model and merged (needs peft, from the `train` extra). An adapter's base is `ruler_judge.json`'s `base` when
+the folder has one (the embedded model's name, a folder or a hub id), else its `base_model_name_or_path`.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import json
 import os
@@ -30,6 +37,9 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _lock = threading.Lock()  # one model in memory, one generation at a time
 _loaded: "EmbeddedModel | None" = None
+_folders: dict[str, "EmbeddedModel"] = {}  # local models loaded from folders, by resolved path
+ADAPTER_CONFIG = "adapter_config.json"
+JUDGE_META = "ruler_judge.json"  # what ruler distill records about a judge it wrote (its base, its teacher)
 LOCK_POLL_S = 0.05  # how often a generation waiting for the lock looks whether it was cancelled
 PREFILL_CHUNK = 512  # prompt tokens read per forward pass: a cancelled call stops between two (~1-2 s on a CPU)
 
@@ -122,10 +132,18 @@ class EmbeddedModel:
         _quiet_transformers()
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         self.path = path
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        adapter = (Path(path) / ADAPTER_CONFIG).is_file()
+        base = adapter_base(Path(path)) if adapter else Path(path)
+        own_tokenizer = (Path(path) / "tokenizer_config.json").is_file()
+        self.tokenizer = AutoTokenizer.from_pretrained(path if own_tokenizer else base)
         # fp32 for the prompt (CPU bf16 matmuls are slow on long inputs), a bf16 copy for token-by-token
         # decoding (memory-bound: half the bytes, ~3x faster); the prompt's KV cache is cast between them
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        if adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+        self.model = model.eval()
         self.decoder = copy.deepcopy(self.model).to(torch.bfloat16).eval()
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 8192))
         self._grammar_compiler = None
@@ -229,6 +247,100 @@ def _acquire(stop: threading.Event | None) -> None:
     if stop.is_set():
         _lock.release()
         raise GenerationCancelled("cancelled while waiting for the model")
+
+
+def local_model_dir(name: str) -> Path:
+    """The folder of the local model `name` (a path, relative to the working directory or absolute), checked:
+    a model folder (`config.json`) or a LoRA adapter folder (`adapter_config.json`), else JudgeConfigError."""
+    if not isinstance(name, str) or not name.strip():
+        raise JudgeConfigError("a local model needs a name or a folder")
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise JudgeConfigError(f"unknown local model {name!r}: not the embedded model "
+                               f"({EMBEDDED_MODEL_NAME!r}) and not a folder")
+    if not ((path / "config.json").is_file() or (path / ADAPTER_CONFIG).is_file()):
+        raise JudgeConfigError(f"local model folder {name!r} holds neither a model (config.json) nor a LoRA "
+                               f"adapter ({ADAPTER_CONFIG})")
+    return path.resolve()
+
+
+def is_adapter(path: Path) -> bool:
+    """Whether `path` is a peft adapter folder (loaded on its base model) rather than a whole model."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def resolve_base(base: str) -> Path | str:
+    """An adapter's base model: the embedded model (`smollm2-135m-instruct` or `local/smollm2-135m-instruct`),
+    a folder, or a hub id (returned as given)."""
+    if not isinstance(base, str) or not base.strip():
+        raise JudgeConfigError("an adapter's base model must be named")
+    if base in (EMBEDDED_MODEL_NAME, f"local/{EMBEDDED_MODEL_NAME}"):
+        return embedded_model_path()
+    if Path(base).expanduser().is_dir():
+        return Path(base).expanduser()
+    return base
+
+
+def adapter_base(path: Path) -> Path | str:
+    """The base model of the adapter folder `path` (`ruler_judge.json`'s `base`, else the adapter's
+    `base_model_name_or_path`)."""
+    meta = Path(path) / JUDGE_META
+    base = None
+    try:
+        if meta.is_file():
+            base = json.loads(meta.read_text()).get("base")
+        if not base:
+            base = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise JudgeConfigError(f"adapter folder {path}: cannot read its configuration ({exc})") from None
+    if not base:
+        raise JudgeConfigError(f"adapter folder {path}: no base model named ({JUDGE_META} 'base' or "
+                               f"{ADAPTER_CONFIG} 'base_model_name_or_path')")
+    return resolve_base(base)
+
+
+_identities: dict[tuple, str] = {}
+
+
+def folder_identity(path: Path) -> str:
+    """A hash of what decides a folder model's answers: its config files and weights (`*.json`,
+    `*.safetensors`, `*.bin`, tokenizer files), remembered per file size and modification time."""
+    path = Path(path)
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".bin",
+                                                                             ".model", ".txt", ".jinja"))
+    stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    key = (str(path), stamp)
+    if key not in _identities:
+        digest = hashlib.sha256()
+        for p in files:
+            digest.update(p.name.encode() + b"\0")
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        _identities[key] = digest.hexdigest()[:16]
+    return _identities[key]
+
+
+def load_local_model(name: str) -> EmbeddedModel:
+    """The local model `name`: the embedded model by its name, or the model or LoRA adapter in folder `name`
+    (`local_model_dir`), loaded once per process (a folder whose files changed is loaded again)."""
+    if name == EMBEDDED_MODEL_NAME:
+        return load_embedded_model()
+    path = local_model_dir(name)
+    key = f"{path}#{folder_identity(path)}"
+    model = _folders.get(key)
+    if model is not None:
+        return model
+    if is_adapter(path):
+        from judges.extras import require
+
+        require("train", f"the LoRA adapter judge local/{name} (peft)")
+    with _lock:
+        if key not in _folders:
+            for old in [k for k in _folders if k.startswith(f"{path}#")]:
+                del _folders[old]
+            _folders[key] = EmbeddedModel(path)
+        return _folders[key]
 
 
 def load_embedded_model() -> EmbeddedModel:

@@ -1,4 +1,6 @@
-"""Makes the embedded model a litellm model string: `local/smollm2-135m-instruct`.
+"""Makes the embedded model a litellm model string: `local/smollm2-135m-instruct`, and any small model in a
+folder too: `local/<folder>` (a transformers model folder, or a LoRA adapter folder such as `ruler distill`
+writes; `judges.embedded.load_local_model`), with the same constrained decoding.
 
 `register_local_provider()` adds a litellm `CustomLLM` under the provider name `local`, so every code
 path that takes a litellm `judge_model` (RULER, panels, the answer-correctness judge, ...) accepts the
@@ -18,7 +20,7 @@ import litellm
 from litellm import CustomLLM
 from litellm.types.utils import ModelResponse
 
-from judges.embedded import EMBEDDED_MODEL_NAME, load_embedded_model
+from judges.embedded import EMBEDDED_MODEL_NAME, folder_identity, is_adapter, load_local_model, local_model_dir
 from judges.errors import JudgeConfigError
 from judges.extras import require
 
@@ -34,9 +36,10 @@ REAL_JUDGE_HINT = ("or use a real judge instead: any litellm model string as the
 
 def check_local_model(model: str) -> None:
     """Check a judge of the providers ruler registers itself before litellm is called (litellm would wrap an
-    error raised inside the provider): JudgeConfigError for `local/<name>` naming no embedded model,
-    MissingExtraError (a JudgeConfigError) for `local/...` without the `embedded` extra and for
-    `vllm-engine/...` without the `gpu` extra. Other model strings pass."""
+    error raised inside the provider): JudgeConfigError for `local/<name>` naming neither an embedded model
+    nor a model or adapter folder, MissingExtraError (a JudgeConfigError) for `local/...` without the
+    `embedded` extra (an adapter folder also needs `train`, for peft) and for `vllm-engine/...` without the
+    `gpu` extra. Other model strings pass."""
     provider, _, name = model.partition("/")
     if provider == VLLM_ENGINE_PROVIDER:
         require("gpu", f"the judge {model}")
@@ -44,8 +47,26 @@ def check_local_model(model: str) -> None:
     if provider != LOCAL_PROVIDER:
         return
     if name not in LOCAL_MODELS:
-        raise JudgeConfigError(f"unknown local model {name!r}; available: {sorted(LOCAL_MODELS)}")
+        try:
+            path = local_model_dir(name)
+        except JudgeConfigError as exc:
+            raise JudgeConfigError(f"{exc}; embedded models: {sorted(LOCAL_MODELS)}") from None
+        require("embedded", f"the local judge {model}", REAL_JUDGE_HINT)
+        if is_adapter(path):
+            require("train", f"the LoRA adapter judge {model} (peft)")
+        return
     require("embedded", f"the embedded judge {model}", REAL_JUDGE_HINT)
+
+
+def model_identity(model: str) -> str:
+    """What the judge cache calls a `local/...` model: the string itself for an embedded model; for a folder,
+    `local/<resolved folder>#<hash of its config and weights>`, so an adapter retrained in place, or another
+    model in the same folder, gets a cache namespace of its own. Other model strings are returned as they are."""
+    provider, _, name = model.partition("/")
+    if provider != LOCAL_PROVIDER or name in LOCAL_MODELS:
+        return model
+    path = local_model_dir(name)
+    return f"{LOCAL_PROVIDER}/{path}#{folder_identity(path)}"
 
 
 def schema_from_response_format(response_format) -> dict | None:
@@ -68,12 +89,12 @@ class EmbeddedLLM(CustomLLM):
 
     def _complete(self, model: str, messages: list, optional_params: dict,
                   stop: threading.Event | None = None) -> ModelResponse:
-        name = model.split("/", 1)[-1]
+        name = model.split("/", 1)[-1] if model.startswith(f"{LOCAL_PROVIDER}/") else model
         check_local_model(f"{LOCAL_PROVIDER}/{name}")
         params = dict(optional_params or {})
         schema = schema_from_response_format(params.get("response_format"))
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 1024
-        gen = load_embedded_model().generate(
+        gen = load_local_model(name).generate(
             [{"role": m["role"], "content": m.get("content") or ""} for m in messages],
             json_schema=schema,
             max_new_tokens=int(max_tokens),

@@ -17,7 +17,7 @@ import statistics
 
 from judges import JudgeOutputError, complete
 from ruler import tracing
-from ruler.cache import cache_key
+from ruler.cache import cache_key, judgment_record
 from ruler.options import MAX_PERMUTATIONS, RulerOptions
 from ruler.parse import ScoreProblems, TrajectoryScore, parse_scores
 from ruler.prompt import JudgePrompt
@@ -40,7 +40,7 @@ async def judge_once(prompt: JudgePrompt, judge: Judge, opts: RulerOptions) -> R
     fmt = judge.response_format(prompt.ids)
     call_params = {k: v for k, v in judge.params.items() if k != "response_format"}
     cache = opts.store
-    key = cache_key(judge.model, prompt.messages, fmt, call_params) if cache is not None else None
+    key = cache_key(judge.cache_model(), prompt.messages, fmt, call_params) if cache is not None else None
     if key is not None:
         hit = cache.get(key)
         if hit is not None:
@@ -76,7 +76,8 @@ async def judge_once(prompt: JudgePrompt, judge: Judge, opts: RulerOptions) -> R
         result.notes += parsed.notes + ([f"accepted after {attempt} structural retr{'y' if attempt == 1 else 'ies'}"]
                                          if attempt else [])
         if key is not None:
-            cache.set(key, {"scores": [s.model_dump() for s in parsed.scores], "notes": parsed.notes})
+            cache.set(key, judgment_record([s.model_dump() for s in parsed.scores], parsed.notes, model=judge.model,
+                                           messages=prompt.messages, answer=raw))
         return result
     raise JudgeOutputError(
         f"judge {judge.model!r} gave no valid scores after {opts.max_format_retries + 1} answer(s): "

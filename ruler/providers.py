@@ -42,9 +42,9 @@ def provider_of(model: str, api_base: str | None) -> str:
 @functools.lru_cache(maxsize=256)
 def _context_limit(model: str, provider: str) -> int | None:
     if provider == "local":
-        from judges.embedded import load_embedded_model
+        from judges.embedded import load_local_model
 
-        return load_embedded_model().max_context - ANSWER_ROOM_TOKENS
+        return load_local_model(model.split("/", 1)[1]).max_context - ANSWER_ROOM_TOKENS
     try:
         info = litellm.get_model_info(model=model, custom_llm_provider=provider)
         return info.get("max_input_tokens") or info.get("max_tokens")
@@ -83,6 +83,16 @@ class Judge:
             schema = response_schema(None)
         return {"type": "json_schema", "json_schema": {"name": "ruler_scores", "schema": schema, "strict": True}}
 
+    def cache_model(self) -> str:
+        """The model as the cache key names it: the model string, except for a `local/<folder>` judge, whose
+        key names the folder's weights (`judges.local_provider.model_identity`), so a retrained or replaced
+        model never hits the answers of the one before."""
+        if self.provider == "local":
+            from judges.local_provider import model_identity
+
+            return model_identity(self.model)
+        return self.model
+
     def context_limit(self) -> int | None:
         """The judge's input tokens (the embedded judge: its context less room for the answer); None: unknown."""
         return _context_limit(self.model, self.provider)
@@ -90,8 +100,8 @@ class Judge:
     def token_counter(self) -> TokenCounter:
         """Prompt tokens as this judge counts them: the embedded tokenizer, else litellm's counter for the model."""
         if self.provider == "local":
-            from judges.embedded import load_embedded_model
+            from judges.embedded import load_local_model
 
-            tok = load_embedded_model().tokenizer
+            tok = load_local_model(self.model.split("/", 1)[1]).tokenizer
             return lambda msgs: sum(len(tok(m["content"])["input_ids"]) + 4 for m in msgs) + 3
         return lambda msgs: litellm.token_counter(model=self.model, messages=msgs)

@@ -118,7 +118,7 @@ def test_python_m_ruler_is_the_console_script():
     assert script.returncode == module.returncode == 0, script.stderr + module.stderr
     assert script.stdout == module.stdout
     listed = re.findall(r"^[^\w\s] ([a-z][\w-]*) ", module.stdout.split("Commands")[1], re.M)  # the box border, a name
-    assert listed == ["score", "demo", "serve", "keys", "train-report", "eval", "mcp-rl"]
+    assert listed == ["score", "demo", "serve", "keys", "train-report", "eval", "mcp-rl", "distill"]
     assert "Usage: ruler " in module.stdout and "unavailable" not in module.stdout
 
 

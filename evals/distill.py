@@ -1,0 +1,212 @@
+"""`ruler distill`: distil a cheap local judge from the judgments you paid for (`trainer.distill`).
+
+    ruler distill --teacher openai/o3 --since 2026-11-01 --out judges/my-judge          # the cache's o3 answers
+    ruler distill --dataset labels.jsonl --steps 200 --out judges/my-judge              # your labelled groups
+    ruler score group.jsonl --judge local/judges/my-judge                               # use it as any judge
+
+Teacher data: `--teacher` selects one judge model's judgments from the cache (`--cache`, default the
+judge cache; `--since`/`--until` bound the date they were stored), `--dataset` adds labelled pairs and
+groups in the formats of `ruler eval judge --dataset` (`evals.judge_meta.load_user_dataset`), rendered as
+RULER prompts with `--rubric`. A seeded share of the groups (`--holdout`) is held out. The student
+(`--student`, default the embedded SmolLM2-135M) gets a LoRA adapter trained by SFT on the teacher's answers
+(`trainer.sft`), written to `--out` as a judge folder (`local/<out>`). The command ends with the student's
+agreement with the teacher on the held-out prompts next to the untrained student's.
+
+`ruler.cli` loads `app` by name when the command runs (`ruler.cli.PLUGIN_COMMANDS`); it needs the `train`
+extra, and scipy (the `eval` extra) for Kendall's tau; it runs from a checkout (evals is not in the wheel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from judges import DEFAULT_RUBRIC, EMBEDDED_JUDGE
+from judges.extras import require
+from ruler.cli import console
+
+require("train", "`ruler distill`")
+require("eval", "`ruler distill` (Kendall's tau: scipy)")
+
+from evals.judge_meta import Group, Pair, _convo, load_user_dataset  # noqa: E402
+from trainer.distill import LabelledGroup  # noqa: E402
+
+app = typer.Typer(help="Judge distillation.")
+
+HELP = "Distil a cheap local judge from a judge's cached judgments and/or labelled groups."
+
+
+def parse_when(value: str | None, name: str) -> datetime | None:
+    """An ISO 8601 date or date-time; without a timezone it is taken as UTC."""
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"not an ISO 8601 date or date-time: {value!r} (e.g. 2026-11-01 or "
+                                 "2026-11-01T12:00:00+00:00)", param_hint=name) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def labelled_groups(items: list[Pair | Group]) -> list[LabelledGroup]:
+    """Pairs and groups of `load_user_dataset` as labelled groups: a pair is a group of two labelled 1 (the
+    preferred response) and 0; a group keeps its conversations (or prompt + responses), tools and labels."""
+    out = []
+    for x in items:
+        if isinstance(x, Pair):
+            if x.label not in (1, 2):
+                raise ValueError(f"pair {x.id}: a tie (label 0) has no preferred response to teach")
+            out.append(LabelledGroup(x.id, [_convo(x.prompt, x.a), _convo(x.prompt, x.b)],
+                                     [1.0, 0.0] if x.label == 1 else [0.0, 1.0]))
+        elif isinstance(x, Group):
+            convs = x.convs or [_convo(x.prompt, r) for r in x.responses]
+            out.append(LabelledGroup(x.id, convs, list(x.human), x.tools))
+        else:
+            raise TypeError(f"expected a Pair or a Group, got {type(x).__name__}")
+    return out
+
+
+def untrained_judge(student: str) -> str:
+    """The judge string of the student before training: the embedded model, or `local/<folder>`. A hub id has
+    no local folder of its own: the untrained adapter is measured instead (`run_distill` writes it)."""
+    from judges.embedded import EMBEDDED_MODEL_NAME
+
+    if student in (EMBEDDED_JUDGE, EMBEDDED_MODEL_NAME):
+        return EMBEDDED_JUDGE
+    if Path(student).expanduser().is_dir():
+        return f"local/{Path(student).expanduser().resolve()}"
+    return ""
+
+
+async def run_distill(*, teacher: str | None, since: datetime | None, until: datetime | None, cache: Path | None,
+                      datasets: list[Path], student: str, steps: int, lr: float, out: Path,
+                      rubric: str = DEFAULT_RUBRIC,
+                      holdout: float = 0.2, seed: int = 0, batch_size: int = 4, orderings: int = 1,
+                      max_eval: int | None = None, print_fn=console.print) -> dict:
+    """Gather teacher data, split it by group, measure the untrained student, train, save, measure the trained
+    student. Returns {"train", "heldout", "untrained", "distilled" (Agreement rows), "history", "out"}."""
+    from judges.rubrics import get_rubric
+    from ruler.cache import default_cache_dir, export_judgments
+    from trainer.distill import agreement, from_cache, from_labels, split_by_group
+    from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
+
+    if not teacher and not datasets:
+        raise ValueError("no teacher data: give --teacher MODEL (judgments from the cache) and/or --dataset PATH")
+    if (since or until) and not teacher:
+        raise ValueError("--since/--until select cached judgments: give --teacher too")
+    if max_eval is not None and max_eval < 1:
+        raise ValueError("max_eval must be >= 1")
+    config = SFTConfig(steps=steps, learning_rate=lr, seed=seed, batch_size=batch_size)
+    rubric_text = str(get_rubric(rubric))
+    examples = []
+    cache_dir = Path(cache).expanduser() if cache is not None else default_cache_dir()
+    if teacher:
+        judgments, report = export_judgments(cache_dir, teacher, since=since, until=until)
+        found, skipped = from_cache(judgments)
+        print_fn(f"cache {cache_dir}: {report.exported} judgments of {teacher} ({report.other_models} of other "
+                 f"judges, {report.outside_dates} outside the dates, {report.unrecorded} stored before prompts "
+                 f"were recorded); {len(found)} usable, {skipped} not", soft_wrap=True)
+        if not found:
+            seen = ", ".join(f"{m} ({n})" for m, n in sorted(report.models.items())) or "none"
+            raise ValueError(f"no usable judgments of {teacher!r} in {cache_dir} in that date range; judge models "
+                             f"recorded there: {seen}")
+        examples += found
+    for path in datasets:
+        pairs, groups, skipped, uniform = load_user_dataset(Path(path))
+        found = from_labels(labelled_groups([*pairs, *groups]), rubric_text, orderings=orderings, seed=seed)
+        print_fn(f"{path}: {len(pairs)} pairs, {len(groups)} groups -> {len(found)} prompts ({skipped} rows "
+                 f"with an empty response and {uniform} groups with equal labels skipped)", soft_wrap=True)
+        examples += found
+    train, held = split_by_group(examples, holdout, seed=seed)
+    if max_eval is not None:
+        held = held[:max_eval]
+    print_fn(f"{len(train)} training prompts, {len(held)} held out "
+             f"({len({e.group for e in held})} of {len({e.group for e in examples})} groups)", soft_wrap=True)
+
+    model, tokenizer, full_forward = await asyncio.to_thread(load_student, student, config)
+    out = Path(out).expanduser().resolve()
+    meta = {"base": student, "teacher": teacher, "datasets": [str(p) for p in datasets], "steps": steps,
+            "learning_rate": lr, "seed": seed, "train_prompts": len(train), "heldout_prompts": len(held)}
+    before_judge = untrained_judge(student)
+    if not before_judge:  # a hub base: its untrained adapter (B = 0) answers exactly as the base
+        untrained_dir = out.parent / f"{out.name}.untrained"
+        await asyncio.to_thread(save_adapter, model, tokenizer, untrained_dir, {**meta, "steps": 0})
+        before_judge = f"local/{untrained_dir}"
+    judge_cache = cache_dir if cache is not None else None
+    before = await agreement(before_judge, held, cache=judge_cache)
+    history = await asyncio.to_thread(
+        train_sft, model, tokenizer, [SFTExample(e.messages, e.answer) for e in train], config,
+        full_forward=full_forward,
+        on_step=lambda r: print_fn(f"step {r['step']}: loss {r['loss']:.4f}, {r['trained_tokens']} answer tokens",
+                                   soft_wrap=True))
+    await asyncio.to_thread(save_adapter, model, tokenizer, out, meta)
+    after = await agreement(f"local/{out}", held, cache=judge_cache)
+    return {"train": len(train), "heldout": len(held), "untrained": before.row(), "distilled": after.row(),
+            "history": history, "out": str(out)}
+
+
+def print_agreement(result: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"agreement with the teacher on {result['heldout']} held-out prompts")
+    for col in ("student", "pairwise accuracy", "Kendall tau", "ties", "pairs", "no valid answer"):
+        table.add_column(col)
+    for label in ("untrained", "distilled"):
+        r = result[label]
+        table.add_row(label, f"{r['pairwise_accuracy']:.3f}", f"{r['kendall_tau']:.3f}", f"{r['ties']:.3f}",
+                      str(r["pairs"]), str(r["errors"]))
+    console.print(table)
+    console.print(f"judge: local/{result['out']}", soft_wrap=True)
+
+
+@app.command("distill")
+def distill(
+    out: Annotated[Path, typer.Option("--out", help="Folder the distilled judge is written to (local/<out>).")],
+    teacher: Annotated[str | None, typer.Option(
+        "--teacher", help="The judge model whose cached judgments to learn from (its litellm model string).")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only judgments stored at or after this "
+                                                              "ISO date/time (UTC unless given).")] = None,
+    until: Annotated[str | None, typer.Option(
+        "--until", help="Only judgments stored before this ISO date/time.")] = None,
+    cache: Annotated[Path | None, typer.Option("--cache", help="The judge cache folder (default: the judge "
+                                                               "cache, $RULER_CACHE_DIR).")] = None,
+    dataset: Annotated[list[Path] | None, typer.Option(
+        "--dataset", help="A JSONL file of labelled pairs or groups (ruler eval judge's formats); repeatable.")] = None,
+    student: Annotated[str, typer.Option("--student", help="The base model to fine-tune: the embedded model, a "
+                                                           "folder or a hub id.")] = EMBEDDED_JUDGE,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="SFT steps.")] = 200,
+    lr: Annotated[float, typer.Option("--lr", min=0.0, help="Learning rate.")] = 2e-4,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per step.")] = 4,
+    rubric: Annotated[str, typer.Option("--rubric", help="Rubric name or text for --dataset prompts.")] = "default",
+    holdout: Annotated[float, typer.Option("--holdout", min=0.01, max=0.99,
+                                           help="Share of the groups held out.")] = 0.2,
+    orderings: Annotated[int, typer.Option("--orderings", min=1, help="Orders each labelled group is shown "
+                                                                     "in (more training prompts).")] = 1,
+    max_eval: Annotated[int | None, typer.Option("--max-eval", min=1, help="Measure on at most this many "
+                                                                          "held-out prompts.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the split, the adapter and the example order.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Distil a cheap local judge from a judge's cached judgments and/or labelled groups.
+
+    Trains a LoRA adapter on --student by SFT on the teacher's answers and writes it to --out, usable as the
+    judge local/<out>; ends by printing its agreement with the teacher on held-out groups (pairwise accuracy,
+    Kendall tau, ties) next to the untrained student's. GRPO with an agreement reward is not implemented.
+    """
+    from judges.rubrics import get_rubric
+
+    rubric_text = str(get_rubric(rubric))  # a name or the text; a typo is an error naming the rubrics
+    result = asyncio.run(run_distill(
+        teacher=teacher, since=parse_when(since, "--since"), until=parse_when(until, "--until"), cache=cache,
+        datasets=list(dataset or []), student=student, steps=steps, lr=lr, out=out, rubric=rubric_text,
+        holdout=holdout, seed=seed, batch_size=batch_size, orderings=orderings, max_eval=max_eval,
+        print_fn=(lambda *a, **k: None) if as_json else console.print))
+    if as_json:
+        print(json.dumps({k: v for k, v in result.items() if k != "history"}))
+    else:
+        print_agreement(result)
