@@ -166,7 +166,7 @@ class LocalBackend:
 
     def _load(self, model, run_dir: Path) -> _Run:
         import torch
-        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+        from peft import set_peft_model_state_dict
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         cfg = model.config
@@ -195,12 +195,7 @@ class LocalBackend:
         if checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             hf.enable_input_require_grads()
-        lora = LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                          target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM")
-        try:
-            peft_model = get_peft_model(hf, lora)
-        except ValueError as exc:
-            raise ValueError(f"LoRA target_modules {cfg.lora.target_modules} do not fit {base}: {exc}") from None
+        peft_model = cfg.lora.wrap(hf, base)
         optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-5)
         step = ckpt.latest_checkpoint(run_dir) or 0
         if step:

@@ -88,6 +88,18 @@ class LoRAConfig(_Strict):
         "one. Names the model lacks fail at register. The vLLM engine serves LoRA on linear layers only: "
         "`embed_tokens`, `lm_head`, `wte` or `word_embeddings` are refused with it."))
 
+    def wrap(self, model, base: str):
+        """`model` (a transformers causal LM) with a fresh adapter of this config (peft, B = 0: it answers as the
+        base until trained); target modules the architecture lacks are a ValueError naming `base`."""
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
+                          target_modules=self.target_modules, task_type="CAUSAL_LM")
+        try:
+            return get_peft_model(model, lora)
+        except ValueError as exc:
+            raise ValueError(f"LoRA target_modules {self.target_modules} do not fit {base}: {exc}") from None
+
 
 class EngineConfig(_Strict):
     """Which engine serves rollouts and how (`trainer.engine.Engine`).

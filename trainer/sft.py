@@ -93,7 +93,6 @@ def load_student(base: str, config: SFTConfig):
     fresh LoRA adapter (B = 0, so it answers exactly as the base until trained), fp32 on a CPU and bf16 on a
     GPU; `full_forward` says whether logprobs must use the model's own forward (`verify_logprob_path`)."""
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.backend import resolve_base_model
@@ -106,12 +105,7 @@ def load_student(base: str, config: SFTConfig):
     tokenizer = AutoTokenizer.from_pretrained(path)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if cuda else torch.float32)
     hf.to("cuda" if cuda else "cpu")
-    lora = LoraConfig(r=config.lora.rank, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                      target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
-    try:
-        model = get_peft_model(hf, lora)
-    except ValueError as exc:
-        raise ValueError(f"LoRA target_modules {config.lora.target_modules} do not fit {base}: {exc}") from None
+    model = config.lora.wrap(hf, base)
     deviation = verify_logprob_path(model)
     full_forward = deviation > (1e-3 if hf.dtype == torch.float32 else 5e-2)
     return model, tokenizer, full_forward
