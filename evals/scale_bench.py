@@ -10,6 +10,7 @@
     python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement colocated
     python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement dedicated
     python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement dedicated --overlap
+    python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement dedicated --phases plain:2,overlap:3
     python evals/scale_bench.py pipeline --task tiny --out DIR --placement dedicated --overlap    # SmolLM2, reward
     python evals/scale_bench.py pipeline --task tiny --dry-run --out DIR --placement dedicated --overlap  # CPU
 
@@ -352,7 +353,9 @@ async def pipeline(args) -> dict:
     from trainer.pipeline import train_pipelined
 
     dedicated = args.placement == "dedicated"
-    label = f"pipeline-{args.task}-{args.placement}{'-overlap' if args.overlap else ''}"
+    phases = args.phases or [("overlap" if args.overlap else "plain", args.pipeline_steps)]
+    kinds = "-".join(dict.fromkeys(kind for kind, _ in phases))
+    label = f"pipeline-{args.task}-{args.placement}-{kinds}"
     out_json = args.out / f"{label}.json"
     engine = "transformers" if args.dry_run else "vllm"
     gpus = {} if args.dry_run or not dedicated else {"inference_gpus": args.inference_gpus,
@@ -369,12 +372,14 @@ async def pipeline(args) -> dict:
     cfg = ModelConfig(lora=lora, seed=0, random_weights=random_weights, engine=EngineConfig(
         engine=engine, placement=args.placement, max_seq_length=max_seq, gpu_memory_utilization=util,
         max_num_seqs=64, **gpus))
-    config = TrainConfig(learning_rate=args.lr if args.task == "tiny" else 1e-5,
-                         max_tokens_per_micro_batch=args.micro_tokens,
-                         **({"max_off_policy_steps": 1, "sampler_correction": "tis"} if args.overlap else {}))
+    def train_config(kind: str) -> TrainConfig:
+        return TrainConfig(learning_rate=args.lr if args.task == "tiny" else 1e-5,
+                           max_tokens_per_micro_batch=args.micro_tokens,
+                           **({"max_off_policy_steps": 1, "sampler_correction": "tis"} if kind == "overlap" else {}))
+
     result: dict = {"label": label, "task": args.task, "shape": args.shape if args.task == "agent" else "smollm2-135m",
-                    "placement": args.placement, "overlap": args.overlap, "gpus": gpus, "dry_run": args.dry_run,
-                    "steps": [], "errors": []}
+                    "placement": args.placement, "phases": phases, "gpus": gpus, "dry_run": args.dry_run,
+                    "steps": [], "phase_summary": [], "errors": []}
 
     def save():
         out_json.write_text(json.dumps(result, indent=1, default=str))
@@ -429,12 +434,14 @@ async def pipeline(args) -> dict:
         return groups
 
     last_end = time.perf_counter()
+    phase = {"kind": phases[0][0], "index": 0}
 
     def on_step(row, groups):
         nonlocal last_end
         now = time.perf_counter()
         keep = {k: v for k, v in row.items() if not isinstance(v, dict)}
-        keep.update(wall_step_s=now - last_end, gather_s=rollout_s[len(result["steps"])])
+        keep.update(wall_step_s=now - last_end, gather_s=rollout_s[len(result["steps"])], phase=phase["kind"],
+                    phase_index=phase["index"])
         last_end = now
         result["steps"].append(keep)
         save()
@@ -442,9 +449,24 @@ async def pipeline(args) -> dict:
               f"lag {row.get('policy_lag_max')}", flush=True)
 
     try:
-        with GpuUsage(watched) as usage:
-            await train_pipelined(model, gather, steps=args.pipeline_steps, config=config, on_step=on_step)
-        result["gpu"] = usage.summary()
+        for index, (kind, steps) in enumerate(phases):
+            phase.update(kind=kind, index=index)
+            first = len(result["steps"])
+            t0 = time.perf_counter()
+            last_end = t0
+            with GpuUsage(watched) as usage:
+                await train_pipelined(model, gather, steps=steps, config=train_config(kind), on_step=on_step)
+            rows = result["steps"][first:]
+            # a phase's first step gathers without overlap (and the run's first warms up): steady = the rest
+            steady = [r["wall_step_s"] for r in rows[1:]]
+            result["phase_summary"].append({
+                "kind": kind, "steps": len(rows), "wall_s": time.perf_counter() - t0,
+                "first_step_s": rows[0]["wall_step_s"] if rows else None,
+                "steady_step_s": statistics.mean(steady) if steady else None,
+                "train_s_mean": statistics.mean(r.get("step_s", 0.0) for r in rows) if rows else None,
+                "gather_s_mean": statistics.mean(r["gather_s"] for r in rows) if rows else None,
+                "reward_last": rows[-1].get("reward_mean") if rows else None, "gpu": usage.summary()})
+            save()
     except Exception as exc:  # noqa: BLE001 - recorded, the server still closed
         result["errors"].append(traceback.format_exc()[-2000:])
         print(f"error: {exc!r}", flush=True)
@@ -670,6 +692,10 @@ def main() -> None:
                     help="pipeline, dedicated: the trainer's GPU")
     ap.add_argument("--overlap", action="store_true", help="pipeline: gather step k+1 while step k trains")
     ap.add_argument("--pipeline-steps", type=int, default=6)
+    ap.add_argument("--phases", default=None, type=lambda v: [(k, int(n)) for k, n in
+                                                              (p.split(":") for p in v.split(","))],
+                    help="pipeline: phases on one registered model, e.g. plain:2,overlap:3 (plain = no overlap); "
+                         "default: --pipeline-steps steps, overlapped with --overlap")
     ap.add_argument("--tiny-model", default=None, help="pipeline --task tiny: SmolLM2 folder (default as --tokenizer)")
     ap.add_argument("--tiny-max-tokens", type=int, default=12)
     ap.add_argument("--lr", type=float, default=5e-4, help="pipeline --task tiny: learning rate")
@@ -686,6 +712,8 @@ def main() -> None:
         print(report(args.out))
         return
     if args.part == "pipeline":
+        if args.phases and any(k not in ("plain", "overlap") or n < 1 for k, n in args.phases):
+            raise SystemExit("--phases: comma-separated KIND:STEPS with KIND plain or overlap and STEPS >= 1")
         if args.dry_run and args.task == "agent" and args.shape != "tiny":
             raise SystemExit("--dry-run runs on the CPU: use --shape tiny (or --task tiny)")
         result = asyncio.run(pipeline(args))
