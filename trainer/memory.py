@@ -13,9 +13,14 @@ whether rollouts and training fit on one device, and if not, what to change (iss
 **It is an estimate**, from the architecture's shapes and what the trainer materialises, not a measurement. A
 margin (`margin`, default 10 %) of the trainer's own terms is added as a term of its own for what is not
 modelled: the caching allocator's fragmentation, kernels' workspaces (cuBLAS, attention), and the small
-tensors of every layer. Checked against one H200 run (evals/reports/scale/README.md, vLLM at 0.45 / 0.55,
-16,384-token micro-batches, checkpointing, LoRA r16 on all linear layers): measured whole-run peaks 81.1 GiB
-(Qwen2.5-7B shape) and 108.1 GiB (14B); planned rollout phase 80.4 GiB and 109.4 GiB.
+tensors of every layer. Checked on one H200 (torch 2.11, transformers 5.17, peft; random weights of the
+Qwen2.5 shapes, LoRA r16 on all linear layers, SDPA with a 4-D mask, `torch.cuda.max_memory_allocated` over one
+forward and backward pass): the activations term was within +0-2 % of the measured peak without checkpointing
+(7B at 4k and 8k tokens: 37.1 and 75.5 GiB measured; 14B at 4k: 65.1 GiB) and +1-16 % with it (7B at 4k-32k:
+2.6-22.2 GiB; 14B at 16k: 15.2 GiB), the larger excess at the shortest rows. The allocator reserved ~8 % above
+what was allocated (the margin). Against the scale run (evals/reports/scale/README.md, vLLM at 0.45 / 0.55,
+16,384-token micro-batches, checkpointing): whole-run peaks of 81.1 GiB (7B) and 108.1 GiB (14B) were
+measured, the rollout phase is planned at 80.1 and 109.1 GiB of the H200's 139.8 GiB.
 
 Two phases, each a sum of named terms that must fit the device (`device_bytes`):
 
@@ -28,8 +33,8 @@ Two phases, each a sum of named terms that must fit the device (`device_bytes`):
   pass, plus what vLLM keeps while asleep. Assumption, from `trainer/vllm_server.py`: the colocated server
   sleeps at **level 1** around every step (`/sleep?level=1`): its weights are copied to CPU memory and its
   KV cache is dropped, so it keeps its CUDA context and the memory outside its sleep pool (CUDA graphs,
-  allocator blocks), estimated at 1 GiB + 2 % of its share (the H200 run freed all but 0.2-2.2 GiB of 63.2
-  GiB at 7B, 0.7 of 77.2 GiB at 14B). Without sleep mode vLLM keeps its whole share while training. A
+  allocator blocks), estimated at 1 GiB + 2 % of its share (the H200 run freed 61-63 GiB of a 62.9 GiB share
+  at 7B, 76.5 of 76.9 GiB at 14B). Without sleep mode vLLM keeps its whole share while training. A
   dedicated placement keeps vLLM off the trainer's device (its share is checked against a device of the same
   size).
 
@@ -41,8 +46,9 @@ attention the row's boolean [T x T] mask is passed as a 4-D attention mask: tran
 heads (no GQA kernel with a mask) and torch's SDPA turns the mask into an additive one of the activations'
 dtype, kept for the backward pass: T^2 x 2 bytes per layer without checkpointing, one layer's with it.
 `flash_attention_2` takes no mask: one sequence per row, no T^2 term. Eager attention keeps each layer's
-attention probabilities (T^2 x heads x 6 bytes). With gradient checkpointing each decoder layer keeps its
-input (T x hidden x 2 bytes) and one layer is recomputed at a time; logprobs come from the last hidden state
+attention probabilities (T^2 x heads x 6 bytes). Frozen linear layers keep no input; SiLU and the gate product
+keep three MLP-wide tensors. With gradient checkpointing each decoder layer keeps its input (T x hidden x 2
+bytes) and one layer is recomputed at a time; logprobs come from the last hidden state
 in chunks of `logprob_chunk_size` tokens, so only a [chunk x vocabulary] block of logits exists at a time.
 
 Left out: the full-logits fallback (`verify_logprob_path` failing: [T x vocabulary] fp32), the transformers
@@ -197,7 +203,7 @@ def activation_bytes(shape: Shape, tokens: int, *, checkpointing: bool, targets:
         per_square = b if attention == "sdpa" else 0                # SDPA's additive copy of the 4-D mask
     per_token += 3 * b * i                                          # gate output, its SiLU, up output
     layer = t * per_token + t * t * per_square
-    transient = t * (2 * b * i + 4 * i + 8 * h)                     # one layer's gradients in flight
+    transient = t * 2 * b * i                                       # two MLP-wide gradients in flight
     shared = t * t * (attention != "flash_attention_2")             # the boolean mask, on the device
     shared += 2 * t * shape.head_dim * b                            # rotary cos and sin
     shared += t * h * (4 + b)                                       # final norm's fp32 input, the kept hidden rows
