@@ -81,6 +81,39 @@ def _check_lora(cfg, engine: str) -> None:
                              "lora.target_modules")
 
 
+def _check_memory(cfg, base: str, kind: str, device: str):
+    """The memory plan (`trainer.memory.plan_memory`) of `cfg` on `device`, made before anything is loaded:
+    `MemoryPlanError` when it does not fit, one info line when it does. Made on a CUDA device (its total
+    memory; what other processes already hold counted as in use), or on any device as if it had
+    `cfg.memory_check.device_gib` GiB; skipped when `memory_check.enabled` is off, on the CPU without
+    `device_gib`, and (with a warning) for a config.json the planner cannot read."""
+    check = cfg.memory_check
+    on_cuda = device.startswith("cuda")
+    if not check.enabled or (not on_cuda and check.device_gib is None):
+        return None
+    from transformers import AutoConfig
+
+    from trainer.memory import CUDA_CONTEXT_BYTES, GIB, MemoryPlanError, plan_memory
+
+    if check.device_gib is not None:
+        total, in_use = int(check.device_gib * GIB), 0
+    else:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        in_use = max(0, total - free - CUDA_CONTEXT_BYTES)  # asking created this process's context
+    try:
+        plan = plan_memory(cfg, AutoConfig.from_pretrained(base).to_dict(), device_bytes=total, in_use_bytes=in_use,
+                           cuda=on_cuda, engine=kind, base=base)
+    except ValueError as exc:
+        log.warning("no memory plan for %s (%s); registering without one", base, exc)
+        return None
+    if not plan.fits:
+        raise MemoryPlanError(plan)
+    log.info("%s", plan.summary())
+    return plan
+
+
 def _after_step(on_step, row: dict, seqs: list[TrainingSequence]) -> None:
     """Call `on_step(row, seqs)`; the step is logged by now, so a failure is logged, never raised."""
     if on_step is None:
@@ -178,6 +211,7 @@ class LocalBackend:
 
             kind = "vllm" if vllm_available() else "transformers"
         device = self._trainer_device(cfg.engine, kind, cuda)
+        _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
         torch.manual_seed(cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
         dtype = torch.bfloat16 if cuda else torch.float32

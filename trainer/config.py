@@ -244,6 +244,29 @@ class EngineConfig(_Strict):
         return self
 
 
+class MemoryCheckConfig(_Strict):
+    """The memory plan `LocalBackend.register` makes before loading anything (`trainer.memory.plan_memory`): an
+    estimate of whether rollouts and training fit the device, refused with `trainer.MemoryPlanError` naming the
+    numbers and what to change when they do not."""
+
+    enabled: bool = pydantic.Field(True, description=(
+        "Make the plan at register and refuse a run that does not fit. Default True. It runs on a CUDA device, "
+        "or anywhere when `device_gib` is set; False skips it (for those who know their setup fits better than "
+        "the estimate does). `ModelConfig(memory_check=False)` is short for this."))
+    device_gib: float | None = pydantic.Field(None, gt=0, description=(
+        "Plan as if the device had this many GiB (2^30 bytes) instead of asking CUDA: to size a run for another "
+        "GPU, or to leave room for something else. Default None: the device's total memory "
+        "(`torch.cuda.mem_get_info`), minus what other processes already use; > 0. Set, the plan also runs on "
+        "the CPU (fp32 weights there)."))
+    max_tokens_per_micro_batch: int | None = pydantic.Field(None, ge=16, description=(
+        "The `TrainConfig.max_tokens_per_micro_batch` the plan assumes, in tokens (register does not know the "
+        "TrainConfig of later steps): set it to what the steps will use. Default None: TrainConfig's default "
+        "(8192); >= 16."))
+    margin: float = pydantic.Field(0.1, ge=0, le=1, description=(
+        "The fraction of the trainer's own estimated terms (context, weights, LoRA state, activations) added to "
+        "the plan for what it does not model (allocator fragmentation, kernel workspaces). Default 0.1; 0-1."))
+
+
 class ModelConfig(_Strict):
     """Everything about one trainable model other than its name and base model: adapter, engine, memory, seed."""
 
@@ -268,6 +291,16 @@ class ModelConfig(_Strict):
         "with `--load-format dummy` (its own random weights), so the base folder needs only config.json and the "
         "tokenizer. For speed and memory benchmarks of real architectures only: the two engines hold different "
         "weights, so importance ratios and rewards mean nothing. Default False."))
+    memory_check: MemoryCheckConfig = pydantic.Field(default_factory=MemoryCheckConfig, description=(
+        "The memory plan made at register before anything is loaded (`MemoryCheckConfig`, "
+        "`trainer.memory.plan_memory`): a run that would not fit the device is refused with "
+        "`trainer.MemoryPlanError` naming the numbers and what to change. Default `MemoryCheckConfig()`: on for a "
+        "CUDA device. `False` turns it off, `True` is the default."))
+
+    @pydantic.field_validator("memory_check", mode="before")
+    @classmethod
+    def _memory_check_shorthand(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
 
 
 class TrainConfig(_Strict):

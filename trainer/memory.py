@@ -1,0 +1,491 @@
+"""A memory plan before the first step: from the model's `config.json`, the `ModelConfig` and the device's size,
+whether rollouts and training fit on one device, and if not, what to change (issue #12).
+
+    from trainer.memory import plan_memory
+    plan = plan_memory(ModelConfig(...), json.load(open("config.json")), device_bytes=80 * 2**30,
+                       train=TrainConfig(max_tokens_per_micro_batch=16384))
+    plan.fits, plan.message(), plan.rollout, plan.training        # named terms, in bytes
+
+`LocalBackend.register` makes this plan on a CUDA device (or on any device when
+`ModelConfig.memory_check.device_gib` is set) before it loads weights or starts vLLM, and raises
+`MemoryPlanError` (a `MemoryError`) naming the numbers when it does not fit.
+
+**It is an estimate**, from the architecture's shapes and what the trainer materialises, not a measurement. A
+margin (`margin`, default 10 %) of the trainer's own terms is added as a term of its own for what is not
+modelled: the caching allocator's fragmentation, kernels' workspaces (cuBLAS, attention), and the small
+tensors of every layer. Checked on one H200 (torch 2.11, transformers 5.17, peft; random weights of the
+Qwen2.5 shapes, LoRA r16 on all linear layers, SDPA with a 4-D mask, `torch.cuda.max_memory_allocated` over one
+forward and backward pass): the activations term was within +0-2 % of the measured peak without checkpointing
+(7B at 4k and 8k tokens: 37.1 and 75.5 GiB measured; 14B at 4k: 65.1 GiB) and +1-16 % with it (7B at 4k-32k:
+2.6-22.2 GiB; 14B at 16k: 15.2 GiB), the larger excess at the shortest rows. The allocator reserved ~8 % above
+what was allocated (the margin). Against the scale run (evals/reports/scale/README.md, vLLM at 0.45 / 0.55,
+16,384-token micro-batches, checkpointing): whole-run peaks of 81.1 GiB (7B) and 108.1 GiB (14B) were
+measured, the rollout phase is planned at 80.1 and 109.1 GiB of the H200's 139.8 GiB.
+
+Two phases, each a sum of named terms that must fit the device (`device_bytes`):
+
+- **rollout**: the trainer's resident state (CUDA context, base weights, LoRA parameters with their AdamW
+  state: the optimizer keeps it between steps) plus, with vLLM colocated, vLLM's whole share
+  (`EngineConfig.gpu_memory_utilization` x device: vLLM sizes its KV cache to fill it), plus memory other
+  processes already use. vLLM's share must itself hold vLLM's copy of the weights, its overhead and the KV
+  cache of one `max_model_len`-token sequence (vLLM refuses to start otherwise).
+- **training**: the trainer's resident state plus LoRA gradients and the activations of one forward/backward
+  pass, plus what vLLM keeps while asleep. Assumption, from `trainer/vllm_server.py`: the colocated server
+  sleeps at **level 1** around every step (`/sleep?level=1`): its weights are copied to CPU memory and its
+  KV cache is dropped, so it keeps its CUDA context and the memory outside its sleep pool (CUDA graphs,
+  allocator blocks), estimated at 1 GiB + 2 % of its share (the H200 run freed 61-63 GiB of a 62.9 GiB share
+  at 7B, 76.5 of 76.9 GiB at 14B). Without sleep mode vLLM keeps its whole share while training. A
+  dedicated placement keeps vLLM off the trainer's device (its share is checked against a device of the same
+  size).
+
+What the trainer materialises in one pass (`trainer/training.py`, `trainer/packing.py`): a row of at most
+`max(max_tokens_per_micro_batch, max_seq_length)` tokens (a sequence is never split; `prepare` truncates to
+`EngineConfig.max_seq_length`), batch of one, bf16 on a GPU (fp32 on the CPU), LoRA weights in fp32 (peft
+upcasts them), hence an fp32 copy of each adapted layer's input kept for the backward pass. With SDPA or eager
+attention the row's boolean [T x T] mask is passed as a 4-D attention mask: transformers then repeats the KV
+heads (no GQA kernel with a mask) and torch's SDPA turns the mask into an additive one of the activations'
+dtype, kept for the backward pass: T^2 x 2 bytes per layer without checkpointing, one layer's with it.
+`flash_attention_2` takes no mask: one sequence per row, no T^2 term. Eager attention keeps each layer's
+attention probabilities (T^2 x heads x 6 bytes). Frozen linear layers keep no input; SiLU and the gate product
+keep three MLP-wide tensors. With gradient checkpointing each decoder layer keeps its input (T x hidden x 2
+bytes) and one layer is recomputed at a time; logprobs come from the last hidden state
+in chunks of `logprob_chunk_size` tokens, so only a [chunk x vocabulary] block of logits exists at a time.
+
+Left out: the full-logits fallback (`verify_logprob_path` failing: [T x vocabulary] fp32), the transformers
+engine's generation KV cache (it generates with the trainer's weights, in the rollout phase), mixture-of-experts
+and other non-Llama-like layers (refused), vision towers, quantised weights, and a second model registered
+later on the same device (memory already in use when the plan is made is counted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.config import ModelConfig, TrainConfig
+
+GIB = 2**30
+CUDA_CONTEXT_BYTES = 1 * GIB       # the trainer's CUDA context, cuBLAS handles and kernels
+VLLM_CONTEXT_BYTES = 1 * GIB       # vLLM's, while asleep
+VLLM_SLEEP_SHARE = 0.02            # of vLLM's share, kept while asleep (CUDA graphs, blocks outside the pool)
+VLLM_OVERHEAD_BYTES = 2 * GIB      # vLLM awake, beside weights and KV cache: context, CUDA graphs, activations
+VLLM_OVERHEAD_SHARE = 0.02         # ... plus this fraction of its weights (LoRA buffers, larger activations)
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+class MemoryPlanError(MemoryError):
+    """The memory plan says the run does not fit the device; `plan` is the `MemoryPlan`, the message names the
+    numbers and what to change."""
+
+    def __init__(self, plan: MemoryPlan):
+        super().__init__(plan.message())
+        self.plan = plan
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers of a decoder-only, Llama-like `config.json` that set memory."""
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool
+
+    @property
+    def q_out(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_out(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def parameters(self) -> int:
+        """Embeddings, an untied lm_head, per layer q/k/v/o (GQA: k and v have `kv_heads`), the gated MLP and two
+        RMS norms, and the final norm."""
+        h = self.hidden
+        attention = h * self.q_out + 2 * h * self.kv_out + self.q_out * h
+        if self.qkv_bias:
+            attention += self.q_out + 2 * self.kv_out
+        layer = attention + 3 * h * self.intermediate + 2 * h
+        return self.vocab * h * (1 if self.tied else 2) + self.layers * layer + h
+
+    def linear_dims(self, name: str) -> tuple[int, int, int]:
+        """(in, out, count) of the module a LoRA target name adapts; an unknown name is counted as one hidden x
+        hidden linear per layer."""
+        h, i = self.hidden, self.intermediate
+        dims = {"q_proj": (h, self.q_out), "k_proj": (h, self.kv_out), "v_proj": (h, self.kv_out),
+                "o_proj": (self.q_out, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        if name in dims:
+            return (*dims[name], self.layers)
+        if name in ("embed_tokens", "wte", "word_embeddings"):
+            return self.vocab, h, 1
+        if name == "lm_head":
+            return h, self.vocab, 1
+        return h, h, self.layers
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """vLLM's KV cache per token: K and V of every layer."""
+        return self.layers * 2 * self.kv_out * dtype_bytes
+
+
+def model_shape(hf_config: Mapping[str, Any]) -> Shape:
+    """The `Shape` of a Hugging Face `config.json` dict (its `text_config` when the top level has no
+    `hidden_size`). Missing keys, non-positive numbers and mixture-of-experts configs are a ValueError naming
+    them. `num_key_value_heads` defaults to `num_attention_heads`, `head_dim` to hidden / heads, and
+    `tie_word_embeddings` to False (the larger count)."""
+    if not isinstance(hf_config, Mapping):
+        raise TypeError(f"hf_config must be the model's config.json as a dict, got {type(hf_config).__name__}")
+    cfg = hf_config
+    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), Mapping):
+        cfg = cfg["text_config"]
+    missing = [k for k in _REQUIRED if cfg.get(k) is None]
+    if missing:
+        raise ValueError(f"hf_config lacks {', '.join(missing)}: the memory plan needs a decoder-only "
+                         f"config.json with {', '.join(_REQUIRED)}")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if (cfg.get(key) or 0) > 1:
+            raise ValueError(f"hf_config is a mixture-of-experts model ({key}={cfg[key]}): the memory plan covers "
+                             "dense Llama-like models only (set ModelConfig.memory_check=False to skip it)")
+    numbers = {}
+    for key in (*_REQUIRED, "num_key_value_heads", "head_dim"):
+        value = cfg.get(key)
+        if value is None and key in ("num_key_value_heads", "head_dim"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"hf_config[{key!r}] must be an int >= 1, got {value!r}")
+        numbers[key] = value
+    heads = numbers["num_attention_heads"]
+    head_dim = numbers.get("head_dim") or numbers["hidden_size"] // heads
+    if head_dim < 1:
+        raise ValueError(f"hf_config: hidden_size {numbers['hidden_size']} / num_attention_heads {heads} gives no "
+                         "head dimension; give head_dim")
+    return Shape(hidden=numbers["hidden_size"], layers=numbers["num_hidden_layers"], heads=heads,
+                 kv_heads=numbers.get("num_key_value_heads", heads), head_dim=head_dim,
+                 intermediate=numbers["intermediate_size"], vocab=numbers["vocab_size"],
+                 tied=bool(cfg.get("tie_word_embeddings", False)),
+                 qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)))
+
+
+def lora_parameters(shape: Shape, rank: int, target_modules: list[str]) -> int:
+    """Trainable parameters of a rank-`rank` LoRA on `target_modules`: r x (in + out) per adapted module."""
+    return sum(rank * (d_in + d_out) * count
+               for d_in, d_out, count in (shape.linear_dims(name) for name in dict.fromkeys(target_modules)))
+
+
+def activation_bytes(shape: Shape, tokens: int, *, checkpointing: bool, targets: list[str], attention: str = "sdpa",
+                     dtype_bytes: int = 2, logprob_chunk: int = 256) -> int:
+    """Peak activation memory of one forward and backward pass over a row of `tokens` tokens (batch of one),
+    as the module docstring describes: what each layer keeps for its backward pass (all layers without
+    checkpointing; each layer's input plus one recomputed layer with it), the attention buffers, the backward
+    pass's transient gradients of one layer, the final norm and one logprob chunk."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    h, i, b, t = shape.hidden, shape.intermediate, dtype_bytes, tokens
+    lora = set(targets)
+    kv_seen = shape.kv_out if attention == "flash_attention_2" else shape.q_out  # masked paths repeat KV heads
+    per_token = 4 * h + 4 * h                                       # two RMS norms' fp32 inputs
+    per_token += 4 * h * len(lora & {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"})  # fp32 LoRA inputs
+    per_token += 4 * shape.q_out * ("o_proj" in lora) + 4 * i * ("down_proj" in lora)
+    per_token += b * (shape.q_out + 2 * kv_seen)                    # q, k, v as attention keeps them
+    per_square = 0                                                  # bytes per layer per token^2
+    if attention == "eager":
+        per_square = shape.heads * (4 + b)                          # softmax's fp32 output and its cast
+    else:
+        per_token += b * shape.q_out + 4 * shape.heads              # output and log-sum-exp
+        per_square = b if attention == "sdpa" else 0                # SDPA's additive copy of the 4-D mask
+    per_token += 3 * b * i                                          # gate output, its SiLU, up output
+    layer = t * per_token + t * t * per_square
+    transient = t * 2 * b * i                                       # two MLP-wide gradients in flight
+    shared = t * t * (attention != "flash_attention_2")             # the boolean mask, on the device
+    shared += 2 * t * shape.head_dim * b                            # rotary cos and sin
+    shared += t * h * (4 + b)                                       # final norm's fp32 input, the kept hidden rows
+    shared += min(logprob_chunk, t) * shape.vocab * (b + 12)        # a chunk's logits, fp32 copy, log-softmax, grad
+    if checkpointing:
+        return shape.layers * t * h * b + layer + transient + shared
+    return shape.layers * layer + transient + shared
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A memory plan (an estimate): each phase's named terms in bytes, whether it fits, what to change.
+
+    `rollout` and `training` map a term's name to bytes; each phase fits when its sum is <= `device_bytes`.
+    `vllm_needs_bytes` (vLLM's weights + overhead + one `max_model_len`-token sequence of KV cache) must fit in
+    `vllm_share_bytes` when vLLM runs (0 and 0 otherwise). `suggestions` is empty when the plan fits."""
+    device_bytes: int
+    base: str
+    parameters: int
+    lora_parameters: int
+    dtype: str
+    engine: str
+    placement: str
+    gradient_checkpointing: bool
+    attention: str
+    tokens_per_pass: int
+    max_tokens_per_micro_batch: int
+    max_seq_length: int
+    margin: float
+    rollout: dict[str, int]
+    training: dict[str, int]
+    activations_bytes: int
+    activations_checkpointed_bytes: int
+    activations_full_bytes: int
+    vllm_share_bytes: int
+    vllm_needs_bytes: int
+    vllm_kv_cache_bytes: int
+    vllm_kv_tokens: int
+    problems: list[str] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)
+
+    @property
+    def rollout_bytes(self) -> int:
+        return sum(self.rollout.values())
+
+    @property
+    def training_bytes(self) -> int:
+        return sum(self.training.values())
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        """One line: both phases against the device."""
+        vllm = ""
+        if self.vllm_share_bytes:
+            vllm = (f"; vLLM {_gib(self.vllm_share_bytes)} of which KV cache ~{_gib(self.vllm_kv_cache_bytes)} "
+                    f"(~{self.vllm_kv_tokens:,} tokens)")
+        return (f"memory plan for {self.base} (an estimate, {self.margin:.0%} margin on the trainer's terms): "
+                f"rollout {_gib(self.rollout_bytes)}, training {_gib(self.training_bytes)} of "
+                f"{_gib(self.device_bytes)}; {_count(self.parameters)} parameters in {self.dtype}, passes of "
+                f"{self.tokens_per_pass} tokens, gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}"
+                f"{vllm}")
+
+    def message(self) -> str:
+        """Everything: the summary, each phase's terms, what does not fit and what to change."""
+        lines = [self.summary() + (": fits" if self.fits else ": does NOT fit")]
+        for phase, terms in (("rollout", self.rollout), ("training", self.training)):
+            parts = ", ".join(f"{name} {_gib(n)}" for name, n in terms.items() if n)
+            lines.append(f"  {phase} {_gib(sum(terms.values()))} = {parts}")
+        lines += [f"  problem: {p}" for p in self.problems]
+        lines += [f"  change: {s}" for s in self.suggestions]
+        if not self.fits:
+            lines.append("  (ModelConfig.memory_check=False skips this check)")
+        return "\n".join(lines)
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, device_bytes: int,
+                train: TrainConfig | None = None, cuda: bool = True, engine: str | None = None,
+                attention: str | None = None, in_use_bytes: int = 0, margin: float | None = None,
+                base: str = "the model") -> MemoryPlan:
+    """The `MemoryPlan` of training `model_config` on the model of `hf_config` (its config.json as a dict) on a
+    device of `device_bytes` bytes. Pure: reads nothing, needs no GPU.
+
+    `train`: the `TrainConfig` the steps will use (its `max_tokens_per_micro_batch` and `logprob_chunk_size`);
+    default: `TrainConfig()` with `model_config.memory_check.max_tokens_per_micro_batch` when that is set.
+    `cuda`: plan as the backend loads on a GPU (bf16 weights; gradient checkpointing `None` means on from 1B
+    parameters); False: the CPU's fp32 and no checkpointing by default. `engine`: `vllm` or `transformers`;
+    default `model_config.engine.engine`, `auto` meaning vLLM when `cuda`. `attention`: `sdpa` (default, what
+    transformers picks), `eager` or `flash_attention_2`; default the config's `attn_implementation` if given.
+    `in_use_bytes`: memory other processes already hold on the device. `margin`: the fraction of the
+    trainer's terms added for what is not modelled; default `model_config.memory_check.margin`. `base` names
+    the model in messages. Bad input is a TypeError or ValueError naming it."""
+    if not isinstance(model_config, ModelConfig):
+        raise TypeError(f"model_config must be a trainer.ModelConfig, got {type(model_config).__name__}")
+    if train is not None and not isinstance(train, TrainConfig):
+        raise TypeError(f"train must be a trainer.TrainConfig or None, got {type(train).__name__}")
+    device_bytes = _int("device_bytes", device_bytes, 1)
+    in_use_bytes = _int("in_use_bytes", in_use_bytes, 0)
+    if in_use_bytes >= device_bytes:
+        raise ValueError(f"in_use_bytes ({in_use_bytes}) must be below device_bytes ({device_bytes})")
+    check = model_config.memory_check
+    margin = check.margin if margin is None else margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 1:
+        raise ValueError(f"margin must be a fraction 0..1, got {margin!r}")
+    shape = model_shape(hf_config)
+    if attention is None:
+        attention = hf_config.get("attn_implementation") or hf_config.get("_attn_implementation") or "sdpa"
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    ecfg = model_config.engine
+    engine = engine or ecfg.engine
+    if engine == "auto":
+        engine = "vllm" if cuda else "transformers"
+    if engine not in ("vllm", "transformers"):
+        raise ValueError(f"engine must be 'vllm' or 'transformers', got {engine!r}")
+    if train is None:
+        train = TrainConfig(**({"max_tokens_per_micro_batch": check.max_tokens_per_micro_batch}
+                               if check.max_tokens_per_micro_batch else {}))
+    dtype = "bfloat16" if cuda else "float32"
+    b = _DTYPE_BYTES[dtype]
+    params = shape.parameters()
+    checkpointing = model_config.gradient_checkpointing
+    if checkpointing is None:  # as the backend decides
+        checkpointing = cuda and params >= 1_000_000_000
+    targets = list(model_config.lora.target_modules)
+    lora = lora_parameters(shape, model_config.lora.rank, targets)
+    mbt, seq = train.max_tokens_per_micro_batch, ecfg.max_seq_length
+    tokens = seq if attention == "flash_attention_2" else max(mbt, seq)  # no mask: one sequence per pass
+
+    def activations(t: int, ckpt: bool) -> int:
+        return activation_bytes(shape, t, checkpointing=ckpt, targets=targets, attention=attention,
+                                dtype_bytes=b, logprob_chunk=train.logprob_chunk_size)
+
+    # vLLM: its share of the device, what it needs in it, and what it keeps while asleep
+    colocated = engine == "vllm" and ecfg.placement == "colocated"
+    vllm_share = vllm_needs = vllm_kv = vllm_weights = vllm_overhead = 0
+    tp = 1
+    kv_per_token = shape.kv_bytes_per_token()
+    model_len = ecfg.max_model_len or seq
+    if engine == "vllm":
+        tp = len(ecfg.inference_gpus) if (ecfg.placement == "dedicated" and ecfg.inference_parallel == "tensor"
+                                          and ecfg.inference_gpus) else 1
+        vllm_weights = math.ceil(params * 2 / tp)
+        vllm_overhead = VLLM_OVERHEAD_BYTES + int(VLLM_OVERHEAD_SHARE * vllm_weights)
+        vllm_share = int(ecfg.gpu_memory_utilization * device_bytes)
+        vllm_needs = vllm_weights + vllm_overhead + math.ceil(model_len * kv_per_token / tp)
+        vllm_kv = max(0, vllm_share - vllm_weights - vllm_overhead)
+    asleep = VLLM_CONTEXT_BYTES + int(VLLM_SLEEP_SHARE * vllm_share)
+    vllm_in_training = (asleep if ecfg.enable_sleep_mode else vllm_share) if colocated else 0
+
+    def trainer_terms(training: bool, t: int, ckpt: bool) -> dict[str, int]:
+        terms = {"CUDA context": CUDA_CONTEXT_BYTES} if cuda else {}
+        terms[f"base weights ({dtype})"] = params * b
+        terms["LoRA parameters + AdamW state (fp32)"] = lora * 12
+        if training:
+            terms["LoRA gradients (fp32)"] = lora * 4
+            terms[f"activations ({t} tokens, checkpointing {'on' if ckpt else 'off'})"] = activations(t, ckpt)
+        terms[f"margin ({margin:.0%} of the trainer's terms)"] = int(margin * sum(terms.values()))
+        return terms
+
+    def rollout_terms() -> dict[str, int]:
+        terms = trainer_terms(False, tokens, checkpointing)
+        if colocated:
+            terms[f"vLLM's share (gpu_memory_utilization {ecfg.gpu_memory_utilization})"] = vllm_share
+        terms["in use by other processes"] = in_use_bytes
+        return terms
+
+    def training_terms(t: int, ckpt: bool, vllm_bytes: int = vllm_in_training) -> dict[str, int]:
+        terms = trainer_terms(True, t, ckpt)
+        if colocated:
+            terms["vLLM asleep (level 1)" if ecfg.enable_sleep_mode else "vLLM awake (no sleep mode)"] = vllm_bytes
+        terms["in use by other processes"] = in_use_bytes
+        return terms
+
+    rollout, training = rollout_terms(), training_terms(tokens, checkpointing)
+    device = _gib(device_bytes)
+    problems: list[str] = []
+    suggestions: list[str] = []
+    util = ecfg.gpu_memory_utilization
+
+    # the vLLM side: the share must hold vLLM's weights, overhead and one sequence of KV cache
+    trainer_resident = sum(v for k, v in rollout.items() if not k.startswith("vLLM"))
+    if engine == "vllm" and vllm_needs > vllm_share:
+        where = "its device" if ecfg.placement == "dedicated" else "the device"
+        problems.append(f"gpu_memory_utilization {util} gives vLLM {_gib(vllm_share)} of {where}, less than the "
+                        f"{_gib(vllm_needs)} it needs: its weights {_gib(vllm_weights)} + overhead "
+                        f"{_gib(vllm_overhead)} + the KV cache of one {model_len}-token sequence "
+                        f"{_gib(model_len * kv_per_token / tp)}")
+    rollout_bytes = sum(rollout.values())
+    if rollout_bytes > device_bytes:
+        problems.append(f"rollout needs {_gib(rollout_bytes)} of {device}: the trainer's "
+                        f"{_gib(trainer_resident)} (weights {_gib(params * b)}) stays beside vLLM's share of "
+                        f"{_gib(vllm_share)}" if colocated else
+                        f"rollout needs {_gib(rollout_bytes)} of {device}: the trainer's weights alone are "
+                        f"{_gib(params * b)}")
+    if colocated and (vllm_needs > vllm_share or rollout_bytes > device_bytes):
+        low = math.ceil(vllm_needs / device_bytes * 100) / 100
+        high = math.floor((device_bytes - trainer_resident) / device_bytes * 100) / 100
+        if low <= high:
+            kv_left = int(high * device_bytes) - vllm_needs + math.ceil(model_len * kv_per_token)
+            suggestions.append(f"set gpu_memory_utilization between {low:.2f} and {high:.2f} (now {util}): vLLM needs "
+                               f">= {_gib(vllm_needs)}, the trainer keeps {_gib(trainer_resident)} beside it; at "
+                               f"{high:.2f} vLLM's KV cache is ~{_gib(kv_left)} (~{kv_left // kv_per_token:,} "
+                               "tokens of concurrent rollouts)")
+        else:
+            suggestions.append(f"no gpu_memory_utilization fits both copies of the weights: vLLM needs "
+                               f">= {_gib(vllm_needs)} and the trainer {_gib(trainer_resident)} of {device}; use "
+                               "placement='dedicated' (vLLM on inference_gpus, the trainer on trainer_gpus), a "
+                               "larger device or a smaller model")
+    elif engine == "vllm" and vllm_needs > vllm_share:
+        low = math.ceil(vllm_needs / device_bytes * 100) / 100
+        suggestions.append(f"set gpu_memory_utilization >= {low:.2f} (now {util})" if low <= 1 else
+                           "vLLM's weights do not fit one inference GPU: more inference_gpus with "
+                           "inference_parallel='tensor', or a smaller max_model_len")
+    if rollout_bytes > device_bytes and not colocated:
+        suggestions.append(f"the trainer's resident state ({_gib(trainer_resident)}) exceeds {device}: use a "
+                           "larger device or a smaller model")
+
+    training_bytes = sum(training.values())
+    if training_bytes > device_bytes:
+        act = activations(tokens, checkpointing)
+        problems.append(f"training needs {_gib(training_bytes)} of {device} (activations of a {tokens}-token pass "
+                        f"{_gib(act)})")
+        if mbt < tokens:
+            problems.append(f"max_seq_length {seq} > max_tokens_per_micro_batch {mbt}: a sequence cannot be "
+                            f"split, so a pass holds up to {seq} tokens")
+
+        def fits(t: int, ckpt: bool, vllm_bytes: int = vllm_in_training) -> bool:
+            return sum(training_terms(t, ckpt, vllm_bytes).values()) <= device_bytes
+
+        if not checkpointing:
+            on = activations(tokens, True)
+            then = sum(training_terms(tokens, True).values())
+            suggestions.append(f"turn on gradient checkpointing (ModelConfig.gradient_checkpointing=True): "
+                               f"activations {_gib(act)} -> {_gib(on)}, training {_gib(then)} of {device}"
+                               + ("" if then <= device_bytes else " (not enough alone)"))
+        if colocated and not ecfg.enable_sleep_mode:
+            then = sum(training_terms(tokens, checkpointing, asleep).values())
+            suggestions.append(f"turn on EngineConfig.enable_sleep_mode: vLLM's {_gib(vllm_share)} is freed during "
+                               f"training (training {_gib(then)} of {device})")
+        for ckpt in dict.fromkeys([checkpointing, True]):
+            lo, hi = 16, tokens - 1  # the most tokens per pass that fit
+            if not fits(lo, ckpt):
+                continue
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid, ckpt) else (lo, mid - 1)
+            best = lo - lo % 256 if lo >= 512 else lo
+            then = activations(best, ckpt)
+            change = f"set max_tokens_per_micro_batch <= {best}"
+            if seq > best:
+                change += (f" and EngineConfig.max_seq_length <= {best} (now {seq}; a sequence is never split "
+                           "across passes, longer ones are truncated)")
+            with_ckpt = " with gradient checkpointing on" if ckpt and not checkpointing else ""
+            suggestions.append(f"{change}{with_ckpt}: activations {_gib(act)} -> {_gib(then)}")
+            break
+        else:
+            base_terms = sum(training_terms(16, True).values())
+            suggestions.append(f"even a 16-token pass needs {_gib(base_terms)} of {device}: use a larger device, "
+                               "a smaller model" + (", placement='dedicated'" if colocated else ""))
+
+    return MemoryPlan(
+        device_bytes=device_bytes, base=base, parameters=params, lora_parameters=lora, dtype=dtype, engine=engine,
+        placement=ecfg.placement, gradient_checkpointing=checkpointing, attention=attention, tokens_per_pass=tokens,
+        max_tokens_per_micro_batch=mbt, max_seq_length=seq, margin=float(margin), rollout=rollout,
+        training=training, activations_bytes=activations(tokens, checkpointing),
+        activations_checkpointed_bytes=activations(tokens, True), activations_full_bytes=activations(tokens, False),
+        vllm_share_bytes=vllm_share, vllm_needs_bytes=vllm_needs, vllm_kv_cache_bytes=vllm_kv,
+        vllm_kv_tokens=vllm_kv // kv_per_token if vllm_kv else 0, problems=problems, suggestions=suggestions)
