@@ -74,6 +74,12 @@ async def main() -> None:
     ap.add_argument("--inference-gpus", default="", help="dedicated with vLLM: e.g. 1 or 1,2")
     ap.add_argument("--trainer-gpus", default="", help="dedicated with vLLM: e.g. 0")
     ap.add_argument("--overlap", action="store_true", help="gather step k+1 while step k trains")
+    ap.add_argument("--no-share-prefix", action="store_true",
+                    help="train every sequence whole (TrainConfig.share_prefix=False) instead of each group's "
+                         "shared prompt once")
+    ap.add_argument("--min-shared-prefix", type=int, default=None,
+                    help="TrainConfig.min_shared_prefix: the shortest shared prompt worth sharing (default 32)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
     ap.add_argument("--name", default="one-word")
     ap.add_argument("--out", default="./runs")
     args = ap.parse_args()
@@ -82,7 +88,8 @@ async def main() -> None:
             "trainer_gpus": [int(g) for g in args.trainer_gpus.split(",") if g]}
     model = TrainableModel(args.name, "tiny", args.base_model, ModelConfig(
         seed=args.seed, engine=EngineConfig(engine=args.engine, max_seq_length=256, placement=args.placement,
-                                            **gpus)))
+                                            **gpus, **({"gpu_memory_utilization": args.gpu_memory_utilization}
+                                                       if args.gpu_memory_utilization is not None else {}))))
     backend = LocalBackend(args.out)
     await model.register(backend)
     client = model.openai_client()
@@ -97,7 +104,9 @@ async def main() -> None:
 
     if await model.get_step():
         print(f"resuming from step {await model.get_step()}", flush=True)
-    config = TrainConfig(learning_rate=args.lr, loss=args.loss,
+    sharing = {"share_prefix": False} if args.no_share_prefix else (
+        {"min_shared_prefix": args.min_shared_prefix} if args.min_shared_prefix is not None else {})
+    config = TrainConfig(learning_rate=args.lr, loss=args.loss, **sharing,
                          **({"max_off_policy_steps": 1, "sampler_correction": "tis"} if args.overlap else {}))
     rollout_s: list[float] = []  # per gather, in order: train_pipelined trains on them in that order
 
@@ -115,7 +124,8 @@ async def main() -> None:
         trained.append(row)
         print(f"step {row['step']:3d}  reward {row['reward_mean']:.3f}  loss {row.get('loss', 0):+.4f}  "
               f"rollout {rollout_s[len(trained) - 1]:.1f}s  train {row.get('train_s', 0):.1f}s  "
-              f"policy lag {row.get('policy_lag_max', 0)}", flush=True)
+              f"policy lag {row.get('policy_lag_max', 0)}  sequence tokens {row.get('sequence_tokens', '-')} -> "
+              f"{row.get('forward_tokens', '-')}", flush=True)
 
     try:
         remaining = args.steps - await model.get_step()
