@@ -66,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reward", default="art", choices=["art", "ruler"], help="ART's rubric, or RULER's ranking")
     ap.add_argument("--judge", default=None, help="RULER judge, a litellm model or MODEL@http://host/v1 "
                     "(--reward ruler; default: RULER's default judge)")
+    ap.add_argument("--judge-max-prompt-tokens", type=int, default=None, help="--reward ruler: the judge prompt's "
+                    "token budget (RULER cuts and splits groups to fit); give it for a served judge whose context "
+                    "litellm does not know, e.g. 6000 for SmolLM2's 8192")
     ap.add_argument("--correctness-judge", default=None, help="LLM judge for answers the matcher does not accept "
                     "(default: none, match only); MODEL or MODEL@http://host/v1")
     ap.add_argument("--steps", type=int, default=2)
@@ -90,6 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--db", type=Path, default=Path("./runs/art-e-inbox.db"))
     ap.add_argument("--base-model", default="local/smollm2-135m-instruct")
     ap.add_argument("--engine", default="auto", choices=["auto", "transformers", "vllm"])
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
     ap.add_argument("--name", default=None, help="model name (default: email-agent-<reward>)")
     ap.add_argument("--out", default="./runs", help="checkpoints and the run log go under OUT/art-e/NAME")
     ap.add_argument("--report", type=Path, default=None, help="report folder (default: the run folder's report/)")
@@ -101,6 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'steps' else 1}")
     if args.judge and args.reward != "ruler":
         ap.error("--judge is the RULER judge: use it with --reward ruler")
+    if args.judge_max_prompt_tokens is not None and (args.reward != "ruler" or args.judge_max_prompt_tokens < 256):
+        ap.error("--judge-max-prompt-tokens goes with --reward ruler and is >= 256")
     if args.correctness_judge:
         harness.check_judge(harness.ModelSpec.parse(args.correctness_judge).model)
     return args
@@ -151,7 +157,10 @@ async def main(argv=None) -> None:
 
     name = args.name or f"email-agent-{args.reward}"
     model = TrainableModel(name, "art-e", args.base_model,
-                           ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=8192), seed=args.seed))
+                           ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=8192,
+                                                           **({"gpu_memory_utilization": args.gpu_memory_utilization}
+                                                              if args.gpu_memory_utilization is not None else {})),
+                                       seed=args.seed))
     backend = LocalBackend(args.out)
     await model.register(backend)
     report_dir = args.report or model.run_dir / "report"
@@ -175,7 +184,8 @@ async def main(argv=None) -> None:
                 return None
             traj.metrics["art_reward"], traj.metrics["correct"] = g.reward, int(g.correct)
         if args.reward == "ruler":  # None (the group is dropped) when the judge fails
-            return await ruler_score_group(group, ruler_judge, ruler_params, swallow_exceptions=True)
+            budget = {"max_prompt_tokens": args.judge_max_prompt_tokens} if args.judge_max_prompt_tokens else {}
+            return await ruler_score_group(group, ruler_judge, ruler_params, swallow_exceptions=True, **budget)
         return group
 
     by_id = {s.id: s for s in train}
