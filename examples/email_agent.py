@@ -94,6 +94,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--base-model", default="local/smollm2-135m-instruct")
     ap.add_argument("--engine", default="auto", choices=["auto", "transformers", "vllm"])
     ap.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
+    ap.add_argument("--no-sleep", action="store_true", help="keep vLLM awake during training steps (EngineConfig.enable_sleep_mode=False): it keeps its memory and serves the previous adapter meanwhile; for a GPU shared with other vLLM processes, whose start-up memory profiling a sleeping neighbour would upset")
     ap.add_argument("--name", default=None, help="model name (default: email-agent-<reward>)")
     ap.add_argument("--out", default="./runs", help="checkpoints and the run log go under OUT/art-e/NAME")
     ap.add_argument("--report", type=Path, default=None, help="report folder (default: the run folder's report/)")
@@ -159,7 +160,8 @@ async def main(argv=None) -> None:
     model = TrainableModel(name, "art-e", args.base_model,
                            ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=8192,
                                                            **({"gpu_memory_utilization": args.gpu_memory_utilization}
-                                                              if args.gpu_memory_utilization is not None else {})),
+                                                              if args.gpu_memory_utilization is not None else {}),
+                                                           **({"enable_sleep_mode": False} if args.no_sleep else {})),
                                        seed=args.seed))
     backend = LocalBackend(args.out)
     await model.register(backend)
