@@ -100,7 +100,7 @@ async def sample_groups(*, policy: str, db: Path, scenarios: Path, split: str, g
             return t
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
+    with open(out, "w", encoding="utf-8") as f:  # noqa: ASYNC230 - small appends between awaits
         async def group(sc):
             if deadline is not None and time.perf_counter() > deadline:
                 counts["not_started"] += 1
@@ -229,8 +229,8 @@ def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_m
 
 
 async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_groups: int = 160, test_groups: int = 60,
-                    group_size: int = 4, max_turns: int = 6, temperature: float = 1.0, concurrency: int = 64,
-                    steps: int = 300, lr: float = 2e-4, batch_size: int = 8, seed: int = 0,
+                    group_size: int = 4, max_turns: int = 4, temperature: float = 1.0, concurrency: int = 64,
+                    steps: int = 200, lr: float = 2e-4, batch_size: int = 8, seed: int = 0,
                     model_dir: str = VLLM_MODEL, judge_dir: Path = Path("/tmp/distill-bench/judge"),
                     port: int = 8011, gpu_memory_utilization: float = 0.3, enforce_eager: bool = False,
                     llmbar_limit: int = 50, llmbar_root: Path | None = None, dry_run: bool = False) -> dict:
@@ -277,9 +277,9 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
 
         t = time.perf_counter()
         deadline = ph.at(budget_s * 0.4)
-        common = dict(policy=policy, db=db, scenarios=scenarios, group_size=group_size, max_turns=max_turns,
-                      temperature=temperature, seed=seed, concurrency=concurrency, params=params,
-                      tool_mode="text", deadline=deadline, grace_s=20.0)
+        common = {"policy": policy, "db": db, "scenarios": scenarios, "group_size": group_size, "max_turns": max_turns,
+                      "temperature": temperature, "seed": seed, "concurrency": concurrency, "params": params,
+                      "tool_mode": "text", "deadline": deadline, "grace_s": 20.0}
         tr, te = await asyncio.gather(
             sample_groups(split="train", groups=train_groups, out=out / "train.jsonl", **common),
             sample_groups(split="test", groups=test_groups, out=out / "test.jsonl", **common))
@@ -387,8 +387,8 @@ def write_report(out: Path, report: dict) -> None:
                          f"{r['pairs']} | {r['errors']} |")
     bar = report.get("llmbar_natural") or {}
     if "distilled" in bar and "untrained" in bar:
-        lines += ["", "LLMBar Natural accuracy: untrained "
-                  f"{bar['untrained']['accuracy']:.3f}, distilled {bar['distilled']['accuracy']:.3f}"]
+        lines += ["", ("LLMBar Natural accuracy: untrained "
+                  f"{bar['untrained']['accuracy']:.3f}, distilled {bar['distilled']['accuracy']:.3f}")]
     if report.get("phases"):
         lines += ["", "Seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in report["phases"].items())]
     if report.get("error"):
@@ -432,10 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--train-groups", type=int, default=160)
     g.add_argument("--test-groups", type=int, default=60)
     g.add_argument("--group-size", type=int, default=4)
-    g.add_argument("--max-turns", type=int, default=6)
+    g.add_argument("--max-turns", type=int, default=4, help="4 keeps most RULER prompts of 4 rollouts under 8192 tokens")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--concurrency", type=int, default=64)
-    g.add_argument("--steps", type=int, default=300, help="at most; the SFT stops earlier when the budget says")
+    g.add_argument("--steps", type=int, default=200, help="at most; the SFT stops earlier when the budget says")
     g.add_argument("--lr", type=float, default=2e-4)
     g.add_argument("--batch-size", type=int, default=8)
     g.add_argument("--seed", type=int, default=0)
@@ -450,11 +450,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU plumbing check: the embedded model in process instead of vLLM, tiny sizes")
     a = p.parse_args(argv)
     if a.cmd == "gpu":
-        sizes = dict(train_groups=a.train_groups, test_groups=a.test_groups, group_size=a.group_size,
-                     max_turns=a.max_turns, steps=a.steps, batch_size=a.batch_size, llmbar_limit=a.llmbar_limit)
+        sizes = {"train_groups": a.train_groups, "test_groups": a.test_groups, "group_size": a.group_size,
+                     "max_turns": a.max_turns, "steps": a.steps, "batch_size": a.batch_size, "llmbar_limit": a.llmbar_limit}
         if a.dry_run:
-            sizes = dict(train_groups=4, test_groups=4, group_size=4, max_turns=2, steps=2, batch_size=2,
-                         llmbar_limit=min(a.llmbar_limit, 2))
+            sizes = {"train_groups": 4, "test_groups": 4, "group_size": 4, "max_turns": 2, "steps": 2, "batch_size": 2,
+                         "llmbar_limit": min(a.llmbar_limit, 2)}
         report = asyncio.run(gpu_bench(data=a.data, out=a.out, budget_s=a.budget_s, temperature=a.temperature,
                                        concurrency=a.concurrency, lr=a.lr, seed=a.seed, model_dir=a.model_dir,
                                        judge_dir=a.judge_dir, port=a.port,

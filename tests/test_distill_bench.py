@@ -45,11 +45,11 @@ async def test_sample_groups_text_mode_keeps_a_group_whose_rewards_differ(judge,
 
 async def test_sample_groups_drops_a_refused_group_and_starts_none_after_the_deadline(judge, inbox_db, scenario_file,
                                                                                      tmp_path):
-    path, sc = scenario_file
+    path, _sc = scenario_file
     judge.script = ["400", "400"]
-    common = dict(policy="openai/scripted", params={"api_base": judge.base, "api_key": "sk-test"}, db=inbox_db[0],
-                  scenarios=path, split="train", groups=1, group_size=2, max_turns=3, temperature=1.0, seed=0,
-                  concurrency=1, tool_mode="text")
+    common = {"policy": "openai/scripted", "params": {"api_base": judge.base, "api_key": "sk-test"}, "db": inbox_db[0],
+                  "scenarios": path, "split": "train", "groups": 1, "group_size": 2, "max_turns": 3, "temperature": 1.0, "seed": 0,
+                  "concurrency": 1, "tool_mode": "text"}
     got = await sample_groups(out=tmp_path / "a.jsonl", **common)
     assert (got["groups"], got["failed"]) == (0, 1) and got["errors"]
     assert (tmp_path / "a.jsonl").read_text() == ""
