@@ -51,6 +51,7 @@ import asyncio
 import json
 import random
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -225,14 +226,14 @@ def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_m
             return {**super().environment(base), "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
     config = EngineConfig(startup_timeout_s=max(1.0, startup_timeout_s), server_timeout_s=300)
-    return DistillVLLM(config, served_name=SERVED, log_dir=log_dir, port=port)
+    return DistillVLLM(config, served_name=SERVED, log_dir=log_dir, port=port or None)
 
 
 async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_groups: int = 160, test_groups: int = 60,
                     group_size: int = 4, max_turns: int = 4, temperature: float = 1.0, concurrency: int = 64,
                     steps: int = 200, lr: float = 2e-4, batch_size: int = 8, seed: int = 0,
                     model_dir: str = VLLM_MODEL, judge_dir: Path = Path("/tmp/distill-bench/judge"),
-                    port: int = 8011, gpu_memory_utilization: float = 0.3, enforce_eager: bool = False,
+                    port: int = 0, gpu_memory_utilization: float = 0.3, enforce_eager: bool = False,
                     llmbar_limit: int = 50, llmbar_root: Path | None = None, dry_run: bool = False) -> dict:
     """The whole measurement in one process under `budget_s` seconds of wall clock: serve the policy (vLLM;
     `dry_run`: the embedded model in process on the CPU), sample train and test groups from `data`
@@ -262,113 +263,120 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
                     "dry_run": dry_run, "budget_s": budget_s, "phases": ph.seconds}
     server = None
     try:
-        t = time.perf_counter()
-        if dry_run:
-            policy, params = "local/smollm2-135m-instruct", {}
-            student, before_judge = "local/smollm2-135m-instruct", "local/smollm2-135m-instruct"
-        else:
-            server = _vllm_server(model_dir, out, port, SFTConfig().lora.rank, gpu_memory_utilization,
-                                  ph.left() - 120, enforce_eager)
-            await server.start()
-            policy, params = f"hosted_vllm/{SERVED}", {"api_base": server.base_url}
-            student, before_judge = model_dir, f"hosted_vllm/{SERVED}"
-        report["policy"] = policy
-        ph.done("serve", t)
-
-        t = time.perf_counter()
-        deadline = ph.at(budget_s * 0.4)
-        common = {"policy": policy, "db": db, "scenarios": scenarios, "group_size": group_size, "max_turns": max_turns,
-                      "temperature": temperature, "seed": seed, "concurrency": concurrency, "params": params,
-                      "tool_mode": "text", "deadline": deadline, "grace_s": 20.0}
-        tr, te = await asyncio.gather(
-            sample_groups(split="train", groups=train_groups, out=out / "train.jsonl", **common),
-            sample_groups(split="test", groups=test_groups, out=out / "test.jsonl", **common))
-        report["sample"] = {"train": tr, "test": te}
-        print(f"[distill-bench] sampled: {json.dumps(report['sample'])[:1500]}", flush=True)
-        ph.done("sample", t)
-
-        def examples(path: Path):
-            pairs, groups, _, _ = load_user_dataset(path)
-            return from_labels(labelled_groups([*pairs, *groups]), DEFAULT_RUBRIC, seed=seed)
-
-        if not tr["groups"] or not te["groups"]:
-            raise RuntimeError("no graded groups with differing rewards to train or test on")
-        train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
-        report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
-
-        t = time.perf_counter()
-        config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
-        sft_deadline = ph.at(budget_s - (60 if llmbar_limit else 40))
-        history: list[dict] = []
-
-        class OutOfTime(Exception):
+        try:  # a SIGTERM (a wall-clock limit outside) cancels this task: what was measured is still written
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+        except (NotImplementedError, RuntimeError):
             pass
-
-        def on_step(row: dict) -> None:
-            history.append(row)
-            if time.perf_counter() > sft_deadline:
-                raise OutOfTime
-
-        def sft() -> tuple:
-            model, tokenizer, full_forward = load_student(student, config)
-            try:
-                train_sft(model, tokenizer, [SFTExample(e.messages, e.answer) for e in train_ex], config,
-                          full_forward=full_forward, on_step=on_step)
-            except OutOfTime:
-                pass
-            save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": "ART·E rubric",
-                                                       "steps": len(history)})
-            return model
-
-        async def before_eval():
-            b = time.perf_counter()
-            result = await agreement(before_judge, test_ex, params=params, cache=False, concurrency=concurrency)
-            ph.done("eval_untrained", b)
-            return result
-
-        # the untrained student is measured while the SFT trains (both on the GPU; the server's is capped)
-        before, _ = await asyncio.gather(before_eval(), asyncio.to_thread(sft))
-        report["untrained"] = before.row()
-        report.update(history=history, sft_steps=len(history), sft_steps_asked=steps)
-        ph.done("sft_and_eval_untrained", t)
-
-        t = time.perf_counter()
-        if server is not None:
-            await server.load_adapter(1, judge_dir)
-            after_judge = f"hosted_vllm/{SERVED}@1"
-        else:
-            after_judge = f"local/{Path(judge_dir).resolve()}"
-        after = await agreement(after_judge, test_ex, params=params, cache=False, concurrency=concurrency)
-        report["distilled"] = after.row()
-        ph.done("eval_distilled", t)
-
-        root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
-        if llmbar_limit and not (root / "LLMBar").is_dir():
-            report["llmbar_natural"] = {"skipped": f"no LLMBar data under {root}"}
-        elif llmbar_limit and ph.left() < 30:
-            report["llmbar_natural"] = {"skipped": f"{ph.left():.0f} s left of the budget"}
-        elif llmbar_limit:
+        async with asyncio.timeout(ph.left()):
             t = time.perf_counter()
-            bar = {}
-            for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
-                summary, _ = await asyncio.wait_for(
-                    evaluate(["llmbar-natural"], judge, params=params, limit=llmbar_limit, root=root,
-                             concurrency=concurrency, progress=False, cache=False), max(5.0, ph.left() - 10))
-                bar[label] = summary.iloc[0].to_dict()
-            report["llmbar_natural"] = bar
-            ph.done("llmbar", t)
+            if dry_run:
+                policy, params = "local/smollm2-135m-instruct", {}
+                student, before_judge = "local/smollm2-135m-instruct", "local/smollm2-135m-instruct"
+            else:
+                server = _vllm_server(model_dir, out, port, SFTConfig().lora.rank, gpu_memory_utilization,
+                                      ph.left() - 120, enforce_eager)
+                await server.start()
+                policy, params = f"hosted_vllm/{SERVED}", {"api_base": server.base_url}
+                student, before_judge = model_dir, f"hosted_vllm/{SERVED}"
+            report["policy"] = policy
+            ph.done("serve", t)
+
+            t = time.perf_counter()
+            deadline = ph.at(budget_s * 0.4)
+            common = {"policy": policy, "db": db, "scenarios": scenarios, "group_size": group_size,
+                      "max_turns": max_turns, "temperature": temperature, "seed": seed, "concurrency": concurrency,
+                      "params": params, "tool_mode": "text", "deadline": deadline, "grace_s": 20.0}
+            tr, te = await asyncio.gather(
+                sample_groups(split="train", groups=train_groups, out=out / "train.jsonl", **common),
+                sample_groups(split="test", groups=test_groups, out=out / "test.jsonl", **common))
+            report["sample"] = {"train": tr, "test": te}
+            print(f"[distill-bench] sampled: {json.dumps(report['sample'])[:1500]}", flush=True)
+            ph.done("sample", t)
+
+            def examples(path: Path):
+                pairs, groups, _, _ = load_user_dataset(path)
+                return from_labels(labelled_groups([*pairs, *groups]), DEFAULT_RUBRIC, seed=seed)
+
+            if not tr["groups"] or not te["groups"]:
+                raise RuntimeError("no graded groups with differing rewards to train or test on")
+            train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
+            report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
+
+            t = time.perf_counter()
+            config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
+            sft_deadline = ph.at(budget_s - (60 if llmbar_limit else 40))
+            history: list[dict] = []
+
+            class OutOfTime(Exception):
+                pass
+
+            def on_step(row: dict) -> None:
+                history.append(row)
+                if time.perf_counter() > sft_deadline:
+                    raise OutOfTime
+
+            def sft() -> tuple:
+                model, tokenizer, full_forward = load_student(student, config)
+                try:
+                    train_sft(model, tokenizer, [SFTExample(e.messages, e.answer) for e in train_ex], config,
+                              full_forward=full_forward, on_step=on_step)
+                except OutOfTime:
+                    pass
+                save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": "ART·E rubric",
+                                                           "steps": len(history)})
+                return model
+
+            async def before_eval():
+                b = time.perf_counter()
+                result = await agreement(before_judge, test_ex, params=params, cache=False, concurrency=concurrency)
+                ph.done("eval_untrained", b)
+                return result
+
+            # the untrained student is measured while the SFT trains (both on the GPU; the server's is capped)
+            before, _ = await asyncio.gather(before_eval(), asyncio.to_thread(sft))
+            report["untrained"] = before.row()
+            report.update(history=history, sft_steps=len(history), sft_steps_asked=steps)
+            ph.done("sft_and_eval_untrained", t)
+
+            t = time.perf_counter()
+            if server is not None:
+                await server.load_adapter(1, judge_dir)
+                after_judge = f"hosted_vllm/{SERVED}@1"
+            else:
+                after_judge = f"local/{Path(judge_dir).resolve()}"
+            after = await agreement(after_judge, test_ex, params=params, cache=False, concurrency=concurrency)
+            report["distilled"] = after.row()
+            ph.done("eval_distilled", t)
+
+            root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
+            if llmbar_limit and not (root / "LLMBar").is_dir():
+                report["llmbar_natural"] = {"skipped": f"no LLMBar data under {root}"}
+            elif llmbar_limit and ph.left() < 30:
+                report["llmbar_natural"] = {"skipped": f"{ph.left():.0f} s left of the budget"}
+            elif llmbar_limit:
+                t = time.perf_counter()
+                bar = {}
+                for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
+                    summary, _ = await asyncio.wait_for(
+                        evaluate(["llmbar-natural"], judge, params=params, limit=llmbar_limit, root=root,
+                                 concurrency=concurrency, progress=False, cache=False), max(5.0, ph.left() - 10))
+                    bar[label] = summary.iloc[0].to_dict()
+                report["llmbar_natural"] = bar
+                ph.done("llmbar", t)
     except BaseException as exc:  # the budget's end or a failure: keep and report what was measured
         report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         print(f"[distill-bench] stopped: {report['error']}", flush=True)
         if not isinstance(exc, Exception):
             raise
     finally:
+        report["seconds"] = time.perf_counter() - ph.start
+        write_report(out, report)  # before stopping the server, in case that is slow
         if server is not None:
             t = time.perf_counter()
             await server.close()
             ph.done("stop_server", t)
-        report["seconds"] = time.perf_counter() - ph.start
-        write_report(out, report)
+            report["seconds"] = time.perf_counter() - ph.start
+            write_report(out, report)
     return report
 
 
@@ -441,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--model-dir", default=VLLM_MODEL, help="SmolLM2-135M-Instruct folder (vLLM and the SFT)")
     g.add_argument("--judge-dir", type=Path, default=Path("/tmp/distill-bench/judge"), help="the adapter (not in --out)")
-    g.add_argument("--port", type=int, default=8011)
+    g.add_argument("--port", type=int, default=0, help="vLLM's port; 0: a free one")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     g.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (starts faster)")
     g.add_argument("--llmbar-limit", type=int, default=50, help="0 skips; skipped too when the data is absent")
