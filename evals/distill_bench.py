@@ -301,6 +301,7 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
                 raise RuntimeError("no graded groups with differing rewards to train or test on")
             train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
             report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
+            judge_params = {**params, "temperature": 0.0}  # greedy, as the local judge (vLLM's default is 1)
 
             t = time.perf_counter()
             config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
@@ -315,7 +316,7 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
                 if time.perf_counter() > sft_deadline:
                     raise OutOfTime
 
-            def sft() -> tuple:
+            def sft() -> None:
                 model, tokenizer, full_forward = load_student(student, config)
                 try:
                     train_sft(model, tokenizer, [SFTExample(e.messages, e.answer) for e in train_ex], config,
@@ -324,11 +325,11 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
                     pass
                 save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": "ART·E rubric",
                                                            "steps": len(history)})
-                return model
 
             async def before_eval():
                 b = time.perf_counter()
-                result = await agreement(before_judge, test_ex, params=params, cache=False, concurrency=concurrency)
+                result = await agreement(before_judge, test_ex, params=judge_params, cache=False,
+                                         concurrency=concurrency)
                 ph.done("eval_untrained", b)
                 return result
 
@@ -344,7 +345,7 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
                 after_judge = f"hosted_vllm/{SERVED}@1"
             else:
                 after_judge = f"local/{Path(judge_dir).resolve()}"
-            after = await agreement(after_judge, test_ex, params=params, cache=False, concurrency=concurrency)
+            after = await agreement(after_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
             report["distilled"] = after.row()
             ph.done("eval_distilled", t)
 
@@ -358,13 +359,14 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
                 bar = {}
                 for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
                     summary, _ = await asyncio.wait_for(
-                        evaluate(["llmbar-natural"], judge, params=params, limit=llmbar_limit, root=root,
+                        evaluate(["llmbar-natural"], judge, params=judge_params, limit=llmbar_limit, root=root,
                                  concurrency=concurrency, progress=False, cache=False), max(5.0, ph.left() - 10))
                     bar[label] = summary.iloc[0].to_dict()
                 report["llmbar_natural"] = bar
                 ph.done("llmbar", t)
     except BaseException as exc:  # the budget's end or a failure: keep and report what was measured
-        report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        report["error"] = ("cancelled (SIGTERM, or by the caller)" if isinstance(exc, asyncio.CancelledError)
+                           else f"{type(exc).__name__}: {exc}"[:2000])
         print(f"[distill-bench] stopped: {report['error']}", flush=True)
         if not isinstance(exc, Exception):
             raise
