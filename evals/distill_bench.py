@@ -15,10 +15,33 @@ default rubric (`trainer.distill.from_labels`: the rewards min-max scaled as the
         --student local/smollm2-135m-instruct --steps 400 --lr 2e-4 --llmbar-limit 200 --out evals/reports/distill
 
 `run` writes `report.json` (both agreements, the training history, the commands) and `README.md` (a table)
-under `--out`, and the judge under `--out/judge`. On a GPU the SFT runs in bf16 on CUDA; the judge itself is
-measured through `local/<folder>` (transformers on the CPU, constrained JSON), as `ruler distill` does, so a
-prompt longer than the student's context (SmolLM2: 8192 tokens) counts as "no valid answer". Checked on a CPU
-at tiny size (`run` with 2 steps on a synthetic file, LLMBar limit 2); `sample` and the full run are not run yet.
+under `--out`, and the judge under `--out/judge`; it measures the judge through `local/<folder>`
+(transformers, constrained JSON, one generation at a time: slow on a CPU), so a prompt longer than the
+student's context (SmolLM2: 8192 tokens) counts as "no valid answer".
+
+`gpu` does it all in one process under a wall-clock budget, for one GPU:
+
+    # data: the inbox DB and scenarios (train and test split by inbox) in one folder
+    python -m evals.distill_bench gpu --data .gpudata/distill --out runs/distill-gpu --budget-s 400 \\
+        --llmbar-root .gpudata/distill/judge-meta
+    # the same plumbing on a CPU at tiny size (the embedded model in process instead of vLLM)
+    python -m evals.distill_bench gpu --data .gpudata/distill --out /tmp/dry --budget-s 1400 --dry-run
+
+1. serve: vLLM's OpenAI server for `--model-dir` (SmolLM2-135M-Instruct) as `smollm2`, LoRA enabled with
+   runtime loading, started and health-checked by `trainer.vllm_server.ServerProcess`, its log in `--out`;
+2. sample: train and test groups at once (`--concurrency` rollouts in flight each), the agent in `text`
+   tool mode (SmolLM2 makes no native tool calls: one JSON tool call per turn, constrained by vLLM's
+   structured output); no group starts after 40% of the budget;
+3. the untrained student (the served base model) is measured on the test groups while the SFT (bf16 on
+   CUDA, `trainer.sft`) trains; the SFT stops at `--steps` or 60 s before the budget ends (40 s without
+   LLMBar), and the adapter is saved to `--judge-dir` (under /tmp, not `--out`);
+4. the adapter is loaded into the running server (`/v1/load_lora_adapter`, as `smollm2@1`) and measured
+   on the same test groups; LLMBar Natural (`--llmbar-limit` pairs, both judges) if `--llmbar-root` holds
+   `LLMBar/` and 30 s are left; then the server stops.
+
+Every phase prints its seconds; `--out` gets `train.jsonl`, `test.jsonl`, `report.json`, `README.md` and
+`vllm-server.log`, written whatever happened (an error is recorded in the report, exit status 1).
+Checked on a CPU with `--dry-run` only; vLLM itself was not available where this was written.
 """
 
 from __future__ import annotations
@@ -28,6 +51,7 @@ import asyncio
 import json
 import random
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -39,9 +63,17 @@ def _policy(spec: str) -> tuple[str, dict]:
 
 
 async def sample_groups(*, policy: str, db: Path, scenarios: Path, split: str, groups: int, group_size: int,
-                        max_turns: int, temperature: float, seed: int, out: Path, concurrency: int = 8) -> dict:
-    """Roll out `group_size` times on each of up to `groups` scenarios of `split`, grade every rollout with
-    ART's rubric, and save the groups whose rewards differ as TrajectoryGroup JSONL rows (one group a line)."""
+                        max_turns: int, temperature: float, seed: int, out: Path, concurrency: int = 8,
+                        params: dict | None = None, tool_mode: str = "auto", deadline: float | None = None,
+                        grace_s: float = 30.0) -> dict:
+    """Roll out `group_size` times on each of up to `groups` scenarios of `split` (all groups at once, at most
+    `concurrency` rollouts in flight), grade every rollout with ART's rubric, and save the groups whose rewards
+    differ as TrajectoryGroup JSONL rows (one group a line, written as each group finishes).
+
+    `params` are extra litellm parameters of the policy (e.g. `api_base`). With `deadline` (a
+    `time.perf_counter()` value) no group starts after it, and groups still running `grace_s` later are
+    cancelled; a group with a rollout that raised (the endpoint refused it, e.g. a context over the server's
+    limit) is dropped and counted."""
     from evals.art_e.agent import run_agent
     from evals.art_e.questions import load_scenarios
     from evals.art_e.rewards import grade
@@ -49,32 +81,54 @@ async def sample_groups(*, policy: str, db: Path, scenarios: Path, split: str, g
 
     if groups < 1 or group_size < 2:
         raise ValueError("need groups >= 1 and group_size >= 2")
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
     found = load_scenarios(scenarios, split=split)
     if not found:
         raise ValueError(f"{scenarios}: no scenarios of split {split!r}")
     chosen = random.Random(seed).sample(found, min(groups, len(found)))
-    model, params = _policy(policy)
-    params = {**params, "temperature": temperature}
+    model, spec_params = _policy(policy)
+    params = {**spec_params, **(params or {}), "temperature": temperature}
     sem = asyncio.Semaphore(concurrency)
+    counts = {"groups": 0, "skipped_equal_rewards": 0, "failed": 0, "not_started": 0, "cancelled": 0}
+    errors: list[str] = []
 
     async def rollout(sc, k):
         async with sem:
-            t = await run_agent(sc, db, model, params={**params, "seed": seed * 1000 + k}, max_turns=max_turns)
+            t = await run_agent(sc, db, model, params={**params, "seed": seed * 1000 + k}, max_turns=max_turns,
+                                tool_mode=tool_mode)
             await grade(t, sc, max_turns=max_turns)
             return t
 
-    kept = uniform = 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
-        for sc in chosen:
-            trajs = await asyncio.gather(*(rollout(sc, k) for k in range(group_size)))
+    with open(out, "w", encoding="utf-8") as f:  # noqa: ASYNC230 - small appends between awaits
+        async def group(sc):
+            if deadline is not None and time.perf_counter() > deadline:
+                counts["not_started"] += 1
+                return
+            try:
+                trajs = await asyncio.gather(*(rollout(sc, k) for k in range(group_size)))
+            except Exception as exc:  # noqa: BLE001 - one refused rollout drops its group, not the run
+                counts["failed"] += 1
+                errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+                return
             if len({t.reward for t in trajs}) < 2:
-                uniform += 1
-                continue
+                counts["skipped_equal_rewards"] += 1
+                return
             g = TrajectoryGroup(trajs, metadata={"scenario": sc.id, "inbox": sc.inbox_address, "split": split})
             f.write(g.model_dump_json() + "\n")
-            kept += 1
-    return {"groups": kept, "skipped_equal_rewards": uniform, "scenarios": len(chosen), "out": str(out)}
+            f.flush()
+            counts["groups"] += 1
+
+        tasks = [asyncio.ensure_future(group(sc)) for sc in chosen]
+        timeout = None if deadline is None else max(0.0, deadline + grace_s - time.perf_counter())
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        counts["cancelled"] = len(pending)
+    return {**counts, "scenarios": len(chosen), "out": str(out), "errors": errors[:5]}
 
 
 async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: float, batch_size: int, seed: int,
@@ -121,21 +175,235 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
         base_summary, _ = await evaluate(["llmbar-natural"], before_judge, limit=llmbar_limit,
                                          root=llmbar_root or DEFAULT_ROOT, progress=False, cache=False)
         report["llmbar_natural"] = {"distilled": summary.iloc[0].to_dict(), "untrained": base_summary.iloc[0].to_dict()}
+    write_report(out, report)
+    return report
+
+
+VLLM_MODEL = "/tmp/models/SmolLM2-135M-Instruct"
+SERVED = "smollm2"
+
+
+class _Phases:
+    """Seconds per phase, printed as each ends, against one wall-clock budget."""
+
+    def __init__(self, budget_s: float):
+        self.start = time.perf_counter()
+        self.budget_s = budget_s
+        self.seconds: dict[str, float] = {}
+
+    def left(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.start)
+
+    def at(self, seconds_from_start: float) -> float:
+        return self.start + seconds_from_start
+
+    def done(self, name: str, since: float) -> None:
+        self.seconds[name] = time.perf_counter() - since
+        print(f"[distill-bench] {name}: {self.seconds[name]:.1f} s (elapsed {time.perf_counter() - self.start:.1f} "
+              f"of {self.budget_s:.0f} s)", flush=True)
+
+
+def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_memory_utilization: float,
+                 startup_timeout_s: float, enforce_eager: bool):
+    """vLLM's OpenAI server for `model_dir` served as `smollm2`, with runtime LoRA loading on (the distilled
+    adapter is loaded into the same server as `smollm2@1`); `trainer.vllm_server.ServerProcess` starts it,
+    waits for /health, loads adapters and stops it."""
+    from trainer.config import EngineConfig
+    from trainer.vllm_server import ServerProcess, lora_serving_rank
+
+    class DistillVLLM(ServerProcess):
+        name = "vllm"
+
+        def command(self) -> list[str]:
+            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                    "--served-model-name", SERVED, "--host", self.host, "--port", str(self.port),
+                    "--gpu-memory-utilization", str(gpu_memory_utilization), "--max-model-len", "8192",
+                    "--enable-lora", "--max-lora-rank", str(lora_serving_rank(lora_rank)), "--max-loras", "1",
+                    "--generation-config", "vllm", "--disable-uvicorn-access-log"]
+            return argv + (["--enforce-eager"] if enforce_eager else [])
+
+        def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+            return {**super().environment(base), "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+    config = EngineConfig(startup_timeout_s=max(1.0, startup_timeout_s), server_timeout_s=300)
+    return DistillVLLM(config, served_name=SERVED, log_dir=log_dir, port=port or None)
+
+
+async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_groups: int = 160, test_groups: int = 60,
+                    group_size: int = 4, max_turns: int = 4, temperature: float = 1.0, concurrency: int = 64,
+                    steps: int = 200, lr: float = 2e-4, batch_size: int = 8, seed: int = 0,
+                    model_dir: str = VLLM_MODEL, judge_dir: Path = Path("/tmp/distill-bench/judge"),
+                    port: int = 0, gpu_memory_utilization: float = 0.3, enforce_eager: bool = False,
+                    llmbar_limit: int = 50, llmbar_root: Path | None = None, dry_run: bool = False) -> dict:
+    """The whole measurement in one process under `budget_s` seconds of wall clock: serve the policy (vLLM;
+    `dry_run`: the embedded model in process on the CPU), sample train and test groups from `data`
+    (`inbox.db`, `scenarios.jsonl`), measure the untrained student while the SFT runs, load the distilled
+    adapter into the same server and measure it, LLMBar Natural if its data is there and time is left.
+
+    Each phase stops early rather than overrun (sampling by about 40% of the budget, SFT 60 s before the end)
+    and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase."""
+    from evals.distill import labelled_groups
+    from evals.judge_meta import DEFAULT_ROOT, evaluate, load_user_dataset
+    from judges import DEFAULT_RUBRIC
+    from trainer.distill import agreement, from_labels
+    from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
+
+    db, scenarios = Path(data) / "inbox.db", Path(data) / "scenarios.jsonl"
+    for path in (db, scenarios):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: --data must hold inbox.db and scenarios.jsonl")
+    if budget_s < 30:
+        raise ValueError("budget_s must be >= 30")
+    if min(train_groups, test_groups, steps, batch_size, concurrency) < 1 or group_size < 2:
+        raise ValueError("need train/test groups, steps, batch size, concurrency >= 1 and group_size >= 2")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ph = _Phases(budget_s)
+    report: dict = {"command": "python -m evals.distill_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                    "dry_run": dry_run, "budget_s": budget_s, "phases": ph.seconds}
+    server = None
+    try:
+        try:  # a SIGTERM (a wall-clock limit outside) cancels this task: what was measured is still written
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+        except (NotImplementedError, RuntimeError):
+            pass
+        async with asyncio.timeout(ph.left()):
+            t = time.perf_counter()
+            if dry_run:
+                policy, params = "local/smollm2-135m-instruct", {}
+                student, before_judge = "local/smollm2-135m-instruct", "local/smollm2-135m-instruct"
+            else:
+                server = _vllm_server(model_dir, out, port, SFTConfig().lora.rank, gpu_memory_utilization,
+                                      ph.left() - 120, enforce_eager)
+                await server.start()
+                policy, params = f"hosted_vllm/{SERVED}", {"api_base": server.base_url}
+                student, before_judge = model_dir, f"hosted_vllm/{SERVED}"
+            report["policy"] = policy
+            ph.done("serve", t)
+
+            t = time.perf_counter()
+            deadline = ph.at(budget_s * 0.4)
+            common = {"policy": policy, "db": db, "scenarios": scenarios, "group_size": group_size,
+                      "max_turns": max_turns, "temperature": temperature, "seed": seed, "concurrency": concurrency,
+                      "params": params, "tool_mode": "text", "deadline": deadline, "grace_s": 20.0}
+            tr, te = await asyncio.gather(
+                sample_groups(split="train", groups=train_groups, out=out / "train.jsonl", **common),
+                sample_groups(split="test", groups=test_groups, out=out / "test.jsonl", **common))
+            report["sample"] = {"train": tr, "test": te}
+            print(f"[distill-bench] sampled: {json.dumps(report['sample'])[:1500]}", flush=True)
+            ph.done("sample", t)
+
+            def examples(path: Path):
+                pairs, groups, _, _ = load_user_dataset(path)
+                return from_labels(labelled_groups([*pairs, *groups]), DEFAULT_RUBRIC, seed=seed)
+
+            if not tr["groups"] or not te["groups"]:
+                raise RuntimeError("no graded groups with differing rewards to train or test on")
+            train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
+            report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
+            judge_params = {**params, "temperature": 0.0}  # greedy, as the local judge (vLLM's default is 1)
+
+            t = time.perf_counter()
+            config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
+            sft_deadline = ph.at(budget_s - (60 if llmbar_limit else 40))
+            history: list[dict] = []
+
+            class OutOfTime(Exception):
+                pass
+
+            def on_step(row: dict) -> None:
+                history.append(row)
+                if time.perf_counter() > sft_deadline:
+                    raise OutOfTime
+
+            def sft() -> None:
+                model, tokenizer, full_forward = load_student(student, config)
+                try:
+                    train_sft(model, tokenizer, [SFTExample(e.messages, e.answer) for e in train_ex], config,
+                              full_forward=full_forward, on_step=on_step)
+                except OutOfTime:
+                    pass
+                save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": "ART·E rubric",
+                                                           "steps": len(history)})
+
+            async def before_eval():
+                b = time.perf_counter()
+                result = await agreement(before_judge, test_ex, params=judge_params, cache=False,
+                                         concurrency=concurrency)
+                ph.done("eval_untrained", b)
+                return result
+
+            # the untrained student is measured while the SFT trains (both on the GPU; the server's is capped)
+            before, _ = await asyncio.gather(before_eval(), asyncio.to_thread(sft))
+            report["untrained"] = before.row()
+            report.update(history=history, sft_steps=len(history), sft_steps_asked=steps)
+            ph.done("sft_and_eval_untrained", t)
+
+            t = time.perf_counter()
+            if server is not None:
+                await server.load_adapter(1, judge_dir)
+                after_judge = f"hosted_vllm/{SERVED}@1"
+            else:
+                after_judge = f"local/{Path(judge_dir).resolve()}"
+            after = await agreement(after_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
+            report["distilled"] = after.row()
+            ph.done("eval_distilled", t)
+
+            root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
+            if llmbar_limit and not (root / "LLMBar").is_dir():
+                report["llmbar_natural"] = {"skipped": f"no LLMBar data under {root}"}
+            elif llmbar_limit and ph.left() < 30:
+                report["llmbar_natural"] = {"skipped": f"{ph.left():.0f} s left of the budget"}
+            elif llmbar_limit:
+                t = time.perf_counter()
+                bar = {}
+                for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
+                    summary, _ = await asyncio.wait_for(
+                        evaluate(["llmbar-natural"], judge, params=judge_params, limit=llmbar_limit, root=root,
+                                 concurrency=concurrency, progress=False, cache=False), max(5.0, ph.left() - 10))
+                    bar[label] = summary.iloc[0].to_dict()
+                report["llmbar_natural"] = bar
+                ph.done("llmbar", t)
+    except BaseException as exc:  # the budget's end or a failure: keep and report what was measured
+        report["error"] = ("cancelled (SIGTERM, or by the caller)" if isinstance(exc, asyncio.CancelledError)
+                           else f"{type(exc).__name__}: {exc}"[:2000])
+        print(f"[distill-bench] stopped: {report['error']}", flush=True)
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        report["seconds"] = time.perf_counter() - ph.start
+        write_report(out, report)  # before stopping the server, in case that is slow
+        if server is not None:
+            t = time.perf_counter()
+            await server.close()
+            ph.done("stop_server", t)
+            report["seconds"] = time.perf_counter() - ph.start
+            write_report(out, report)
+    return report
+
+
+def write_report(out: Path, report: dict) -> None:
+    """`report.json` and a README table under `out`; rows for the judges measured so far (a run stopped early
+    by its budget or an error still writes what it has)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    lines = ["# Distilled judge vs the ART·E rubric", "", f"Rerun: `{report['command']}`", "",
+    lines = ["# Distilled judge vs the ART·E rubric", "", f"Rerun: `{report.get('command', '')}`", "",
              "| student | pairwise accuracy | Kendall tau | ties | pairs | no valid answer |",
              "|---|---|---|---|---|---|"]
     for label in ("untrained", "distilled"):
-        r = report[label]
-        lines.append(f"| {label} | {r['pairwise_accuracy']:.3f} | {r['kendall_tau']:.3f} | {r['ties']:.3f} | "
-                     f"{r['pairs']} | {r['errors']} |")
-    if "llmbar_natural" in report:
-        lines += ["", "LLMBar Natural accuracy: untrained "
-                  f"{report['llmbar_natural']['untrained']['accuracy']:.3f}, distilled "
-                  f"{report['llmbar_natural']['distilled']['accuracy']:.3f}"]
+        r = report.get(label)
+        if r:
+            lines.append(f"| {label} | {r['pairwise_accuracy']:.3f} | {r['kendall_tau']:.3f} | {r['ties']:.3f} | "
+                         f"{r['pairs']} | {r['errors']} |")
+    bar = report.get("llmbar_natural") or {}
+    if "distilled" in bar and "untrained" in bar:
+        lines += ["", ("LLMBar Natural accuracy: untrained "
+                  f"{bar['untrained']['accuracy']:.3f}, distilled {bar['distilled']['accuracy']:.3f}")]
+    if report.get("phases"):
+        lines += ["", "Seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in report["phases"].items())]
+    if report.get("error"):
+        lines += ["", f"Stopped by an error: `{report['error']}`"]
     (out / "README.md").write_text("\n".join(lines) + "\n")
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +434,47 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--llmbar-root", type=Path, default=None)
     r.add_argument("--max-seq-length", type=int, default=8192, help="longer prompts are skipped in training")
     r.add_argument("--out", type=Path, default=Path("evals/reports/distill"))
+    g = sub.add_parser("gpu", help="Everything in one command under a time budget: serve SmolLM2 with vLLM, sample, "
+                                   "distil, measure before and after.")
+    g.add_argument("--data", type=Path, required=True, help="folder with inbox.db and scenarios.jsonl")
+    g.add_argument("--out", type=Path, required=True, help="report.json, README.md, train/test JSONL, vLLM's log")
+    g.add_argument("--budget-s", type=float, default=400)
+    g.add_argument("--train-groups", type=int, default=160)
+    g.add_argument("--test-groups", type=int, default=60)
+    g.add_argument("--group-size", type=int, default=4)
+    g.add_argument("--max-turns", type=int, default=4, help="4 keeps most RULER prompts of 4 rollouts under 8192 tokens")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--concurrency", type=int, default=64)
+    g.add_argument("--steps", type=int, default=200, help="at most; the SFT stops earlier when the budget says")
+    g.add_argument("--lr", type=float, default=2e-4)
+    g.add_argument("--batch-size", type=int, default=8)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--model-dir", default=VLLM_MODEL, help="SmolLM2-135M-Instruct folder (vLLM and the SFT)")
+    g.add_argument("--judge-dir", type=Path, default=Path("/tmp/distill-bench/judge"), help="the adapter (not in --out)")
+    g.add_argument("--port", type=int, default=0, help="vLLM's port; 0: a free one")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    g.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (starts faster)")
+    g.add_argument("--llmbar-limit", type=int, default=50, help="0 skips; skipped too when the data is absent")
+    g.add_argument("--llmbar-root", type=Path, default=None, help="judge-meta data root (holds LLMBar/)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="CPU plumbing check: the embedded model in process instead of vLLM, tiny sizes")
     a = p.parse_args(argv)
+    if a.cmd == "gpu":
+        sizes = {"train_groups": a.train_groups, "test_groups": a.test_groups, "group_size": a.group_size,
+                     "max_turns": a.max_turns, "steps": a.steps, "batch_size": a.batch_size, "llmbar_limit": a.llmbar_limit}
+        if a.dry_run:
+            sizes = {"train_groups": 4, "test_groups": 4, "group_size": 4, "max_turns": 2, "steps": 2, "batch_size": 2,
+                         "llmbar_limit": min(a.llmbar_limit, 2)}
+        report = asyncio.run(gpu_bench(data=a.data, out=a.out, budget_s=a.budget_s, temperature=a.temperature,
+                                       concurrency=a.concurrency, lr=a.lr, seed=a.seed, model_dir=a.model_dir,
+                                       judge_dir=a.judge_dir, port=a.port,
+                                       gpu_memory_utilization=a.gpu_memory_utilization,
+                                       enforce_eager=a.enforce_eager, llmbar_root=a.llmbar_root,
+                                       dry_run=a.dry_run, **sizes))
+        print(json.dumps({k: report.get(k) for k in ("sample", "train_prompts", "test_prompts", "sft_steps",
+                                                      "untrained", "distilled", "llmbar_natural", "phases",
+                                                      "seconds", "error")}, default=str))
+        return 1 if report.get("error") else 0
     if a.cmd == "sample":
         result = asyncio.run(sample_groups(policy=a.policy, db=a.db, scenarios=a.scenarios, split=a.split,
                                            groups=a.groups, group_size=a.group_size, max_turns=a.max_turns,

@@ -1,0 +1,72 @@
+"""evals.distill_bench's sampling and report plumbing, against the scripted judge server on loopback."""
+
+import json
+import time
+
+import pytest
+
+from evals.art_e.questions import Scenario, save_scenarios
+from evals.art_e.tools import InboxTools
+from evals.distill_bench import gpu_bench, sample_groups, write_report
+
+SALLY = "sally.beck@enron.com"
+
+
+@pytest.fixture
+def scenario_file(inbox_db, tmp_path):
+    tools = InboxTools(inbox_db[0], SALLY, "2001-12-31")
+    hit = tools.search_emails(["budget", "review"])[0]["message_id"]
+    sender = tools.read_email(hit)["from_address"]
+    tools.close()
+    sc = Scenario(id="s1", question="Who sent the budget review?", answer=sender, message_ids=[hit],
+                  inbox_address=SALLY, query_date="2001-12-31", how_realistic=0.5, split="train")
+    return save_scenarios([sc], tmp_path / "scenarios.jsonl"), sc
+
+
+def _text_answer(answer: str, source: str) -> dict:
+    return {"content": json.dumps({"tool_name": "return_final_answer",
+                                   "tool_args": {"answer": answer, "sources": [source]}})}
+
+
+async def test_sample_groups_text_mode_keeps_a_group_whose_rewards_differ(judge, inbox_db, scenario_file, tmp_path):
+    path, sc = scenario_file
+    judge.script = [_text_answer(sc.answer, sc.message_ids[0]), _text_answer("I don't know", sc.message_ids[0])]
+    out = tmp_path / "train.jsonl"
+    got = await sample_groups(policy="openai/scripted", params={"api_base": judge.base, "api_key": "sk-test"},
+                              db=inbox_db[0], scenarios=path, split="train", groups=1, group_size=2, max_turns=3,
+                              temperature=1.0, seed=0, out=out, concurrency=1, tool_mode="text")
+    assert got["groups"] == 1 and got["failed"] == 0
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["metadata"] == {"scenario": "s1", "inbox": SALLY, "split": "train"}
+    rewards = sorted(t["reward"] for t in row["trajectories"])
+    assert rewards[0] < rewards[1] and rewards[1] > 1.0  # the right answer, cited, beats "I don't know"
+    assert "response_format" in judge.requests[0] and "tools" not in judge.requests[0]
+
+
+async def test_sample_groups_drops_a_refused_group_and_starts_none_after_the_deadline(judge, inbox_db, scenario_file,
+                                                                                     tmp_path):
+    path, _sc = scenario_file
+    judge.script = ["400", "400"]
+    common = {"policy": "openai/scripted", "params": {"api_base": judge.base, "api_key": "sk-test"}, "db": inbox_db[0],
+                  "scenarios": path, "split": "train", "groups": 1, "group_size": 2, "max_turns": 3, "temperature": 1.0, "seed": 0,
+                  "concurrency": 1, "tool_mode": "text"}
+    got = await sample_groups(out=tmp_path / "a.jsonl", **common)
+    assert (got["groups"], got["failed"]) == (0, 1) and got["errors"]
+    assert (tmp_path / "a.jsonl").read_text() == ""
+    judge.reset()
+    got = await sample_groups(out=tmp_path / "b.jsonl", deadline=time.perf_counter() - 1, **common)
+    assert (got["groups"], got["not_started"]) == (0, 1) and judge.requests == []
+
+
+def test_write_report_keeps_what_was_measured(tmp_path):
+    row = {"pairwise_accuracy": 0.5, "kendall_tau": 0.25, "ties": 0.125, "pairs": 8, "errors": 1}
+    write_report(tmp_path, {"command": "x", "untrained": row, "phases": {"serve": 1.0}, "error": "TimeoutError: t"})
+    readme = (tmp_path / "README.md").read_text()
+    assert "| untrained | 0.500 | 0.250 | 0.125 | 8 | 1 |" in readme and "| distilled |" not in readme
+    assert "serve 1.0" in readme and "TimeoutError" in readme
+    assert json.loads((tmp_path / "report.json").read_text())["untrained"] == row
+
+
+async def test_gpu_bench_refuses_a_data_folder_without_the_inbox(tmp_path):
+    with pytest.raises(FileNotFoundError, match="inbox.db"):
+        await gpu_bench(data=tmp_path, out=tmp_path / "out", dry_run=True)
