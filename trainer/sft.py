@@ -195,17 +195,17 @@ def train_sft(model, tokenizer, examples: list[SFTExample], config: SFTConfig, *
     return history
 
 
-def save_adapter(model, tokenizer, out: str | os.PathLike, meta: dict | None = None) -> Path:
-    """Write the adapter, the tokenizer and `meta` (as `ruler_judge.json`) to the folder `out`, replacing
-    it whole (written beside it, then renamed): a folder `local/<out>` loads as a judge."""
+def _replace_folder(out: str | os.PathLike, fill, meta: dict | None) -> Path:
+    """Write the folder `out` whole: `fill(tmp)` and `meta` (as `ruler_judge.json`) into a folder beside it, then
+    renamed into place (an `out` already there is replaced)."""
     from judges.embedded import JUDGE_META
 
     out = Path(out).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
+    tmp.mkdir()
+    fill(tmp)
     (tmp / JUDGE_META).write_text(json.dumps(meta or {}, indent=1, default=str))
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
@@ -213,3 +213,35 @@ def save_adapter(model, tokenizer, out: str | os.PathLike, meta: dict | None = N
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def save_adapter(model, tokenizer, out: str | os.PathLike, meta: dict | None = None) -> Path:
+    """Write the adapter, the tokenizer and `meta` (as `ruler_judge.json`) to the folder `out`, replacing
+    it whole (written beside it, then renamed): a folder `local/<out>` loads as a judge."""
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+
+    return _replace_folder(out, fill, meta)
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def save_checkpoint_as_judge(checkpoint: str | os.PathLike, tokenizer, out: str | os.PathLike,
+                             meta: dict | None = None) -> Path:
+    """A trainer checkpoint folder (`trainer.checkpoints`, a plain peft adapter) as the judge folder `out`: its
+    adapter files, the tokenizer and `meta`, replacing `out` whole as `save_adapter` does (the optimizer
+    state is left out)."""
+    src = Path(checkpoint).expanduser()
+    missing = [f for f in ADAPTER_FILES if not (src / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{src} is not an adapter checkpoint: {', '.join(missing)} missing")
+
+    def fill(tmp: Path) -> None:
+        for f in ADAPTER_FILES:
+            shutil.copy2(src / f, tmp / f)
+        tokenizer.save_pretrained(str(tmp))
+
+    return _replace_folder(out, fill, meta)
