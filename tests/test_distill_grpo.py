@@ -162,3 +162,32 @@ def test_grpo_steps_on_the_cpu_train_the_lora_and_write_a_judge(tmp_path):
     assert meta["method"] == "grpo" and meta["group_size"] == 4 and meta["grpo_trained_steps"] >= 1
     after = result["distilled"]
     assert after["judge"] == f"local/{out}" and after["prompts"] == 1 and after["errors"] == 0
+
+
+@pytest.mark.slow
+def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path):
+    """`sft+grpo`: the SFT adapter is the GRPO run's step 1, so GRPO's first step is step 2 and trains on it."""
+    from safetensors.torch import load_file
+
+    from evals.distill import run_distill
+    from tests.test_distill import synthetic_dataset
+
+    data = synthetic_dataset(tmp_path / "synth.jsonl", n_groups=6)
+    out = tmp_path / "sft-grpo-judge"
+    result = asyncio.run(run_distill(
+        teacher=None, since=None, until=None, cache=tmp_path / "cache", datasets=[data],
+        student="local/smollm2-135m-instruct", steps=1, lr=1e-3, out=out, rubric=RUBRIC, holdout=0.2, seed=0,
+        batch_size=2, max_eval=1, method="sft+grpo", grpo_steps=2, group_size=4, print_fn=lambda *a, **k: None))
+    sft_rows, grpo_rows = result["history"][:1], result["history"][1:]
+    assert "loss" in sft_rows[0] and "trained_tokens" in sft_rows[0] and len(grpo_rows) == 2
+    trained = [r["step"] for r in grpo_rows if r["trained"]]
+    assert trained and trained[0] == 2, grpo_rows  # step 1 is the SFT adapter
+    run = out.parent / f"{out.name}.grpo" / "grpo" / "student" / "checkpoints"
+    state = json.loads((run / "0001" / "trainer_state.json").read_text())
+    assert state["sft_steps"] == 1
+    sft = load_file(str(run / "0001" / "adapter_model.safetensors"))
+    final = load_file(str(out / "adapter_model.safetensors"))
+    assert any(float(t.abs().max()) > 0 for k, t in sft.items() if "lora_B" in k)  # SFT moved it
+    assert set(sft) == set(final) and any(not (sft[k] == final[k]).all() for k in sft)  # and GRPO moved it on
+    assert json.loads((out / "ruler_judge.json").read_text())["method"] == "sft+grpo"
+    assert result["distilled"]["errors"] == 0
