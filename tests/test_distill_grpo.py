@@ -191,3 +191,54 @@ def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path):
     assert set(sft) == set(final) and any(not (sft[k] == final[k]).all() for k in sft)  # and GRPO moved it on
     assert json.loads((out / "ruler_judge.json").read_text())["method"] == "sft+grpo"
     assert result["distilled"]["errors"] == 0
+
+
+@pytest.mark.slow
+async def test_cpu_server_answers_under_a_response_format_schema():
+    """The CPU server's `response_format` (what GRPO samples RULER answers under): the answer matches the
+    schema by constrained decoding; what it cannot honour is a 400 that never reaches the engine."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from judges.embedded import embedded_model_path
+    from ruler.prompt import response_schema
+    from trainer.engine_transformers import TransformersEngine
+    from trainer.sequences import end_of_turn_ids
+    from trainer.server import BackgroundServer, Served, create_server_app
+
+    path = embedded_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ends = end_of_turn_ids(tokenizer, hf.generation_config)
+    served = Served("judge", TransformersEngine(hf, tokenizer, stop_token_ids=ends), tokenizer, 1024, end_of_turn=ends)
+    server = BackgroundServer(create_server_app({"judge": served}), "127.0.0.1")
+    await server.start()
+    ex = _example()
+    schema = response_schema(ex.ids, max_explanation_chars=20)
+
+    async def ask(http, **extra):
+        body = {"model": "judge", "messages": ex.messages, "max_tokens": 120, "temperature": 1.0, "seed": 3, **extra}
+        return await http.post("/chat/completions", json=body)
+
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as http:
+            r = await ask(http, n=2, response_format={"type": "json_schema",
+                                                      "json_schema": {"name": "s", "schema": schema}})
+            assert r.status_code == 200, r.text
+            for choice in r.json()["choices"]:
+                text = choice["message"]["content"]
+                assert answer_scores(text, ex.ids) is not None, text
+                assert [e["trajectory_id"] for e in json.loads(text)["scores"]] == ["1", "2", "3"]
+                assert len(choice["token_ids"]) == len(choice["token_logprobs"]) > 0  # trainable as served
+            r = await ask(http, response_format={"type": "json_object"}, max_tokens=40)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{")
+            for fmt, why in (({"type": "yaml"}, "type must be text, json_object or json_schema"),
+                             ({"type": "json_schema"}, "needs {'json_schema': {'schema'"),
+                             ({"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}},
+                              "not a usable JSON schema")):
+                r = await ask(http, response_format=fmt)
+                assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+            assert (await ask(http, response_format={"type": "text"}, max_tokens=4)).status_code == 200
+    finally:
+        await server.stop()
