@@ -196,9 +196,9 @@ async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_conf
     run's step 1, when given), then the last checkpoint written to `out` as a judge folder."""
     import shutil
 
-    import trainer.checkpoints as ckpt
     from transformers import AutoTokenizer
 
+    import trainer.checkpoints as ckpt
     from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
     from trainer.backend import resolve_base_model
     from trainer.distill import train_grpo

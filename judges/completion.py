@@ -84,17 +84,17 @@ def json_list(text: str | None, key: str) -> list:
     if not isinstance(key, str) or not key:
         raise TypeError(f"key must be a non-empty string, got {key!r}")
     if not isinstance(text, str):
-        raise ValueError(f"the answer is not text (got {type(text).__name__})")
+        raise ValueError(f"the answer is not text (got {type(text).__name__})")  # noqa: TRY004 (a bad answer)
     try:
         obj = json.loads(text)
     except ValueError:
         raise ValueError(f"the answer is not JSON (it began: {text.strip()[:80]!r})") from None
     if not isinstance(obj, dict):
-        raise ValueError(f"the answer is JSON but not an object (a {type(obj).__name__})")
+        raise ValueError(f"the answer is JSON but not an object (a {type(obj).__name__})")  # noqa: TRY004
     if key not in obj:
         raise ValueError(f"the answer has no {key!r} field (fields: {sorted(obj)[:10]})")
     if not isinstance(obj[key], list):
-        raise ValueError(f"the answer's {key!r} is not a list (a {type(obj[key]).__name__})")
+        raise ValueError(f"the answer's {key!r} is not a list (a {type(obj[key]).__name__})")  # noqa: TRY004
     return obj[key]
 
 

@@ -153,7 +153,7 @@ def test_grpo_steps_on_the_cpu_train_the_lora_and_write_a_judge(tmp_path):
         assert row["trained"] == any(abs(a) > 1e-6 for a in advantages), row
     logged = load_run_log(out.parent / f"{out.name}.grpo" / "grpo" / "student")
     assert list(logged["trained"]) == [r["trained"] for r in history]
-    assert (logged[logged["trained"] == True]["trained_trajectories"] > 0).all()  # noqa: E712
+    assert (logged[logged["trained"] == True]["trained_trajectories"] > 0).all()
     # the LoRA moved: peft starts every lora_B at zero
     weights = load_file(str(out / "adapter_model.safetensors"))
     lora_b = [t for k, t in weights.items() if "lora_B" in k]
