@@ -2,6 +2,7 @@
 
     ruler distill --teacher openai/o3 --since 2026-11-01 --out judges/my-judge          # the cache's o3 answers
     ruler distill --dataset labels.jsonl --steps 200 --out judges/my-judge              # your labelled groups
+    ruler distill --dataset labels.jsonl --method grpo --group-size 4 --out judges/my-judge   # GRPO instead
     ruler score group.jsonl --judge local/judges/my-judge                               # use it as any judge
 
 Teacher data: `--teacher` selects one judge model's judgments from the cache (`--cache`, default the
@@ -9,7 +10,10 @@ judge cache; `--since`/`--until` bound the date they were stored), `--dataset` a
 groups in the formats of `ruler eval judge --dataset` (`evals.judge_meta.load_user_dataset`), rendered as
 RULER prompts with `--rubric`. A seeded share of the groups (`--holdout`) is held out. The student
 (`--student`, default the embedded SmolLM2-135M) gets a LoRA adapter trained by SFT on the teacher's answers
-(`trainer.sft`), written to `--out` as a judge folder (`local/<out>`). The command ends with the student's
+(`trainer.sft`; `--method sft`, the default), by GRPO rewarded by agreement with the teacher's scores
+(`trainer.distill.train_grpo`; `--method grpo`: the student, served by `--engine`, samples `--group-size`
+answers per prompt under RULER's answer schema), or by SFT then GRPO (`--method sft+grpo`), written to `--out`
+as a judge folder (`local/<out>`). The command ends with the student's
 agreement with the teacher on the held-out prompts next to the untrained student's.
 
 `ruler.cli` loads `app` by name when the command runs (`ruler.cli.PLUGIN_COMMANDS`); it needs the `train`
@@ -83,18 +87,41 @@ def untrained_judge(student: str) -> str:
     return ""
 
 
+METHODS = ("sft", "grpo", "sft+grpo")
+ENGINES = ("auto", "transformers", "vllm")
+
+
 async def run_distill(*, teacher: str | None, since: datetime | None, until: datetime | None, cache: Path | None,
                       datasets: list[Path], student: str, steps: int, lr: float, out: Path,
                       rubric: str = DEFAULT_RUBRIC,
                       holdout: float = 0.2, seed: int = 0, batch_size: int = 4, orderings: int = 1,
-                      max_eval: int | None = None, print_fn=console.print) -> dict:
+                      max_eval: int | None = None, method: str = "sft", group_size: int = 4,
+                      grpo_steps: int | None = None, grpo_lr: float | None = None, engine: str = "transformers",
+                      valid_bonus: float = 0.0, print_fn=console.print) -> dict:
     """Gather teacher data, split it by group, measure the untrained student, train, save, measure the trained
-    student. Returns {"train", "heldout", "untrained", "distilled" (Agreement rows), "history", "out"}."""
+    student. `method`: `sft` (`trainer.sft`), `grpo` (`trainer.distill.train_grpo`: the student, served by
+    `engine`, samples `group_size` answers per prompt, rewarded by agreement with the teacher; `grpo_steps`
+    and `grpo_lr` default to `steps` and `lr`) or `sft+grpo` (SFT, then GRPO from the SFT adapter). GRPO's
+    run (checkpoints, `history.jsonl`) is kept in `<out>.grpo/`, replaced on each run. Returns {"train",
+    "heldout", "untrained", "distilled" (Agreement rows), "history" (SFT's rows, then GRPO's), "method",
+    "out"}."""
     from judges.rubrics import get_rubric
     from ruler.cache import default_cache_dir, export_judgments
     from trainer.distill import agreement, from_cache, from_labels, split_by_group
     from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"group_size must be an integer >= 2 (GRPO compares answers within a group); got {group_size!r}")
+    if isinstance(valid_bonus, bool) or not isinstance(valid_bonus, (int, float)) or not 0 <= valid_bonus < 1:
+        raise ValueError(f"valid_bonus must be a number in [0, 1); got {valid_bonus!r}")
+    if grpo_steps is not None and grpo_steps < 1:
+        raise ValueError("grpo_steps must be >= 1")
+    if grpo_lr is not None and not grpo_lr > 0:
+        raise ValueError("grpo_lr must be > 0")
     if not teacher and not datasets:
         raise ValueError("no teacher data: give --teacher MODEL (judgments from the cache) and/or --dataset PATH")
     if (since or until) and not teacher:
@@ -128,26 +155,86 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     print_fn(f"{len(train)} training prompts, {len(held)} held out "
              f"({len({e.group for e in held})} of {len({e.group for e in examples})} groups)", soft_wrap=True)
 
-    model, tokenizer, full_forward = await asyncio.to_thread(load_student, student, config)
     out = Path(out).expanduser().resolve()
-    meta = {"base": student, "teacher": teacher, "datasets": [str(p) for p in datasets], "steps": steps,
-            "learning_rate": lr, "seed": seed, "train_prompts": len(train), "heldout_prompts": len(held)}
+    meta = {"base": student, "teacher": teacher, "datasets": [str(p) for p in datasets], "method": method,
+            "steps": steps, "learning_rate": lr, "seed": seed, "train_prompts": len(train),
+            "heldout_prompts": len(held)}
+    if "grpo" in method:
+        meta.update(grpo_steps=grpo_steps or steps, grpo_learning_rate=grpo_lr or lr, group_size=group_size)
+    judge_cache = cache_dir if cache is not None else None
     before_judge = untrained_judge(student)
+    model = tokenizer = None
+    if method != "grpo" or not before_judge:
+        model, tokenizer, full_forward = await asyncio.to_thread(load_student, student, config)
     if not before_judge:  # a hub base: its untrained adapter (B = 0) answers exactly as the base
         untrained_dir = out.parent / f"{out.name}.untrained"
         await asyncio.to_thread(save_adapter, model, tokenizer, untrained_dir, {**meta, "steps": 0})
         before_judge = f"local/{untrained_dir}"
-    judge_cache = cache_dir if cache is not None else None
     before = await agreement(before_judge, held, cache=judge_cache)
-    history = await asyncio.to_thread(
-        train_sft, model, tokenizer, [SFTExample(e.messages, e.answer) for e in train], config,
-        full_forward=full_forward,
-        on_step=lambda r: print_fn(f"step {r['step']}: loss {r['loss']:.4f}, {r['trained_tokens']} answer tokens",
-                                   soft_wrap=True))
-    await asyncio.to_thread(save_adapter, model, tokenizer, out, meta)
+    history = []
+    if method != "grpo":
+        history += await asyncio.to_thread(
+            train_sft, model, tokenizer, [SFTExample(e.messages, e.answer) for e in train], config,
+            full_forward=full_forward,
+            on_step=lambda r: print_fn(f"step {r['step']}: loss {r['loss']:.4f}, {r['trained_tokens']} answer "
+                                       "tokens", soft_wrap=True))
+    if method == "sft":
+        await asyncio.to_thread(save_adapter, model, tokenizer, out, meta)
+    else:
+        history += await _grpo_stage(student, train, out, meta, config, model if method == "sft+grpo" else None,
+                                     steps=grpo_steps or steps, lr=grpo_lr or lr, group_size=group_size,
+                                     engine=engine, valid_bonus=valid_bonus, print_fn=print_fn)
+    model = tokenizer = None
     after = await agreement(f"local/{out}", held, cache=judge_cache)
     return {"train": len(train), "heldout": len(held), "untrained": before.row(), "distilled": after.row(),
-            "history": history, "out": str(out)}
+            "history": history, "method": method, "out": str(out)}
+
+
+async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_config, sft_model, *, steps: int,
+                      lr: float, group_size: int, engine: str, valid_bonus: float, print_fn) -> list[dict]:
+    """GRPO on `train` in a fresh run at `<out>.grpo/` (from the SFT adapter `sft_model`, written there as the
+    run's step 1, when given), then the last checkpoint written to `out` as a judge folder."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    import trainer.checkpoints as ckpt
+    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+    from trainer.backend import resolve_base_model
+    from trainer.distill import train_grpo
+    from trainer.sft import save_checkpoint_as_judge
+
+    runs = out.parent / f"{out.name}.grpo"
+    shutil.rmtree(runs, ignore_errors=True)
+    model = TrainableModel("student", "grpo", student, ModelConfig(
+        lora=sft_config.lora, seed=sft_config.seed,
+        engine=EngineConfig(engine=engine, max_seq_length=sft_config.max_seq_length)))
+    if sft_model is not None:  # the run resumes from it: GRPO starts where SFT ended
+        await asyncio.to_thread(ckpt.save_checkpoint, runs / model.project / model.name, 1, sft_model, None,
+                                {"sft_steps": meta["steps"]})
+    backend = LocalBackend(runs)
+    try:
+        await model.register(backend)
+        config = TrainConfig(learning_rate=lr, max_tokens_per_micro_batch=sft_config.max_tokens_per_micro_batch,
+                             logprob_chunk_size=sft_config.logprob_chunk_size, max_grad_norm=sft_config.max_grad_norm,
+                             weight_decay=sft_config.weight_decay)
+        history = await train_grpo(
+            model, train, config, steps=steps, group_size=group_size, batch_size=sft_config.batch_size,
+            valid_bonus=valid_bonus, seed=sft_config.seed,
+            on_step=lambda r: print_fn(f"grpo step {r['step']}: reward {r['reward_mean']:.3f}, valid "
+                                       f"{r['valid_share']:.2f}, trained {r['trained']}", soft_wrap=True))
+        last = await model.get_step()
+        if not any(r["trained"] for r in history):
+            if not last:
+                raise RuntimeError(f"no GRPO step had a learning signal (every group's answers were rewarded alike); "
+                                   f"nothing was written to {out}: see {model.run_dir / 'history.jsonl'}")
+            print_fn("no GRPO step had a learning signal: the judge written is the SFT adapter", soft_wrap=True)
+        tokenizer = AutoTokenizer.from_pretrained(resolve_base_model(student))
+        await asyncio.to_thread(save_checkpoint_as_judge, ckpt.checkpoint_dir(model.run_dir, last), tokenizer, out,
+                                {**meta, "grpo_trained_steps": sum(bool(r["trained"]) for r in history)})
+    finally:
+        await backend.close()
+    return history
 
 
 def print_agreement(result: dict) -> None:
@@ -179,7 +266,7 @@ def distill(
         "--dataset", help="A JSONL file of labelled pairs or groups (ruler eval judge's formats); repeatable.")] = None,
     student: Annotated[str, typer.Option("--student", help="The base model to fine-tune: the embedded model, a "
                                                            "folder or a hub id.")] = EMBEDDED_JUDGE,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="SFT steps.")] = 200,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps (SFT's, and GRPO's unless --grpo-steps).")] = 200,
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="Learning rate.")] = 2e-4,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per step.")] = 4,
     rubric: Annotated[str, typer.Option("--rubric", help="Rubric name or text for --dataset prompts.")] = "default",
@@ -190,13 +277,23 @@ def distill(
     max_eval: Annotated[int | None, typer.Option("--max-eval", min=1, help="Measure on at most this many "
                                                                           "held-out prompts.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the split, the adapter and the example order.")] = 0,
+    method: Annotated[str, typer.Option("--method", help="sft (on the teacher's answers), grpo (reward: "
+                                                         "agreement with the teacher's scores) or sft+grpo.")] = "sft",
+    group_size: Annotated[int, typer.Option("--group-size", help="GRPO: answers sampled per prompt (>= 2).")] = 4,
+    grpo_steps: Annotated[int | None, typer.Option("--grpo-steps", help="GRPO steps (default: --steps).")] = None,
+    grpo_lr: Annotated[float | None, typer.Option("--grpo-lr", help="GRPO learning rate (default: --lr).")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="GRPO: what serves the student's answers: transformers "
+                                                         "(CPU or GPU), vllm (GPU) or auto.")] = "transformers",
+    valid_bonus: Annotated[float, typer.Option("--valid-bonus", help="GRPO: reward of a valid answer that ranks "
+                                                                     "backwards, in [0, 1).")] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Distil a cheap local judge from a judge's cached judgments and/or labelled groups.
 
-    Trains a LoRA adapter on --student by SFT on the teacher's answers and writes it to --out, usable as the
-    judge local/<out>; ends by printing its agreement with the teacher on held-out groups (pairwise accuracy,
-    Kendall tau, ties) next to the untrained student's. GRPO with an agreement reward is not implemented.
+    Trains a LoRA adapter on --student and writes it to --out, usable as the judge local/<out>: by SFT on the
+    teacher's answers (--method sft), by GRPO whose reward is the agreement of each sampled answer's scores
+    with the teacher's (--method grpo), or both in turn (sft+grpo). Ends by printing its agreement with the
+    teacher on held-out groups (pairwise accuracy, Kendall tau, ties) next to the untrained student's.
     """
     from judges.rubrics import get_rubric
 
@@ -205,7 +302,8 @@ def distill(
         teacher=teacher, since=parse_when(since, "--since"), until=parse_when(until, "--until"), cache=cache,
         datasets=list(dataset or []), student=student, steps=steps, lr=lr, out=out, rubric=rubric_text,
         holdout=holdout, seed=seed, batch_size=batch_size, orderings=orderings, max_eval=max_eval,
-        print_fn=(lambda *a, **k: None) if as_json else console.print))
+        method=method, group_size=group_size, grpo_steps=grpo_steps, grpo_lr=grpo_lr, engine=engine,
+        valid_bonus=valid_bonus, print_fn=(lambda *a, **k: None) if as_json else console.print))
     if as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "history"}))
     else:

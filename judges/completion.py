@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -73,6 +74,28 @@ class JudgeReply:
     completion_tokens: int = 0
     cost: float = 0.0
     response: object = field(default=None, repr=False)  # litellm's ModelResponse (choices, tool calls)
+
+
+def json_list(text: str | None, key: str) -> list:
+    """The list under `key` of an LLM's answer `text` that should be the JSON object `{key: [...], ...}`
+    alone (as a `json_schema` response format asks for; surrounding whitespace is fine). A `ValueError`
+    says what is wrong otherwise: not JSON, not an object, no `key`, or `key` not holding a list. The items
+    are returned as they are, for the caller to check one by one."""
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"key must be a non-empty string, got {key!r}")
+    if not isinstance(text, str):
+        raise ValueError(f"the answer is not text (got {type(text).__name__})")  # noqa: TRY004 (a bad answer)
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        raise ValueError(f"the answer is not JSON (it began: {text.strip()[:80]!r})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"the answer is JSON but not an object (a {type(obj).__name__})")  # noqa: TRY004
+    if key not in obj:
+        raise ValueError(f"the answer has no {key!r} field (fields: {sorted(obj)[:10]})")
+    if not isinstance(obj[key], list):
+        raise ValueError(f"the answer's {key!r} is not a list (a {type(obj[key]).__name__})")  # noqa: TRY004
+    return obj[key]
 
 
 def _retry_after_seconds(exc: BaseException) -> float | None:

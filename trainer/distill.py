@@ -16,6 +16,11 @@ answer tokens) and measured with `agreement`: it is asked each held-out prompt t
 judge is (`ruler.judgment.judge_once`: cache, constrained JSON, validation by id), and its scores are
 compared with the teacher's: pairwise accuracy over the pairs the teacher orders (a student tie counts as
 wrong and is also reported as `ties`) and Kendall's tau per prompt, averaged.
+
+GRPO instead of (or after) SFT: `train_grpo` has a registered `trainer.TrainableModel` sample a group of
+answers to each training prompt, rewards each with `agreement_reward` (RULER's own parser reads it; an
+invalid answer gets 0, a valid one (1 + tau) / 2 over the pairs the teacher orders, a tie worth half) and
+trains on the groups with `model.train`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import math
 import random
 import re
@@ -33,6 +39,7 @@ from ruler.cache import CachedJudgment
 from ruler.prompt import JudgePrompt, build_prompt
 from ruler.providers import LOCAL_EXPLANATION_CHARS
 
+log = logging.getLogger("ruler.distill")
 _TRAJECTORY = re.compile(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', re.DOTALL)
 
 
@@ -260,3 +267,151 @@ async def agreement(judge: str, examples: list[TeacherExample], *, params: dict 
 
     student = await asyncio.gather(*(one(e) for e in examples))
     return agreement_figures(judge, [e.scores for e in examples], list(student))
+
+
+# ---- GRPO with an agreement-with-teacher reward (`ruler distill --method grpo`) ----
+
+def pair_agreement(student: dict[str, float], teacher: dict[str, float]) -> float:
+    """Over the pairs of trajectories the teacher scores differently, the share the student orders the same
+    way, a student tie counting one half: (concordant + ties / 2) / pairs, which is (1 + tau) / 2 for
+    tau = (concordant - discordant) / pairs. 1: the teacher's order; 0: its reverse; 0.5: all scored alike.
+    Raises ValueError when the two name different ids or the teacher orders no pair."""
+    if not isinstance(student, dict) or not isinstance(teacher, dict):
+        raise TypeError("student and teacher must be dicts of scores by trajectory id")
+    if set(student) != set(teacher):
+        raise ValueError(f"the student scores ids {sorted(student)}, the teacher {sorted(teacher)}")
+    ids = sorted(teacher)
+    pairs = credit = 0.0
+    for a in range(len(ids)):
+        for b in range(a + 1, len(ids)):
+            dt = teacher[ids[a]] - teacher[ids[b]]
+            if abs(dt) < 1e-9:
+                continue
+            pairs += 1
+            ds = student[ids[a]] - student[ids[b]]
+            credit += 0.5 if abs(ds) < 1e-9 else float((ds > 0) == (dt > 0))
+    if not pairs:
+        raise ValueError("the teacher scores every trajectory alike: no pair to agree on")
+    return credit / pairs
+
+
+def teacher_orders_a_pair(example: TeacherExample) -> bool:
+    """Whether the teacher scores at least two of the example's trajectories differently (else no reward)."""
+    return len({round(v, 9) for v in example.scores.values()}) > 1
+
+
+def agreement_reward(answer: str | None, example: TeacherExample, *, valid_bonus: float = 0.0) -> float:
+    """The GRPO reward of a student's `answer` to `example`'s RULER prompt, in [0, 1]: 0 when RULER's own
+    parser (`ruler.parse.parse_scores`: lenient extraction, strict validation by id) finds no valid score
+    for every shown id (no answer, not JSON, a missing or extra id, a score outside [0, 1] on every scale);
+    else `valid_bonus + (1 - valid_bonus) * pair_agreement(student, teacher)`: with the default bonus 0, 1 for
+    the teacher's order, 0 for its reverse, 0.5 when every score is equal. `valid_bonus` (0 <= b < 1) rewards
+    a valid answer above an invalid one even when it ranks backwards (for a student that rarely writes valid
+    JSON; unneeded under constrained decoding)."""
+    if not isinstance(example, TeacherExample):
+        raise TypeError(f"expected a TeacherExample, got {type(example).__name__}")
+    if isinstance(valid_bonus, bool) or not isinstance(valid_bonus, (int, float)) or not 0 <= valid_bonus < 1:
+        raise ValueError(f"valid_bonus must be a number in [0, 1), got {valid_bonus!r}")
+    if answer is not None and not isinstance(answer, str):
+        raise TypeError(f"answer must be text or None, got {type(answer).__name__}")
+    if not teacher_orders_a_pair(example):
+        raise ValueError(f"the teacher ({example.source or 'example'}) scores every trajectory alike: no reward")
+    student = answer_scores(answer, example.ids)
+    if student is None:
+        return 0.0
+    return valid_bonus + (1 - valid_bonus) * pair_agreement(student, example.scores)
+
+
+def answer_scores(answer: str | None, ids: list[str]) -> dict[str, float] | None:
+    """The scores by id of a judge's `answer` to a prompt showing `ids`, read by RULER's own parser
+    (`ruler.parse.parse_scores`), or None when it finds no valid score for every id."""
+    from ruler.parse import ScoreProblems, parse_scores
+
+    if not answer:
+        return None
+    try:
+        parsed = parse_scores(answer, ids)
+    except ScoreProblems:
+        return None
+    return {s.trajectory_id: s.score for s in parsed.scores}
+
+
+async def train_grpo(model, examples: list[TeacherExample], config, *, steps: int, group_size: int = 4,
+                     batch_size: int = 4, max_answer_tokens: int | None = None, temperature: float = 1.0,
+                     valid_bonus: float = 0.0, constrained: bool = True, seed: int = 0, on_step=None) -> list[dict]:
+    """`steps` GRPO steps of a registered `trainer.TrainableModel` on `examples`' RULER prompts: each step takes
+    `batch_size` prompts (a seeded order, reshuffled after each pass), samples `group_size` answers to each
+    from the model's own server (`temperature`; `constrained`: under RULER's exact answer schema for these ids,
+    `ruler.prompt.response_schema`, as the `local/` judge answers), rewards each with `agreement_reward`,
+    and trains on the groups with `model.train(groups, config)` (a `TrainConfig`). `max_answer_tokens`: the
+    most tokens of one answer (default 16 + 64 per shown trajectory; a cut answer is invalid). Prompts whose
+    teacher scores all alike are left out (no reward). Returns one row per step: the run-log row of
+    `model.train` plus `group_rewards` (each group's rewards, in sampled order), `valid_share` (answers RULER's
+    parser accepted), `prompts_refused` (by the server: longer than its `max_seq_length`; logged, left out of
+    the step) and `prompts_left_out`; `on_step(row)` is called with each."""
+    import openai
+
+    from ruler.prompt import response_schema
+    from ruler.providers import LOCAL_EXPLANATION_CHARS
+    from ruler.trajectory import Trajectory, TrajectoryGroup
+    from trainer.config import TrainConfig
+
+    if not callable(getattr(model, "train", None)) or not callable(getattr(model, "openai_client", None)):
+        raise TypeError(f"model must be a registered trainer.TrainableModel, got {type(model).__name__}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError("config must be a trainer.TrainConfig")
+    for name, value, low in (("steps", steps, 1), ("group_size", group_size, 2), ("batch_size", batch_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if max_answer_tokens is not None and (isinstance(max_answer_tokens, bool) or not isinstance(max_answer_tokens, int)
+                                          or max_answer_tokens < 1):
+        raise ValueError(f"max_answer_tokens must be an integer >= 1 or None, got {max_answer_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature <= 5:
+        raise ValueError(f"temperature must be in (0, 5] (GRPO needs varied answers), got {temperature!r}")
+    if not isinstance(examples, list) or not all(isinstance(e, TeacherExample) for e in examples):
+        raise TypeError("examples must be a list of TeacherExample")
+    usable = [e for e in examples if teacher_orders_a_pair(e)]
+    if not usable:
+        raise ValueError(f"none of the {len(examples)} training prompts has a teacher who orders two trajectories")
+    agreement_reward("", usable[0], valid_bonus=valid_bonus)  # the bonus checked before any sampling
+    client = model.openai_client()
+    rng = random.Random(seed)
+    order: list[int] = []
+    history = []
+    start = await model.get_step()
+
+    async def group(step: int, k: int, ex: TeacherExample):
+        fmt = {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "ruler_scores", "schema": response_schema(ex.ids, max_explanation_chars=LOCAL_EXPLANATION_CHARS)}}
+        } if constrained else {}
+        try:
+            reply = await client.chat.completions.create(
+                model=model.get_inference_name(), messages=ex.messages, n=group_size, temperature=temperature,
+                max_tokens=max_answer_tokens or 16 + 64 * len(ex.ids), seed=seed * 1_000_003 + step * 1000 + k,
+                **fmt)
+        except openai.BadRequestError as exc:  # a prompt longer than the engine's max_seq_length
+            log.warning("step %d: a prompt was refused by the student's server (%s); left out of the step",
+                        step, exc.message)
+            return None
+        rewards = [agreement_reward(c.message.content, ex, valid_bonus=valid_bonus) for c in reply.choices]
+        valid = [answer_scores(c.message.content, ex.ids) is not None for c in reply.choices]
+        return TrajectoryGroup([Trajectory(messages_and_choices=[*ex.messages, c], reward=r)
+                                for c, r in zip(reply.choices, rewards)]), rewards, valid
+
+    for step in range(start + 1, start + steps + 1):
+        batch = []
+        while len(batch) < min(batch_size, len(usable)):
+            if not order:
+                order = rng.sample(range(len(usable)), len(usable))
+            batch.append(usable[order.pop()])
+        sampled = await asyncio.gather(*(group(step, k, ex) for k, ex in enumerate(batch)))
+        found = [f for f in sampled if f is not None]
+        row = await model.train([g for g, _, _ in found], config)
+        valid = [v for _, _, vs in found for v in vs]
+        row = {**row, "group_rewards": [r for _, r, _ in found],
+               "valid_share": sum(valid) / len(valid) if valid else math.nan,
+               "prompts_refused": len(sampled) - len(found), "prompts_left_out": len(examples) - len(usable)}
+        history.append(row)
+        if on_step is not None:
+            on_step(row)
+    return history

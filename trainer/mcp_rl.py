@@ -61,7 +61,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-from judges.completion import RetryPolicy, complete
+from judges.completion import RetryPolicy, complete, json_list
 from judges.errors import JudgeError
 from ruler.gather import gather_trajectory_groups
 from ruler.scoring import ruler_score_group
@@ -519,10 +519,8 @@ async def write_tasks(tools: list[dict], model: str, *, n: int, test_fraction: f
         reply = await complete(model, messages, response_format=fmt, params=params, retry=retry)
         report.attempts += 1
         try:
-            items = json.loads(reply.content)["tasks"]
-            if not isinstance(items, list):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
+            items = json_list(reply.content, "tasks")
+        except ValueError:
             report.reject("reply is not JSON with a tasks list")
             continue
         for item in items:

@@ -5,7 +5,8 @@ on the CPU and on a GPU (where vLLM's own server answers; `trainer/vllm_server.p
 The subset: tools (rendered by the chat template; calls parsed with a vLLM parser name, `hermes` or
 `llama3_json`), `tool_choice` `auto`/`none`/`required`/a named function (the last two by constrained
 decoding with xgrammar, Hermes format), `n`, `max_tokens`/`max_completion_tokens`, `temperature`,
-`top_p`, `seed`, `logprobs`/`top_logprobs` (0-20 alternatives per token; as vLLM, `top_logprobs` > 0 needs
+`top_p`, `seed`, `response_format` `json_schema`/`json_object` (constrained decoding with xgrammar, the
+logprobs still the unconstrained policy's), `logprobs`/`top_logprobs` (0-20 alternatives per token; as vLLM, `top_logprobs` > 0 needs
 `logprobs: true`), `return_tokens_as_token_ids`, `return_token_ids` and `chat_template_kwargs`. As on the GPU
 path, every non-streamed completion carries what training needs whatever the request asked: the response's
 and each choice's `prompt_token_ids`, each choice's `token_ids`, and the sampled tokens' logprobs (the
@@ -143,6 +144,33 @@ def _tool_call_grammar(tools: list[dict]):
                               xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"'))
 
 
+def _response_format_grammar(fmt: dict):
+    """An xgrammar grammar for `response_format` (constrained decoding, as vLLM's structured outputs):
+    `{"type": "json_schema", "json_schema": {"schema": {...}}}` or `{"type": "json_object"}`; None for
+    `text`. JSON is written without free whitespace, `, ` and `: ` between items (as the embedded judge)."""
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        schema = {"type": "object"}
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format json_schema needs {'json_schema': {'schema': {...}}}")
+    else:
+        raise APIError(400, f"response_format type must be text, json_object or json_schema, got {kind!r}")
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise APIError(400, "response_format needs xgrammar on the CPU server (pip install 'ruler-rl[embedded]')") \
+            from None
+    try:
+        return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar refuses a schema with a RuntimeError
+        raise APIError(400, f"response_format: not a usable JSON schema: {exc}") from None
+
+
 def _split_reasoning(text: str, parser: str | None) -> tuple[str | None, str]:
     if parser != "qwen3" or "</think>" not in text:
         return None, text
@@ -202,8 +230,7 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
             raise APIError(400, "stop sequences are not supported by the CPU server; use max_tokens")
         if req.top_logprobs and not req.logprobs:  # vLLM refuses this too
             raise APIError(400, "top_logprobs needs logprobs: true (alternatives come inside standard logprobs)")
-        if req.response_format and req.response_format.get("type") not in (None, "text"):
-            raise APIError(400, "response_format (structured output) is not supported by the CPU server")
+        shaped = _response_format_grammar(req.response_format) if req.response_format else None
         tool_choice = req.tool_choice if req.tool_choice is not None else "auto"
         tools = req.tools or None
         if tools:
@@ -212,6 +239,9 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
                 raise APIError(400, f"the chat template of {served.name} cannot render tools; give one that can "
                                "(EngineConfig.chat_template)")
         forced = _forced_tools(tool_choice, tools)
+        if forced and shaped is not None:
+            raise APIError(400, "response_format and a forced tool call (tool_choice required or named) cannot "
+                           "both constrain one answer")
         if forced and served.tool_parser != "hermes":
             raise APIError(400, f"tool_choice {tool_choice!r} needs the hermes tool parser on the CPU server")
         try:
@@ -227,7 +257,8 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
         max_tokens = min(req.max_completion_tokens or req.max_tokens or room, room)
         samples = await served.engine.generate(ids, n=req.n, max_tokens=max_tokens, temperature=req.temperature,
                                                top_p=req.top_p, seed=req.seed, top_logprobs=req.top_logprobs or 0,
-                                               **({"grammar": _tool_call_grammar(forced)} if forced else {}))
+                                               **({"grammar": _tool_call_grammar(forced)} if forced else
+                                                  {"grammar": shaped} if shaped is not None else {}))
         tok = served.tokenizer
         choices = []
         for i, s in enumerate(samples):

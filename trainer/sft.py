@@ -15,6 +15,7 @@ the packed rows into one AdamW step, as in `train_step`.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pydantic
 
-from trainer.config import LoRAConfig
+from trainer.config import LoRAConfig, TrainConfig
 from trainer.packing import pack
 from trainer.sequences import TrainingSequence, end_of_turn_ids
 from trainer.training import _row_logprobs, attention_takes_masks, verify_logprob_path
@@ -49,6 +50,11 @@ class SFTExample:
             raise ValueError("an SFT example's answer must be non-empty text")
 
 
+def _from_train_config(name: str):
+    """`TrainConfig`'s own declaration of the field `name` (default, bounds, description), for `SFTConfig`."""
+    return copy.deepcopy(TrainConfig.model_fields[name])
+
+
 class SFTConfig(pydantic.BaseModel):
     """How the student is fine-tuned."""
 
@@ -61,12 +67,11 @@ class SFTConfig(pydantic.BaseModel):
     max_seq_length: int = pydantic.Field(2048, ge=16, description=(
         "The most tokens of one example (prompt + answer); a longer example is skipped (counted), never cut, "
         "since a cut answer teaches a wrong format. Default 2048; >= 16."))
-    max_tokens_per_micro_batch: int = pydantic.Field(8192, ge=16, description=(
-        "The most tokens of one forward pass (`trainer.packing`). Memory and speed only. Default 8192."))
-    logprob_chunk_size: int = pydantic.Field(256, ge=1, description=(
-        "Trained tokens per chunk of logits (`TrainConfig.logprob_chunk_size`). Default 256."))
-    max_grad_norm: float = pydantic.Field(1.0, gt=0, description="Gradient clipping norm. Default 1.0; > 0.")
-    weight_decay: float = pydantic.Field(0.0, ge=0, description="AdamW weight decay. Default 0; >= 0.")
+    # the same knobs as a GRPO step's, declared once (default, bounds, description) in `TrainConfig`
+    max_tokens_per_micro_batch: int = _from_train_config("max_tokens_per_micro_batch")
+    logprob_chunk_size: int = _from_train_config("logprob_chunk_size")
+    max_grad_norm: float = _from_train_config("max_grad_norm")
+    weight_decay: float = _from_train_config("weight_decay")
     seed: int = pydantic.Field(0, description="Seeds the LoRA initialisation and the example order. Default 0.")
     lora: LoRAConfig = pydantic.Field(default_factory=lambda: LoRAConfig(rank=16, alpha=32), description=(
         "The adapter (`trainer.LoRAConfig`). Default rank 16, alpha 32, Llama-like projections."))
@@ -190,17 +195,17 @@ def train_sft(model, tokenizer, examples: list[SFTExample], config: SFTConfig, *
     return history
 
 
-def save_adapter(model, tokenizer, out: str | os.PathLike, meta: dict | None = None) -> Path:
-    """Write the adapter, the tokenizer and `meta` (as `ruler_judge.json`) to the folder `out`, replacing
-    it whole (written beside it, then renamed): a folder `local/<out>` loads as a judge."""
+def _replace_folder(out: str | os.PathLike, fill, meta: dict | None) -> Path:
+    """Write the folder `out` whole: `fill(tmp)` and `meta` (as `ruler_judge.json`) into a folder beside it, then
+    renamed into place (an `out` already there is replaced)."""
     from judges.embedded import JUDGE_META
 
     out = Path(out).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
+    tmp.mkdir()
+    fill(tmp)
     (tmp / JUDGE_META).write_text(json.dumps(meta or {}, indent=1, default=str))
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
@@ -208,3 +213,35 @@ def save_adapter(model, tokenizer, out: str | os.PathLike, meta: dict | None = N
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def save_adapter(model, tokenizer, out: str | os.PathLike, meta: dict | None = None) -> Path:
+    """Write the adapter, the tokenizer and `meta` (as `ruler_judge.json`) to the folder `out`, replacing
+    it whole (written beside it, then renamed): a folder `local/<out>` loads as a judge."""
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+
+    return _replace_folder(out, fill, meta)
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def save_checkpoint_as_judge(checkpoint: str | os.PathLike, tokenizer, out: str | os.PathLike,
+                             meta: dict | None = None) -> Path:
+    """A trainer checkpoint folder (`trainer.checkpoints`, a plain peft adapter) as the judge folder `out`: its
+    adapter files, the tokenizer and `meta`, replacing `out` whole as `save_adapter` does (the optimizer
+    state is left out)."""
+    src = Path(checkpoint).expanduser()
+    missing = [f for f in ADAPTER_FILES if not (src / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{src} is not an adapter checkpoint: {', '.join(missing)} missing")
+
+    def fill(tmp: Path) -> None:
+        for f in ADAPTER_FILES:
+            shutil.copy2(src / f, tmp / f)
+        tokenizer.save_pretrained(str(tmp))
+
+    return _replace_folder(out, fill, meta)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from evals.art_e.inbox import IN_INBOX, mailbox_owners, normal_address, open_readonly
 from evals.art_e.questions import Scenario
-from judges.completion import RetryPolicy, complete
+from judges.completion import RetryPolicy, complete, json_list
 
 WRITER_PROMPT = """You write questions a busy person might really ask about their own inbox. You are given emails from
 the inbox of {address}. Write up to {per_batch} questions that one or two of these emails answer exactly, with
@@ -93,10 +93,8 @@ async def write_questions(db_path: str | Path, model: str, *, inbox: str, batche
             reply = await complete(model, messages, response_format=fmt, params=params, retry=retry)
             report.batches += 1
             try:
-                items = json.loads(reply.content)["questions"]
-                if not isinstance(items, list):
-                    raise TypeError
-            except (ValueError, KeyError, TypeError):
+                items = json_list(reply.content, "questions")
+            except ValueError:
                 report.drop("reply is not the questions JSON")
                 continue
             for n, item in enumerate(items):

@@ -1,0 +1,244 @@
+"""`ruler distill --method grpo`: the agreement-with-teacher reward on hand-made answers, the refusals, the
+shared JSON-list reader of LLM answers, and (slow) a few GRPO steps of the embedded model on the CPU that
+train its LoRA and write a judge folder."""
+
+import asyncio
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from judges.completion import json_list
+from ruler import group_advantages
+from tests.helpers import convo
+from trainer.distill import (
+    LabelledGroup,
+    agreement_reward,
+    answer_scores,
+    from_labels,
+    pair_agreement,
+    train_grpo,
+)
+
+runner = CliRunner()
+RUBRIC = "Score each answer by the quality word it states: excellent 1, mediocre 0.5, terrible 0."
+
+
+def _example(labels=(2, 0, 1)):
+    groups = [LabelledGroup("g", [convo(f"answer {k}") for k in range(len(labels))], list(labels))]
+    return from_labels(groups, RUBRIC)[0]
+
+
+def _answer(scores: dict) -> str:
+    return json.dumps({"scores": [{"trajectory_id": i, "explanation": "x", "score": s} for i, s in scores.items()]})
+
+
+def test_agreement_reward_on_hand_made_answers():
+    ex = _example()  # teacher: 1 best, 3 middle, 2 worst
+    assert ex.scores == {"1": 1.0, "2": 0.0, "3": 0.5}
+    assert agreement_reward(_answer({"1": 0.9, "2": 0.1, "3": 0.4}), ex) == 1.0        # same order, other values
+    assert agreement_reward(ex.answer, ex) == 1.0                                      # the teacher's own answer
+    assert agreement_reward(_answer({"1": 0.0, "2": 1.0, "3": 0.5}), ex) == 0.0        # reversed
+    assert agreement_reward(_answer({"1": 0.5, "2": 0.5, "3": 0.5}), ex) == 0.5        # all tied: half of each pair
+    # one tie (2 and 3) among three pairs, the other two right: (2 + 1/2) / 3
+    assert agreement_reward(_answer({"1": 1.0, "2": 0.3, "3": 0.3}), ex) == pytest.approx(2.5 / 3)
+    # one pair wrong (2 above 3), two right: 2 / 3
+    assert agreement_reward(_answer({"1": 1.0, "2": 0.6, "3": 0.5}), ex) == pytest.approx(2 / 3)
+    # RULER's parser reads it: a code fence and text around it, ids as numbers, a consistent 0-10 scale
+    fenced = "Here:\n```json\n" + json.dumps({"scores": [{"trajectory_id": 3, "explanation": "", "score": 5},
+                                                        {"trajectory_id": 1, "explanation": "", "score": 9},
+                                                        {"trajectory_id": 2, "explanation": "", "score": 2}]}) + "\n```"
+    assert agreement_reward(fenced, ex) == 1.0
+    assert answer_scores(fenced, ex.ids) == {"1": 0.9, "2": 0.2, "3": 0.5}
+    # invalid answers: 0, whatever they rank
+    for bad in (None, "", "prose, no JSON", _answer({"1": 1.0, "2": 0.0}),              # missing id
+                _answer({"1": 1.0, "2": 0.0, "3": 0.5, "4": 0.2}),                      # an id not shown
+                _answer({"1": 1.0, "2": 0.0, "3": 500}),                                 # off every scale
+                _answer({"1": 1.0, "2": 0.0, "3": "high"}),                              # not a number
+                '{"scores": [{"trajectory_id": "1", "score": 1.0}, {"trajectory_id": "1", "score": 0}]}'):
+        assert agreement_reward(bad, ex) == 0.0, bad
+        assert answer_scores(bad, ex.ids) is None
+    # the valid-JSON bonus: a valid answer ranking backwards gets it, an invalid one still 0, a perfect one 1
+    assert agreement_reward(_answer({"1": 0.0, "2": 1.0, "3": 0.5}), ex, valid_bonus=0.2) == pytest.approx(0.2)
+    assert agreement_reward("nope", ex, valid_bonus=0.2) == 0.0
+    assert agreement_reward(ex.answer, ex, valid_bonus=0.2) == pytest.approx(1.0)
+
+
+def test_teacher_ties_are_not_pairs_and_reward_errors():
+    # the teacher ties 1 and 2: only the pairs with 3 count, whatever the student says of 1 against 2
+    assert pair_agreement({"1": 0.2, "2": 0.9, "3": 0.0}, {"1": 1.0, "2": 1.0, "3": 0.0}) == 1.0
+    assert pair_agreement({"1": 0.2, "2": 0.9, "3": 0.5}, {"1": 1.0, "2": 1.0, "3": 0.0}) == 0.5
+    with pytest.raises(ValueError, match="scores every trajectory alike"):
+        pair_agreement({"1": 0.2, "2": 0.9}, {"1": 1.0, "2": 1.0})
+    with pytest.raises(ValueError, match="the student scores ids"):
+        pair_agreement({"1": 0.2}, {"1": 1.0, "2": 0.0})
+    ex = _example()
+    flat = _example()
+    flat.scores = {"1": 0.5, "2": 0.5, "3": 0.5}  # as a cached judgment that scored all alike can be
+    with pytest.raises(ValueError, match="every trajectory alike"):
+        agreement_reward(ex.answer, flat)
+    for bonus in (1.0, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match="valid_bonus"):
+            agreement_reward(ex.answer, ex, valid_bonus=bonus)
+    with pytest.raises(TypeError, match="TeacherExample"):
+        agreement_reward(ex.answer, {"1": 1.0})
+    with pytest.raises(TypeError, match="answer must be text"):
+        agreement_reward({"scores": []}, ex)
+
+
+async def test_train_grpo_refuses_what_it_cannot_train():
+    from trainer import TrainConfig
+
+    ex = _example()
+    with pytest.raises(TypeError, match="registered trainer.TrainableModel"):
+        await train_grpo(object(), [ex], TrainConfig(), steps=1)
+
+
+def test_json_list_reads_an_llm_list_answer_or_says_why_not():
+    assert json_list(' {"tasks": [{"a": 1}, "x"], "other": 1}\n', "tasks") == [{"a": 1}, "x"]
+    assert json_list('{"questions": []}', "questions") == []
+    for text, why in (("prose", "not JSON"), ("[1, 2]", "not an object"), ('{"items": []}', "no 'tasks' field"),
+                      ('{"tasks": {"a": 1}}', "'tasks' is not a list"), (None, "not text")):
+        with pytest.raises(ValueError, match=why):
+            json_list(text, "tasks")
+    with pytest.raises(TypeError, match="key"):
+        json_list("{}", "")
+
+
+def _cli(*args):
+    from ruler.cli import app
+
+    return runner.invoke(app, ["distill", *args])
+
+
+def test_distill_refuses_a_bad_method_group_size_or_engine(tmp_path):
+    out = str(tmp_path / "judge")
+    data = str(tmp_path / "x.jsonl")
+    res = _cli("--out", out, "--dataset", data, "--method", "bogus")
+    assert res.exit_code == 2 and "method must be one of sft, grpo, sft+grpo" in res.output
+    res = _cli("--out", out, "--dataset", data, "--method", "grpo", "--group-size", "1")
+    assert res.exit_code == 2 and "group_size must be an integer >= 2" in res.output
+    res = _cli("--out", out, "--dataset", data, "--method", "grpo", "--engine", "tpu")
+    assert res.exit_code == 2 and "engine must be one of" in res.output
+    res = _cli("--out", out, "--dataset", data, "--method", "grpo", "--valid-bonus", "1")
+    assert res.exit_code == 2 and "valid_bonus" in res.output
+    assert not (tmp_path / "judge").exists()
+
+
+@pytest.mark.slow
+def test_grpo_steps_on_the_cpu_train_the_lora_and_write_a_judge(tmp_path):
+    """A few GRPO steps of the embedded model: answers sampled under RULER's schema (all valid), rewarded by
+    agreement, groups with differing rewards trained (non-zero advantages), the adapter moved off B = 0, and the
+    folder written as a judge measured on the held-out prompts. Improvement is not claimed."""
+    from safetensors.torch import load_file
+
+    from evals.distill import run_distill
+    from tests.test_distill import synthetic_dataset
+    from trainer.runlog import load_run_log
+
+    data = synthetic_dataset(tmp_path / "synth.jsonl", n_groups=6)
+    out = tmp_path / "grpo-judge"
+    result = asyncio.run(run_distill(
+        teacher=None, since=None, until=None, cache=tmp_path / "cache", datasets=[data],
+        student="local/smollm2-135m-instruct", steps=2, lr=1e-3, out=out, rubric=RUBRIC, holdout=0.2, seed=0,
+        batch_size=2, max_eval=1, method="grpo", group_size=4, print_fn=lambda *a, **k: None))
+    assert result["method"] == "grpo" and result["heldout"] == 1 and result["train"] == 5
+    history = result["history"]
+    assert len(history) == 2 and any(r["trained"] for r in history)
+    for row in history:
+        assert row["valid_share"] == 1.0  # constrained decoding under RULER's schema: every answer parses
+        assert len(row["group_rewards"]) == 2 and all(len(g) == 4 for g in row["group_rewards"])
+        assert all(0.0 <= x <= 1.0 for g in row["group_rewards"] for x in g)
+        advantages = [a for g in row["group_rewards"] for a in group_advantages(g)]
+        assert row["trained"] == any(abs(a) > 1e-6 for a in advantages), row
+    logged = load_run_log(out.parent / f"{out.name}.grpo" / "grpo" / "student")
+    assert list(logged["trained"]) == [r["trained"] for r in history]
+    assert (logged[logged["trained"] == True]["trained_trajectories"] > 0).all()
+    # the LoRA moved: peft starts every lora_B at zero
+    weights = load_file(str(out / "adapter_model.safetensors"))
+    lora_b = [t for k, t in weights.items() if "lora_B" in k]
+    assert lora_b and max(float(t.abs().max()) for t in lora_b) > 0
+    meta = json.loads((out / "ruler_judge.json").read_text())
+    assert meta["method"] == "grpo" and meta["group_size"] == 4 and meta["grpo_trained_steps"] >= 1
+    after = result["distilled"]
+    assert after["judge"] == f"local/{out}" and after["prompts"] == 1 and after["errors"] == 0
+
+
+@pytest.mark.slow
+def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path):
+    """`sft+grpo`: the SFT adapter is the GRPO run's step 1, so GRPO's first step is step 2 and trains on it."""
+    from safetensors.torch import load_file
+
+    from evals.distill import run_distill
+    from tests.test_distill import synthetic_dataset
+
+    data = synthetic_dataset(tmp_path / "synth.jsonl", n_groups=6)
+    out = tmp_path / "sft-grpo-judge"
+    result = asyncio.run(run_distill(
+        teacher=None, since=None, until=None, cache=tmp_path / "cache", datasets=[data],
+        student="local/smollm2-135m-instruct", steps=1, lr=1e-3, out=out, rubric=RUBRIC, holdout=0.2, seed=0,
+        batch_size=2, max_eval=1, method="sft+grpo", grpo_steps=2, group_size=4, print_fn=lambda *a, **k: None))
+    sft_rows, grpo_rows = result["history"][:1], result["history"][1:]
+    assert "loss" in sft_rows[0] and "trained_tokens" in sft_rows[0] and len(grpo_rows) == 2
+    trained = [r["step"] for r in grpo_rows if r["trained"]]
+    assert trained and trained[0] == 2, grpo_rows  # step 1 is the SFT adapter
+    run = out.parent / f"{out.name}.grpo" / "grpo" / "student" / "checkpoints"
+    state = json.loads((run / "0001" / "trainer_state.json").read_text())
+    assert state["sft_steps"] == 1
+    sft = load_file(str(run / "0001" / "adapter_model.safetensors"))
+    final = load_file(str(out / "adapter_model.safetensors"))
+    assert any(float(t.abs().max()) > 0 for k, t in sft.items() if "lora_B" in k)  # SFT moved it
+    assert set(sft) == set(final) and any(not (sft[k] == final[k]).all() for k in sft)  # and GRPO moved it on
+    assert json.loads((out / "ruler_judge.json").read_text())["method"] == "sft+grpo"
+    assert result["distilled"]["errors"] == 0
+
+
+@pytest.mark.slow
+async def test_cpu_server_answers_under_a_response_format_schema():
+    """The CPU server's `response_format` (what GRPO samples RULER answers under): the answer matches the
+    schema by constrained decoding; what it cannot honour is a 400 that never reaches the engine."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from judges.embedded import embedded_model_path
+    from ruler.prompt import response_schema
+    from trainer.engine_transformers import TransformersEngine
+    from trainer.sequences import end_of_turn_ids
+    from trainer.server import BackgroundServer, Served, create_server_app
+
+    path = embedded_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ends = end_of_turn_ids(tokenizer, hf.generation_config)
+    served = Served("judge", TransformersEngine(hf, tokenizer, stop_token_ids=ends), tokenizer, 1024, end_of_turn=ends)
+    server = BackgroundServer(create_server_app({"judge": served}), "127.0.0.1")
+    await server.start()
+    ex = _example()
+    schema = response_schema(ex.ids, max_explanation_chars=20)
+
+    async def ask(http, **extra):
+        body = {"model": "judge", "messages": ex.messages, "max_tokens": 120, "temperature": 1.0, "seed": 3, **extra}
+        return await http.post("/chat/completions", json=body)
+
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as http:
+            r = await ask(http, n=2, response_format={"type": "json_schema",
+                                                      "json_schema": {"name": "s", "schema": schema}})
+            assert r.status_code == 200, r.text
+            for choice in r.json()["choices"]:
+                text = choice["message"]["content"]
+                assert answer_scores(text, ex.ids) is not None, text
+                assert [e["trajectory_id"] for e in json.loads(text)["scores"]] == ["1", "2", "3"]
+                assert len(choice["token_ids"]) == len(choice["token_logprobs"]) > 0  # trainable as served
+            r = await ask(http, response_format={"type": "json_object"}, max_tokens=40)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{")
+            for fmt, why in (({"type": "yaml"}, "type must be text, json_object or json_schema"),
+                             ({"type": "json_schema"}, "needs {'json_schema': {'schema'"),
+                             ({"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}},
+                              "not a usable JSON schema")):
+                r = await ask(http, response_format=fmt)
+                assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+            assert (await ask(http, response_format={"type": "text"}, max_tokens=4)).status_code == 200
+    finally:
+        await server.stop()
