@@ -154,6 +154,9 @@ async def main(argv=None) -> None:
     if not train or not test:
         raise SystemExit(f"{len(train)} training and {len(test)} test questions: nothing to train or measure on")
     test = rng.sample(test, min(args.eval_questions, len(test)))
+    twice = sorted({s.id for s in test if sum(t.id == s.id for t in test) > 1})
+    if twice:  # checked before the model loads: the harness names each run by its scenario id
+        raise SystemExit(f"test question ids appear more than once: {twice[:5]}")
     print(f"{len(train)} training questions; measuring on {len(test)} test questions", flush=True)
 
     name = args.name or f"email-agent-{args.reward}"

@@ -89,6 +89,10 @@ def test_an_answer_the_inbox_gives_two_ways_is_not_asked_and_test_emails_never_l
                    "Joe, can you check the storage contract renewal terms?", "Fri, 8 Dec 2000 10:00:00 -0800"),
         "6": _mail("6@x", "joe.park@enron.com", "ann.owner@enron.com", "RE: Storage contract renewal",
                    "Checked, the terms are fine.", "Sat, 9 Dec 2000 10:00:00 -0800"),
+        # the same email sent again before the reply: still one question (it was asked twice, with one id)
+        "7": _mail("7@x", "ann.owner@enron.com", "joe.park@enron.com", "Storage contract renewal",
+                   "Joe, resending: can you check the storage contract renewal terms?",
+                   "Fri, 8 Dec 2000 11:00:00 -0800"),
     }
     box = tmp_path / "owner-a" / "inbox"
     box.mkdir(parents=True)
@@ -106,7 +110,8 @@ def test_an_answer_the_inbox_gives_two_ways_is_not_asked_and_test_emails_never_l
                        # the shared email is Bo's mail too: asked in his (training) inbox, never in the test one
                        ("What did Rick say the annual budget is?", "$2.5 million", ["<4@x>"], "train")]
     assert [(s.question, s.answer, s.message_ids) for s in scenarios if s.kind == "reply"] == [
-        ("Who replied to my email about Storage contract renewal?", "joe.park@enron.com", ["<6@x>", "<5@x>"])]
+        ("Who replied to my email about Storage contract renewal?", "joe.park@enron.com", ["<6@x>", "<7@x>"])]
+    assert len({s.id for s in scenarios}) == len(scenarios)
     assert report.dropped["figure: not unique in the inbox"] >= 1
     assert report.dropped["figure: an email also in a training inbox"] == 1
     assert report.inboxes == {"ann.owner@enron.com": "test", "bo.trainer@enron.com": "train"}

@@ -433,10 +433,12 @@ def _findable(db_path, inbox: str, query_date: str, cand: _Candidate, ids: list[
 
 
 def _reply_candidates(db, owner: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
-    """(my email, the one reply to it) pairs: subjects I wrote that exactly one other person answered."""
+    """(my email, the one reply to it) pairs: subjects I wrote that exactly one other person answered. One pair
+    per subject: when I sent the same subject more than once (a resend), the question would be asked twice with
+    one answer, so only my latest email before the reply is kept."""
     mine = db.execute("SELECT * FROM emails e WHERE e.from_address = ? AND length(e.subject) > 8 ORDER BY e.id",
                       (owner,)).fetchall()
-    pairs = []
+    pairs: dict[str, tuple] = {}
     for email in mine:
         topic = _topic(email["subject"])
         if len(topic) < 8 or topic.lower() != email["subject"].strip().lower():
@@ -446,8 +448,10 @@ def _reply_candidates(db, owner: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
                              {"inbox": owner, "re1": "re: " + topic.lower(), "re2": "re:" + topic.lower(),
                               "after": email["date"]}).fetchall()
         if len({r["from_address"] for r in replies}) == 1 and len(replies) == 1:
-            pairs.append((email, replies[0]))
-    return pairs
+            key = topic.lower()
+            if key not in pairs or pairs[key][0]["date"] < email["date"]:
+                pairs[key] = (email, replies[0])
+    return list(pairs.values())
 
 
 def generate_scenarios(db_path: str | Path, *, per_inbox: int = 50, test_inboxes: list[str] | None = None,
