@@ -22,6 +22,7 @@ student's context (SmolLM2: 8192 tokens) counts as "no valid answer".
 `gpu` does it all in one process under a wall-clock budget, for one GPU:
 
     # data: the inbox DB and scenarios (train and test split by inbox) in one folder
+    python -m evals.distill_bench data --out .gpudata/distill --llmbar-root ../shared/data/judge-meta
     python -m evals.distill_bench gpu --data .gpudata/distill --out runs/distill-gpu --budget-s 400 \\
         --llmbar-root .gpudata/distill/judge-meta
     # the same plumbing on a CPU at tiny size (the embedded model in process instead of vLLM)
@@ -406,6 +407,37 @@ def write_report(out: Path, report: dict) -> None:
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
+def make_data(out: Path, *, mailboxes: list[Path] | None = None, test_inboxes: list[str] | None = None,
+              per_inbox: int = 400, seed: int = 0, llmbar_root: Path | None = None) -> dict:
+    """The `--data` folder of `gpu`: `inbox.db` from the Enron mailboxes (`mailboxes`, default every shared one)
+    and `scenarios.jsonl` (the offline generator's questions, split by inbox; `test_inboxes` default: beck and
+    farmer, which leaves the two larger inboxes to training), plus a copy of LLMBar Natural under
+    `judge-meta/` when `llmbar_root` holds it. The folder must not exist yet. Returns the counts."""
+    import shutil
+
+    from evals.art_e.inbox import ENRON_DIR, build_inbox_db
+    from evals.art_e.questions import generate_scenarios, save_scenarios
+
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists: give a new folder")
+    boxes = [Path(m) for m in mailboxes] if mailboxes else sorted(ENRON_DIR.glob("*.tar.gz"))
+    if not boxes:
+        raise FileNotFoundError(f"no mailboxes given and none in {ENRON_DIR}")
+    out.mkdir(parents=True)
+    build = build_inbox_db(boxes, out / "inbox.db")
+    scenarios = generate_scenarios(out / "inbox.db", per_inbox=per_inbox, seed=seed,
+                                   test_inboxes=test_inboxes or ["sally.beck@enron.com", "daren.farmer@enron.com"])
+    save_scenarios(scenarios, out / "scenarios.jsonl")
+    natural = Path(llmbar_root) / "LLMBar" / "Natural" if llmbar_root else None
+    if natural is not None and natural.is_dir():
+        shutil.copytree(natural, out / "judge-meta" / "LLMBar" / "Natural")
+    counts = {"emails": build.emails, "train": sum(sc.split == "train" for sc in scenarios),
+              "test": sum(sc.split == "test" for sc in scenarios), "llmbar": natural is not None and natural.is_dir()}
+    print(json.dumps(counts), flush=True)
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m evals.distill_bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -434,6 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--llmbar-root", type=Path, default=None)
     r.add_argument("--max-seq-length", type=int, default=8192, help="longer prompts are skipped in training")
     r.add_argument("--out", type=Path, default=Path("evals/reports/distill"))
+    d = sub.add_parser("data", help="Make gpu's --data folder: the inbox database, the questions split by inbox, "
+                                    "LLMBar Natural.")
+    d.add_argument("--out", type=Path, required=True, help="a new folder, e.g. .gpudata/distill")
+    d.add_argument("--mailbox", type=Path, nargs="*", default=None, help="default: every shared Enron mailbox")
+    d.add_argument("--test-inboxes", nargs="*", default=None, help="default: sally.beck and daren.farmer")
+    d.add_argument("--per-inbox", type=int, default=400)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--llmbar-root", type=Path, default=None, help="judge-meta data root (../shared/data/judge-meta)")
     g = sub.add_parser("gpu", help="Everything in one command under a time budget: serve SmolLM2 with vLLM, sample, "
                                    "distil, measure before and after.")
     g.add_argument("--data", type=Path, required=True, help="folder with inbox.db and scenarios.jsonl")
@@ -459,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dry-run", action="store_true",
                    help="CPU plumbing check: the embedded model in process instead of vLLM, tiny sizes")
     a = p.parse_args(argv)
+    if a.cmd == "data":
+        make_data(a.out, mailboxes=a.mailbox, test_inboxes=a.test_inboxes, per_inbox=a.per_inbox, seed=a.seed,
+                  llmbar_root=a.llmbar_root)
+        return 0
     if a.cmd == "gpu":
         sizes = {"train_groups": a.train_groups, "test_groups": a.test_groups, "group_size": a.group_size,
                      "max_turns": a.max_turns, "steps": a.steps, "batch_size": a.batch_size, "llmbar_limit": a.llmbar_limit}

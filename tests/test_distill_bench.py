@@ -70,3 +70,20 @@ def test_write_report_keeps_what_was_measured(tmp_path):
 async def test_gpu_bench_refuses_a_data_folder_without_the_inbox(tmp_path):
     with pytest.raises(FileNotFoundError, match="inbox.db"):
         await gpu_bench(data=tmp_path, out=tmp_path / "out", dry_run=True)
+
+
+def test_data_folder_is_made_from_mailboxes_split_by_inbox_and_never_overwritten(tmp_path):
+    from evals.art_e.inbox import ENRON_DIR
+    from evals.art_e.questions import load_scenarios
+    from evals.distill_bench import make_data
+
+    out = tmp_path / "data"
+    counts = make_data(out, mailboxes=[ENRON_DIR / "beck-s.tar.gz", ENRON_DIR / "lokay-m.tar.gz"],
+                       test_inboxes=["sally.beck@enron.com"], per_inbox=20, llmbar_root=tmp_path / "none")
+    scenarios = load_scenarios(out / "scenarios.jsonl")
+    assert {s.inbox_address for s in scenarios if s.split == "test"} == {"sally.beck@enron.com"}
+    assert {s.inbox_address for s in scenarios if s.split == "train"} == {"michelle.lokay@enron.com"}
+    assert counts["test"] == sum(s.split == "test" for s in scenarios) > 0 and counts["train"] > 0
+    assert (out / "inbox.db").is_file() and not (out / "judge-meta").exists() and counts["llmbar"] is False
+    with pytest.raises(FileExistsError):
+        make_data(out, mailboxes=[ENRON_DIR / "beck-s.tar.gz"])
