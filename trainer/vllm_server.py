@@ -28,6 +28,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -117,6 +118,10 @@ def check_gpus(config: EngineConfig, device_count: int) -> None:
                          f"visible (indices 0..{device_count - 1})")
 
 
+# an exception as Python prints it last: "ValueError: ...", "torch.OutOfMemoryError: ...", "AssertionError: ..."
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit)\b:?")
+
+
 class ServerProcess:
     """An inference server in a child process that `LocalBackend` starts and owns: health-checked start,
     adapter loading by path through `/v1/load_lora_adapter` (vLLM's endpoint), log file, clean close. A
@@ -172,8 +177,8 @@ class ServerProcess:
         deadline = started + self.config.startup_timeout_s
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the {self.name} server exited with code {self.proc.returncode} while starting; "
-                                   f"the end of {self.log_file}:\n{self._log_tail()}")
+                raise RuntimeError(f"the {self.name} server exited with code {self.proc.returncode} while starting"
+                                   f"{self._first_errors()}; the end of {self.log_file}:\n{self._log_tail()}")
             try:
                 if (await self.http.get("/health", timeout=2.0)).status_code == 200:
                     log.info("%s server for %s up in %.0f s at %s", self.name, self.served_name,
@@ -185,6 +190,23 @@ class ServerProcess:
         await self.close()
         raise TimeoutError(f"the {self.name} server did not answer within {self.config.startup_timeout_s} s; "
                            f"see {self.log_file}")
+
+    def _first_errors(self, limit: int = 3) -> str:
+        """The log's first distinct error lines (an exception's `Name: message`), which a failed start can print
+        long before its last words (vLLM's engine core: the cause, then pages of traceback, then "Engine core
+        initialization failed. See root cause above"); "" when there are none."""
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError:
+            return ""
+        found: list[str] = []
+        for line in text.splitlines():
+            line = re.sub(r"^\(\w+ pid=\d+\)\s*", "", line).strip()  # vLLM's "(EngineCore pid=12) " prefix
+            if _ERROR_LINE.match(line) and line not in found:
+                found.append(line[:500])
+                if len(found) == limit:
+                    break
+        return "; first error lines:\n" + "\n".join(found) if found else ""
 
     def _log_tail(self, chars: int = 3000) -> str:
         try:
