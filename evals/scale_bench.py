@@ -33,8 +33,10 @@ Workloads:
   `--task tiny` (`examples/tiny_task.py` on SmolLM2, real weights: reward) through `trainer.pipeline`, with
   `--placement colocated` (one GPU, sleep/wake) or `dedicated` (vLLM on `--inference-gpus`, the trainer on
   `--trainer-gpus`), and `--overlap` (`max_off_policy_steps=1`: step k+1's rollouts gathered while step k
-  trains). Per step: seconds between step ends, rollout and train seconds, reward, policy lag; over the run:
-  each GPU's mean utilization (NVML, every 100 ms) and peak memory. `pipeline-<task>-<placement>[-overlap].json`.
+  trains), or `--phases plain:N,overlap:M` (one registered model: N steps without overlap, then M with).
+  Per step: seconds between step ends, rollout and train seconds, reward, policy lag, its phase; per phase
+  (`phase_summary`): wall seconds, first and steady step seconds, each GPU's mean utilization (NVML, every
+  100 ms) and peak memory. `pipeline-<task>-<placement>-<plain|overlap|plain-overlap>.json`.
 Every part writes its JSON as it goes (`ours-<shape>.json`), and stops starting new work after `--budget-s`.
 """
 
@@ -661,7 +663,19 @@ def report(out: Path) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_phases(value: str) -> list[tuple[str, int]]:
+    """`plain:2,overlap:3` -> [("plain", 2), ("overlap", 3)]; argparse's error otherwise."""
+    phases = []
+    for part in value.split(","):
+        kind, _, steps = part.strip().partition(":")
+        if kind not in ("plain", "overlap") or not steps.isdigit() or int(steps) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r}: each phase is KIND:STEPS with KIND plain or overlap and "
+                                             "STEPS >= 1, e.g. plain:2,overlap:3")
+        phases.append((kind, int(steps)))
+    return phases
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline"])
     ap.add_argument("--shape", default="qwen2.5-7b", choices=sorted(SHAPES))
@@ -692,14 +706,13 @@ def main() -> None:
                     help="pipeline, dedicated: the trainer's GPU")
     ap.add_argument("--overlap", action="store_true", help="pipeline: gather step k+1 while step k trains")
     ap.add_argument("--pipeline-steps", type=int, default=6)
-    ap.add_argument("--phases", default=None, type=lambda v: [(k, int(n)) for k, n in
-                                                              (p.split(":") for p in v.split(","))],
+    ap.add_argument("--phases", default=None, type=parse_phases,
                     help="pipeline: phases on one registered model, e.g. plain:2,overlap:3 (plain = no overlap); "
                          "default: --pipeline-steps steps, overlapped with --overlap")
     ap.add_argument("--tiny-model", default=None, help="pipeline --task tiny: SmolLM2 folder (default as --tokenizer)")
     ap.add_argument("--tiny-max-tokens", type=int, default=12)
     ap.add_argument("--lr", type=float, default=5e-4, help="pipeline --task tiny: learning rate")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.util_given = args.util is not None
     if args.util is None:
         args.util = GPU_UTIL[args.shape]
@@ -712,8 +725,8 @@ def main() -> None:
         print(report(args.out))
         return
     if args.part == "pipeline":
-        if args.phases and any(k not in ("plain", "overlap") or n < 1 for k, n in args.phases):
-            raise SystemExit("--phases: comma-separated KIND:STEPS with KIND plain or overlap and STEPS >= 1")
+        if args.phases and args.overlap:
+            ap.error("--overlap and --phases: give the overlapped steps as a phase (e.g. --phases overlap:6)")
         if args.dry_run and args.task == "agent" and args.shape != "tiny":
             raise SystemExit("--dry-run runs on the CPU: use --shape tiny (or --task tiny)")
         result = asyncio.run(pipeline(args))
