@@ -110,13 +110,14 @@ def _check_memory(cfg, base: str, kind: str, device: str):
         in_use = memory_in_use(free, total, torch.cuda.memory_reserved(dev), torch.cuda.memory_allocated(dev))
         if kind == "vllm" and cfg.engine.placement == "dedicated" and cfg.engine.inference_gpus:
             inference_total = torch.cuda.mem_get_info(cfg.engine.inference_gpus[0])[1]
-    hf_config = AutoConfig.from_pretrained(base).to_dict()
+    hf_config: dict = {}
 
     def replan(train=None):
         return plan_memory(cfg, hf_config, device_bytes=total, in_use_bytes=in_use, cuda=on_cuda, engine=kind,
                            base=base, inference_device_bytes=inference_total, train=train)
 
     try:
+        hf_config.update(AutoConfig.from_pretrained(base).to_dict())
         plan = replan()
     except ValueError as exc:
         log.warning("no memory plan for %s (%s); registering without one", base, exc)
