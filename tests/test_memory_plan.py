@@ -1,6 +1,8 @@
 """The memory plan (trainer.memory, issue #12): parameter counts against real models, the H200 run's measured
 settings planned as fitting, a 32B colocated run and a 7B run without checkpointing refused with numbers and
-changes that do fit, bad input refused, and `register` refusing before it loads anything."""
+changes that do fit, bad input refused, `register` refusing before it loads anything (its own allocator cache not
+counted as in use, a dedicated vLLM share of the inference GPU's size, quantised models not planned), `train`
+re-planning a larger micro-batch, and the LoRA/AdamW bytes against torch's."""
 
 import re
 from pathlib import Path
