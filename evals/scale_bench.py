@@ -13,6 +13,9 @@
     python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement dedicated --phases plain:2,overlap:3
     python evals/scale_bench.py pipeline --task tiny --out DIR --placement dedicated --overlap    # SmolLM2, reward
     python evals/scale_bench.py pipeline --task tiny --dry-run --out DIR --placement dedicated --overlap  # CPU
+    # the memory planner's calibration (trainer/memory.py): one pass's peak, planned against measured
+    python evals/scale_bench.py activations --shape qwen2.5-7b --out DIR --act-tokens 4096,8192,16384,32768
+    python evals/scale_bench.py activations --shape tiny --dry-run --out DIR                     # CPU check
 
 A model folder holds the shape's `config.json` (numbers of the public Hugging Face configs, `SHAPES`),
 SmolLM2-135M-Instruct's tokenizer (49,152 ids, all inside each shape's vocabulary) and a
@@ -37,6 +40,13 @@ Workloads:
   Per step: seconds between step ends, rollout and train seconds, reward, policy lag, its phase; per phase
   (`phase_summary`): wall seconds, first and steady step seconds, each GPU's mean utilization (NVML, every
   100 ms) and peak memory. `pipeline-<task>-<placement>-<plain|overlap|plain-overlap>.json`.
+- `activations` (#12): the memory plan's activations term against a measurement. The trainer's own forward and
+  backward pass (`trainer.training.accumulate_loss`: packing, the 4-D mask, chunked logprobs; no optimizer
+  step) over one sequence of each `--act-tokens` length (one micro-batch of that many tokens), without and with
+  gradient checkpointing (`--act-checkpointing`), on the shape with random bf16 weights and LoRA r16 on all
+  seven linear layers: `torch.cuda.max_memory_allocated` above what was allocated before the pass, beside the
+  planner's `activation_bytes`. `activations-<shape>.json`; a length that runs out of memory is recorded as an
+  error and longer ones are skipped. `--dry-run`: the tiny shape in fp32 on the CPU, no measurement.
 Every part writes its JSON as it goes (`ours-<shape>.json`), and stops starting new work after `--budget-s`.
 """
 
@@ -603,6 +613,86 @@ def trl(args) -> dict:
 # --------------------------------------------------------------------------------------------- report
 
 
+# --------------------------------------------------------------------------------------------- activations
+
+def activations(args) -> dict:
+    """One training pass's peak activation memory per (tokens, checkpointing), measured and planned."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.config import LoRAConfig, TrainConfig
+    from trainer.memory import GIB, activation_bytes, model_shape
+    from trainer.sequences import TrainingSequence
+    from trainer.training import accumulate_loss
+
+    if not args.act_tokens or any(t < 16 for t in args.act_tokens):
+        raise SystemExit("--act-tokens: comma-separated token counts, each >= 16")
+    if not args.act_checkpointing or not set(args.act_checkpointing) <= {"off", "on"}:
+        raise SystemExit("--act-checkpointing: off, on or off,on")
+    cuda = not args.dry_run
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("activations measures CUDA memory: run it on a GPU, or --dry-run on the CPU")
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    budget = Budget(args.budget_s - args.reserve_s)
+    lora = LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"])
+    shape = model_shape(SHAPES[args.shape])
+    path = args.out / f"activations-{args.shape}.json"
+    result: dict = {"part": "activations", "shape": args.shape, "device": device, "dtype": str(dtype),
+                    "lora": {**LORA, "target_modules": lora.target_modules}, "dry_run": args.dry_run,
+                    "torch": torch.__version__, "runs": [], "errors": []}
+    if cuda:
+        result["gpu"] = torch.cuda.get_device_name(0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**SHAPES[args.shape]), dtype=dtype,
+                                              attn_implementation="sdpa")
+    model = lora.wrap(hf, args.shape)
+    model.train()
+    rng = random.Random(0)
+    for ckpt in sorted(dict.fromkeys(args.act_checkpointing), key=("off", "on").index):  # off first
+        if ckpt == "on":
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf.enable_input_require_grads()
+        for tokens in sorted(args.act_tokens):
+            planned = activation_bytes(shape, tokens, checkpointing=ckpt == "on", targets=lora.target_modules,
+                                       dtype_bytes=2 if cuda else 4)
+            run = {"tokens": tokens, "checkpointing": ckpt == "on", "planned_gib": planned / GIB}
+            if budget.left() <= 0:
+                result["errors"].append(f"{tokens} tokens, checkpointing {ckpt}: not started, --budget-s spent")
+                break
+            seq = TrainingSequence(token_ids=[rng.randrange(shape.vocab) for _ in range(tokens)],
+                                   trained=[False] + [True] * (tokens - 1), old_logprobs=[0.0] * tokens,
+                                   advantage=1.0)
+            config = TrainConfig(max_tokens_per_micro_batch=tokens, share_prefix=False)
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.synchronize()
+                before = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            started = time.perf_counter()
+            try:
+                _, stats = accumulate_loss(model, [seq], config)
+                run.update(rows=stats["rows"], trained_tokens=stats["trained_tokens"])
+                if not any(p.grad is not None for p in model.parameters() if p.requires_grad):
+                    raise RuntimeError("the pass left no LoRA gradient")
+                if cuda:
+                    torch.cuda.synchronize()
+                    peak = torch.cuda.max_memory_allocated() - before
+                    run.update(measured_gib=peak / GIB, planned_over_measured=planned / peak,
+                               reserved_gib=torch.cuda.max_memory_reserved() / GIB)
+            except torch.OutOfMemoryError as exc:
+                result["errors"].append(f"{tokens} tokens, checkpointing {ckpt}: out of memory ({exc})"[:500])
+                break
+            finally:
+                model.zero_grad(set_to_none=True)
+            run["s"] = time.perf_counter() - started
+            result["runs"].append(run)
+            path.write_text(json.dumps(result, indent=1))
+            print(json.dumps(run), flush=True)
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
 def _peak(row: dict) -> str:
     """The device's peak during a train call; runs before this field existed only recorded the rise above the
     call's start (vLLM awake), which sleeping vLLM hides: shown as not measured."""
@@ -677,7 +767,7 @@ def parse_phases(value: str) -> list[tuple[str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline"])
+    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline", "activations"])
     ap.add_argument("--shape", default="qwen2.5-7b", choices=sorted(SHAPES))
     ap.add_argument("--out", type=Path, default=Path("out/scale"))
     ap.add_argument("--models", type=Path, default=Path("/tmp/scale-models"))
@@ -712,6 +802,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny-model", default=None, help="pipeline --task tiny: SmolLM2 folder (default as --tokenizer)")
     ap.add_argument("--tiny-max-tokens", type=int, default=12)
     ap.add_argument("--lr", type=float, default=5e-4, help="pipeline --task tiny: learning rate")
+    ap.add_argument("--act-tokens", type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+                    default=[4096, 8192, 16384], help="activations: tokens of one micro-batch, e.g. 4096,8192")
+    ap.add_argument("--act-checkpointing", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+                    default=["off", "on"], help="activations: off, on or off,on (gradient checkpointing)")
     args = ap.parse_args(argv)
     args.util_given = args.util is not None
     if args.util is None:
@@ -730,6 +824,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.dry_run and args.task == "agent" and args.shape != "tiny":
             raise SystemExit("--dry-run runs on the CPU: use --shape tiny (or --task tiny)")
         result = asyncio.run(pipeline(args))
+    elif args.part == "activations":
+        if args.dry_run and args.shape != "tiny":
+            raise SystemExit("--dry-run runs on the CPU: use --shape tiny")
+        result = activations(args)
     else:
         result = asyncio.run(ours(args)) if args.part == "ours" else raw(args) if args.part == "raw" else trl(args)
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=1, default=str))

@@ -1,8 +1,11 @@
 """The memory plan (trainer.memory, issue #12): parameter counts against real models, the H200 run's measured
 settings planned as fitting, a 32B colocated run and a 7B run without checkpointing refused with numbers and
-changes that do fit, bad input refused, and `register` refusing before it loads anything."""
+changes that do fit, bad input refused, `register` refusing before it loads anything (its own allocator cache not
+counted as in use, a dedicated vLLM share of the inference GPU's size, quantised models not planned), `train`
+re-planning a larger micro-batch, and the LoRA/AdamW bytes against torch's."""
 
 import re
+from pathlib import Path
 
 import pydantic
 import pytest
@@ -10,7 +13,15 @@ import pytest
 from evals.scale_bench import SHAPES
 from trainer import LocalBackend, MemoryCheckConfig, MemoryPlanError, ModelConfig, TrainableModel, plan_memory
 from trainer.config import EngineConfig, LoRAConfig, TrainConfig
-from trainer.memory import GIB, activation_bytes, lora_parameters, model_shape
+from trainer.memory import (
+    CUDA_CONTEXT_BYTES,
+    GIB,
+    activation_bytes,
+    lora_parameters,
+    memory_in_use,
+    model_shape,
+    weight_shrinking,
+)
 
 H200 = 150_109_880_320  # torch.cuda.mem_get_info()[1] on the H200 (nvidia-smi: 143771 MiB, the report's "143.8 GB")
 H100 = 81559 * 2**20  # an 80 GB device as nvidia-smi counts it
@@ -185,6 +196,12 @@ def test_a_tiny_model_fits_and_the_activation_terms_grow_as_stated():
     ({"device_bytes": GIB, "attention": "flex"}, ValueError, "attention must be one of"),
     ({"device_bytes": GIB, "engine": "sglang"}, ValueError, "engine must be"),
     ({"device_bytes": GIB, "train": {"max_tokens_per_micro_batch": 8}}, TypeError, "TrainConfig"),
+    ({"device_bytes": GIB, "base": 7}, TypeError, "base must be a non-empty str"),
+    ({"device_bytes": GIB, "base": " "}, TypeError, "base must be a non-empty str"),
+    ({"device_bytes": GIB, "cuda": "yes"}, TypeError, "cuda must be a bool"),
+    ({"device_bytes": GIB, "cuda": 1}, TypeError, "cuda must be a bool"),
+    ({"device_bytes": GIB, "inference_device_bytes": 0}, ValueError, "inference_device_bytes must be an int >= 1"),
+    ({"device_bytes": GIB, "inference_device_bytes": 2.5e9}, ValueError, "inference_device_bytes"),
 ])
 def test_bad_arguments_are_refused_clearly(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -244,6 +261,30 @@ async def test_register_plans_before_loading_anything_and_the_check_can_be_skipp
         with caplog.at_level("INFO", logger="ruler.trainer"):
             await TrainableModel("roomy", "p", BASE, ModelConfig(memory_check={"device_gib": 64})).register(backend)
         assert "memory plan for" in caplog.text and "of 64.0 GiB" in caplog.text
+        roomy = backend._runs["roomy"]
+        assert roomy.memory_plan.max_tokens_per_micro_batch == 8192  # what register was told (the default)
+        history = roomy.run_dir / "history.jsonl"
+        # a step with a larger micro-batch than register planned: re-planned, a warning names both numbers
+        caplog.clear()
+        await backend.train(TrainableModel("roomy", "p", BASE), [], TrainConfig(max_tokens_per_micro_batch=12288))
+        warning = next(r.getMessage() for r in caplog.records if "re-planned" in r.getMessage())
+        again = roomy.memory_plan
+        assert again.max_tokens_per_micro_batch == 12288 and again.fits
+        assert ("TrainConfig.max_tokens_per_micro_batch 12288 is larger than the 8192" in warning
+                and "ModelConfig.memory_check.max_tokens_per_micro_batch" in warning
+                and f"re-planned activations {again.activations_bytes / GIB:.1f} GiB" in warning)
+        rows = history.read_text().splitlines()
+        # one that does not fit the device is refused before the step: nothing prepared, trained or logged
+        with pytest.raises(MemoryPlanError, match="of 64.0 GiB") as raised:
+            await backend.train(TrainableModel("roomy", "p", BASE), [],
+                                TrainConfig(max_tokens_per_micro_batch=131072))
+        assert raised.value.plan.tokens_per_pass == 131072 and not raised.value.plan.fits
+        assert history.read_text().splitlines() == rows
+        assert backend.current_step(TrainableModel("roomy", "p", BASE)) == 0
+        assert roomy.memory_plan is again
+        caplog.clear()
+        await backend.train(TrainableModel("roomy", "p", BASE), [], TrainConfig(max_tokens_per_micro_batch=12288))
+        assert "re-planned" not in caplog.text  # planned for it already
         await TrainableModel("skipped", "p", BASE,
                              ModelConfig(memory_check={"enabled": False, "device_gib": 0.3})).register(backend)
         assert {"default", "roomy", "skipped"} <= set(backend._runs)
@@ -266,3 +307,158 @@ async def test_register_plans_before_loading_anything_and_the_check_can_be_skipp
     assert "of 0.3 GiB" in text and "base weights (float32) 0.5 GiB" in text and "change:" in text
     assert raised.value.plan.device_bytes == int(0.3 * GIB)
     await backend.close()
+
+
+def test_the_micro_batch_advice_names_the_steps_field_and_the_plans_field():
+    """Register plans with `memory_check.max_tokens_per_micro_batch` and never sees the steps' TrainConfig, so
+    "set max_tokens_per_micro_batch <= N" names both."""
+    plan = scale_run("qwen2.5-7b", 0.45, tokens=8192, device=H100, gradient_checkpointing=False)
+    smaller = next(s for s in plan.suggestions if "max_tokens_per_micro_batch <=" in s)
+    steps = re.search(r"TrainConfig.max_tokens_per_micro_batch <= (\d+) \(the steps' micro-batches\)", smaller)
+    n = int(steps.group(1))
+    assert f"ModelConfig.memory_check.max_tokens_per_micro_batch <= {n} (what this plan assumes)" in smaller
+
+
+def test_memory_in_use_leaves_out_this_processs_context_and_allocator_cache():
+    # a process that trained before: 30 GiB reserved by its allocator, 20 GiB of it still allocated (a model)
+    free, total = 50 * GIB, 140 * GIB
+    assert memory_in_use(free, total, 30 * GIB, 20 * GIB) == 140 * GIB - 50 * GIB - CUDA_CONTEXT_BYTES - 10 * GIB
+    assert memory_in_use(free, total) == 89 * GIB  # nothing cached: all but the context is someone else's
+    assert memory_in_use(total, total) == 0  # never below 0
+    for args, match in (((-1, total), "free"), ((free, total, GIB, 2 * GIB), "allocated"),
+                        ((total + 1, total), "must not exceed total"), ((free, total, True), "reserved")):
+        with pytest.raises(ValueError, match=match):
+            memory_in_use(*args)
+
+
+def _fake_cuda(monkeypatch, totals: dict[int, int], free: dict[int, int], reserved: int, allocated: int) -> None:
+    """CUDA's memory queries as a process that already holds `reserved` bytes in its allocator would see them."""
+    import torch
+
+    def index(dev):
+        return dev if isinstance(dev, int) else (torch.device(dev).index or 0)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (free[index(dev)], totals[index(dev)]))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev=None: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: allocated)
+
+
+def test_register_does_not_count_its_own_allocator_cache_as_used_by_others(monkeypatch):
+    """A process that trained before holds cached blocks; the register-time plan must not refuse a run that fits
+    because of them (it did: total - free - 1 GiB counted the cache as other processes' memory)."""
+    from transformers import AutoConfig
+
+    from trainer.backend import _check_memory, resolve_base_model
+
+    base = resolve_base_model(BASE)
+    hf = AutoConfig.from_pretrained(base).to_dict()
+    cfg = ModelConfig(memory_check={"max_tokens_per_micro_batch": 1024})
+    need = max(plan_memory(cfg, hf, device_bytes=64 * GIB, engine="transformers").rollout_bytes,
+               plan_memory(cfg, hf, device_bytes=64 * GIB, engine="transformers").training_bytes)
+    total, cache = need + GIB, 3 * GIB
+    assert not plan_memory(cfg, hf, device_bytes=total, engine="transformers", in_use_bytes=cache).fits  # the old sum
+    _fake_cuda(monkeypatch, {0: total}, {0: total - CUDA_CONTEXT_BYTES - cache}, reserved=cache, allocated=0)
+    plan, _ = _check_memory(cfg, base, "transformers", "cuda")
+    assert plan.fits and plan.rollout["in use by other processes"] == 0 and plan.device_bytes == total
+    # another process's 3 GiB (nothing cached here) is still counted, and refused
+    _fake_cuda(monkeypatch, {0: total}, {0: total - CUDA_CONTEXT_BYTES - cache}, reserved=0, allocated=0)
+    with pytest.raises(MemoryPlanError, match="in use by other processes 3.0 GiB"):
+        _check_memory(cfg, base, "transformers", "cuda")
+
+
+def test_a_dedicated_vllm_share_is_of_the_inference_gpus_own_size(monkeypatch):
+    from trainer.backend import _check_memory, resolve_base_model
+
+    dedicated = EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[1], trainer_gpus=[0],
+                             gpu_memory_utilization=0.9, max_seq_length=8192)
+    plan = plan_memory(ModelConfig(lora=LORA16, engine=dedicated), SHAPES["qwen2.5-7b"], device_bytes=H200,
+                       inference_device_bytes=H100)
+    assert plan.vllm_share_bytes == int(0.9 * H100) and plan.fits
+    # the 32B's weights fit an H200 beside the trainer's, not a 40 GB inference GPU: no max_model_len advice then
+    a100 = 40960 * 2**20
+    big = plan_memory(ModelConfig(lora=LORA16, engine=dedicated), SHAPES["qwen2.5-32b"], device_bytes=H200,
+                      inference_device_bytes=a100)
+    assert not big.fits and big.vllm_share_bytes == int(0.9 * a100)
+    (change,) = big.suggestions
+    assert "do not fit one inference GPU of 40.0 GiB" in change and "max_model_len" not in change
+    assert "inference_parallel='tensor'" in change
+    assert plan_memory(ModelConfig(lora=LORA16, engine=dedicated), SHAPES["qwen2.5-32b"], device_bytes=a100,
+                       inference_device_bytes=H200).vllm_share_bytes == int(0.9 * H200)
+    # the weights fit, one long sequence's KV cache beside them does not: a smaller max_model_len helps then
+    long = dedicated.model_copy(update={"max_model_len": 262144})
+    kv = plan_memory(ModelConfig(lora=LORA16, engine=long), SHAPES["qwen2.5-7b"], device_bytes=H200,
+                     inference_device_bytes=24 * GIB)
+    (change,) = kv.suggestions
+    assert not kv.fits and "a smaller EngineConfig.max_model_len" in change and "262144-token" in change
+    # register asks CUDA for the first inference GPU's size (the trainer's GPU is larger here)
+    _fake_cuda(monkeypatch, {0: H200, 1: H100}, {0: H200 - CUDA_CONTEXT_BYTES, 1: H100}, reserved=0, allocated=0)
+    cfg = ModelConfig(lora=LoRAConfig(rank=8), engine=dedicated.model_copy(update={"gpu_memory_utilization": 0.8}))
+    plan, _ = _check_memory(cfg, resolve_base_model(BASE), "vllm", "cuda:0")
+    assert plan.device_bytes == H200 and plan.vllm_share_bytes == int(0.8 * H100)
+
+
+def test_quantised_or_offloaded_models_are_not_planned_and_register_goes_on(tmp_path, caplog):
+    import json
+    import shutil
+
+    from trainer.backend import _check_memory, resolve_base_model
+
+    awq = {**SHAPES["qwen2.5-32b"], "quantization_config": {"quant_method": "awq", "bits": 4}}
+    with pytest.raises(ValueError, match=r"quantization_config \(awq\)"):
+        plan_memory(ModelConfig(), awq, device_bytes=H100)
+    for args, named in (({"quantization": "fp8"}, "vllm_args['quantization']='fp8'"),
+                        ({"cpu-offload-gb": 40}, "vllm_args['cpu-offload-gb']=40")):
+        cfg = ModelConfig(engine=EngineConfig(vllm_args=args))
+        assert named in weight_shrinking(cfg, SHAPES["qwen2.5-32b"])
+        with pytest.raises(ValueError, match=re.escape(named)):
+            plan_memory(cfg, SHAPES["qwen2.5-32b"], device_bytes=H100)
+    assert weight_shrinking(ModelConfig(engine=EngineConfig(vllm_args={"cpu_offload_gb": 0})), SHAPES["tiny"]) is None
+    assert weight_shrinking(ModelConfig(), SHAPES["qwen2.5-32b"]) is None
+    # at register: a warning and no plan, where the same device refuses the unquantised model
+    base = resolve_base_model(BASE)
+    small = {"device_gib": 0.3}
+    with pytest.raises(MemoryPlanError):
+        _check_memory(ModelConfig(memory_check=small), base, "vllm", "cpu")
+    with caplog.at_level("WARNING", logger="ruler.trainer"):
+        quantised = ModelConfig(memory_check=small, engine=EngineConfig(vllm_args={"quantization": "awq"}))
+        assert _check_memory(quantised, base, "vllm", "cpu") == (None, None)
+        copy = tmp_path / "quantised"
+        copy.mkdir()
+        config = json.loads((Path(base) / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq",
+                                                                                         "bits": 4}}))
+        assert _check_memory(ModelConfig(memory_check=small), str(copy), "vllm", "cpu") == (None, None)
+    assert "vllm_args['quantization']='awq'" in caplog.text and "quantization_config (gptq)" in caplog.text
+    assert caplog.text.count("registering without one") == 2
+    shutil.rmtree(copy)
+
+
+def test_the_lora_terms_equal_a_real_adamw_state_after_one_step():
+    """The plan's LoRA parameters + AdamW state + gradients (fp32) against what torch holds after one step of a
+    tiny peft-wrapped model on the CPU."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    lora = LoRAConfig(rank=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                              "down_proj"])
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**SHAPES["tiny"]), dtype=torch.float32)
+    model = lora.wrap(hf, "tiny")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3)
+    ids = torch.randint(0, SHAPES["tiny"]["vocab_size"], (1, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+
+    def nbytes(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    params = nbytes(trainable)
+    grads = nbytes(p.grad for p in trainable)
+    state = nbytes(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    plan = plan_memory(ModelConfig(lora=lora), SHAPES["tiny"], device_bytes=GIB, cuda=False)
+    assert plan.training["LoRA parameters + AdamW state (fp32)"] == plan.rollout["LoRA parameters + AdamW state (fp32)"]
+    planned = plan.training["LoRA parameters + AdamW state (fp32)"] + plan.training["LoRA gradients (fp32)"]
+    assert plan.training["LoRA gradients (fp32)"] == grads
+    # AdamW's per-parameter `step` counters are the only bytes the plan leaves out: 4 bytes per tensor
+    assert 0 <= params + grads + state - planned <= 8 * len(trainable) < 4096

@@ -84,34 +84,68 @@ def _check_lora(cfg, engine: str) -> None:
 def _check_memory(cfg, base: str, kind: str, device: str):
     """The memory plan (`trainer.memory.plan_memory`) of `cfg` on `device`, made before anything is loaded:
     `MemoryPlanError` when it does not fit, one info line when it does. Made on a CUDA device (its total
-    memory; what other processes already hold counted as in use), or on any device as if it had
-    `cfg.memory_check.device_gib` GiB; skipped when `memory_check.enabled` is off, on the CPU without
-    `device_gib`, and (with a warning) for a config.json the planner cannot read."""
+    memory; what other processes and models this process already holds count as in use, this process's
+    context and allocator cache do not; with a dedicated vLLM placement vLLM's share is of the first inference
+    GPU's total), or on any device as if it had `cfg.memory_check.device_gib` GiB; skipped when
+    `memory_check.enabled` is off, on the CPU without `device_gib`, and (with a warning) for a config.json the
+    planner cannot read or a quantised or offloaded model. Returns `(plan, replan)`, `replan(train_config)`
+    making the same plan for a step's `TrainConfig`, or `(None, None)` when no plan is made."""
     check = cfg.memory_check
     on_cuda = device.startswith("cuda")
     if not check.enabled or (not on_cuda and check.device_gib is None):
-        return None
+        return None, None
     from transformers import AutoConfig
 
-    from trainer.memory import CUDA_CONTEXT_BYTES, GIB, MemoryPlanError, plan_memory
+    from trainer.memory import GIB, MemoryPlanError, memory_in_use, plan_memory
 
+    inference_total = None
     if check.device_gib is not None:
         total, in_use = int(check.device_gib * GIB), 0
     else:
         import torch
 
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        in_use = max(0, total - free - CUDA_CONTEXT_BYTES)  # asking created this process's context
+        dev = torch.device(device)
+        free, total = torch.cuda.mem_get_info(dev)
+        # asking created this process's context; its allocator's cached blocks are its own to reuse
+        in_use = memory_in_use(free, total, torch.cuda.memory_reserved(dev), torch.cuda.memory_allocated(dev))
+        if kind == "vllm" and cfg.engine.placement == "dedicated" and cfg.engine.inference_gpus:
+            inference_total = torch.cuda.mem_get_info(cfg.engine.inference_gpus[0])[1]
+    hf_config: dict = {}
+
+    def replan(train=None):
+        return plan_memory(cfg, hf_config, device_bytes=total, in_use_bytes=in_use, cuda=on_cuda, engine=kind,
+                           base=base, inference_device_bytes=inference_total, train=train)
+
     try:
-        plan = plan_memory(cfg, AutoConfig.from_pretrained(base).to_dict(), device_bytes=total, in_use_bytes=in_use,
-                           cuda=on_cuda, engine=kind, base=base)
+        hf_config.update(AutoConfig.from_pretrained(base).to_dict())
+        plan = replan()
     except ValueError as exc:
         log.warning("no memory plan for %s (%s); registering without one", base, exc)
-        return None
+        return None, None
     if not plan.fits:
         raise MemoryPlanError(plan)
     log.info("%s", plan.summary())
-    return plan
+    return plan, replan
+
+
+def _replan_for_step(run, config: TrainConfig) -> None:
+    """A step whose `TrainConfig.max_tokens_per_micro_batch` exceeds what the register-time memory plan assumed:
+    re-plan with it, warn naming both numbers and the re-planned need, and raise `MemoryPlanError` (nothing
+    trained) when the re-plan does not fit. The re-plan that fits becomes the run's plan (one warning)."""
+    plan = run.memory_plan
+    if plan is None or run.replan is None or config.max_tokens_per_micro_batch <= plan.max_tokens_per_micro_batch:
+        return
+    from trainer.memory import GIB, MemoryPlanError
+
+    again = run.replan(config)
+    log.warning("TrainConfig.max_tokens_per_micro_batch %d is larger than the %d the memory plan at register "
+                "assumed (ModelConfig.memory_check.max_tokens_per_micro_batch): re-planned activations %.1f GiB "
+                "(%d-token passes), training %.1f of %.1f GiB: %s", config.max_tokens_per_micro_batch,
+                plan.max_tokens_per_micro_batch, again.activations_bytes / GIB, again.tokens_per_pass,
+                again.training_bytes / GIB, again.device_bytes / GIB, "fits" if again.fits else "does NOT fit")
+    if not again.fits:
+        raise MemoryPlanError(again)
+    run.memory_plan = again
 
 
 def _after_step(on_step, row: dict, seqs: list[TrainingSequence]) -> None:
@@ -138,6 +172,8 @@ class _Run:
     full_forward: bool = False
     last_train_end: float = field(default_factory=time.perf_counter)
     wandb_run: Any = None
+    memory_plan: Any = None  # trainer.memory.MemoryPlan made at register (None: no plan)
+    replan: Any = None  # TrainConfig -> MemoryPlan, the same plan for a step's TrainConfig
 
 
 class LocalBackend:
@@ -211,7 +247,7 @@ class LocalBackend:
 
             kind = "vllm" if vllm_available() else "transformers"
         device = self._trainer_device(cfg.engine, kind, cuda)
-        _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
+        plan, replan = _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
         torch.manual_seed(cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
         dtype = torch.bfloat16 if cuda else torch.float32
@@ -292,7 +328,8 @@ class LocalBackend:
         served = Served(model.name, engine if isinstance(engine, GeneratingEngine) else None, tokenizer,
                         cfg.engine.max_seq_length, step, chat_template=template, renders_tools=tools_ok,
                         tool_parser=tool_parser, reasoning_parser=reasoning_parser, end_of_turn=end_of_turn)
-        return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward)
+        return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward,
+                    memory_plan=plan, replan=replan)
 
     @staticmethod
     def _trainer_device(engine_cfg, kind: str, cuda: bool) -> str:
@@ -334,6 +371,7 @@ class LocalBackend:
             raise TypeError("config must be a trainer.TrainConfig")
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable or None, got {type(on_step).__name__}")
+        _replan_for_step(run, config)  # MemoryPlanError before anything is trained
         started = time.perf_counter()
         rollout_s = started - run.last_train_end
         seqs, prep = await asyncio.to_thread(prepare, list(groups), run.tokenizer, config,

@@ -260,8 +260,10 @@ class MemoryCheckConfig(_Strict):
         "the CPU (fp32 weights there)."))
     max_tokens_per_micro_batch: int | None = pydantic.Field(None, ge=16, description=(
         "The `TrainConfig.max_tokens_per_micro_batch` the plan assumes, in tokens (register does not know the "
-        "TrainConfig of later steps): set it to what the steps will use. Default None: TrainConfig's default "
-        "(8192); >= 16."))
+        "TrainConfig of later steps): set it to what the steps will use. A step whose "
+        "`TrainConfig.max_tokens_per_micro_batch` is larger is re-planned by `LocalBackend.train`: a warning "
+        "naming both numbers, or `MemoryPlanError` before the step when the re-plan does not fit. Default "
+        "None: TrainConfig's default (8192); >= 16."))
     margin: float = pydantic.Field(0.1, ge=0, le=1, description=(
         "The fraction of the trainer's own estimated terms (context, weights, LoRA state, activations) added to "
         "the plan for what it does not model (allocator fragmentation, kernel workspaces). Default 0.1; 0-1."))

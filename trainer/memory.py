@@ -35,8 +35,8 @@ Two phases, each a sum of named terms that must fit the device (`device_bytes`):
   KV cache is dropped, so it keeps its CUDA context and the memory outside its sleep pool (CUDA graphs,
   allocator blocks), estimated at 1 GiB + 2 % of its share (the H200 run freed 61-63 GiB of a 62.9 GiB share
   at 7B, 76.5 of 76.9 GiB at 14B). Without sleep mode vLLM keeps its whole share while training. A
-  dedicated placement keeps vLLM off the trainer's device (its share is checked against a device of the same
-  size).
+  dedicated placement keeps vLLM off the trainer's device (its share is checked against the inference device's
+  own size: `inference_device_bytes`, at register `torch.cuda.mem_get_info` of the first inference GPU).
 
 What the trainer materialises in one pass (`trainer/training.py`, `trainer/packing.py`): a row of at most
 `max(max_tokens_per_micro_batch, max_seq_length)` tokens (a sequence is never split; `prepare` truncates to
@@ -53,8 +53,17 @@ in chunks of `logprob_chunk_size` tokens, so only a [chunk x vocabulary] block o
 
 Left out: the full-logits fallback (`verify_logprob_path` failing: [T x vocabulary] fp32), the transformers
 engine's generation KV cache (it generates with the trainer's weights, in the rollout phase), mixture-of-experts
-and other non-Llama-like layers (refused), vision towers, quantised weights, and a second model registered
-later on the same device (memory already in use when the plan is made is counted).
+and other non-Llama-like layers (refused), vision towers, LoRA dropout > 0 (peft then keeps an extra fp32 copy of
+each adapted layer's dropped-out input for the backward pass), and a second model registered later on the same
+device (memory already in use when the plan is made is counted). Quantised or CPU-offloaded weights (a
+`quantization_config` in config.json, or `quantization` / `cpu_offload_gb` / ... in `EngineConfig.vllm_args`) are
+not planned at all: `plan_memory` raises `ValueError` naming the setting, and `register` logs a warning and
+registers without a plan (never refuses).
+
+The plan assumes the micro-batch of `TrainConfig.max_tokens_per_micro_batch` that register is told of
+(`ModelConfig.memory_check.max_tokens_per_micro_batch`; register never sees the steps' TrainConfig).
+`LocalBackend.train` re-plans when a step's `TrainConfig.max_tokens_per_micro_batch` is larger: a warning naming
+both numbers, or `MemoryPlanError` before the step when the re-plan does not fit.
 """
 
 from __future__ import annotations
@@ -74,6 +83,9 @@ VLLM_OVERHEAD_BYTES = 2 * GIB      # vLLM awake, beside weights and KV cache: co
 VLLM_OVERHEAD_SHARE = 0.02         # ... plus this fraction of its weights (LoRA buffers, larger activations)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+# vllm_args flags that shrink (quantise) or move (offload) vLLM's weights: the plan's bf16 copy would be wrong
+WEIGHT_SHRINKING_FLAGS = ("quantization", "cpu_offload_gb", "kv_offloading_size", "offload_backend",
+                          "offload_group_size", "offload_num_in_group", "qlora_adapter_name_or_path")
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
@@ -213,6 +225,46 @@ def activation_bytes(shape: Shape, tokens: int, *, checkpointing: bool, targets:
     return shape.layers * layer + transient + shared
 
 
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def memory_in_use(free: int, total: int, reserved: int = 0, allocated: int = 0) -> int:
+    """Bytes of a CUDA device held by other processes and by models this process already holds, from
+    `torch.cuda.mem_get_info` (`free`, `total`) and this process's `torch.cuda.memory_reserved` /
+    `memory_allocated`: total - free, less this process's CUDA context (`CUDA_CONTEXT_BYTES`; asking created it)
+    and less its allocator's cache (reserved but unallocated blocks, which it reuses), never below 0. Bad input
+    is a ValueError."""
+    for name, value in (("free", free), ("total", total), ("reserved", reserved), ("allocated", allocated)):
+        _int(name, value, 0)
+    if free > total:
+        raise ValueError(f"free ({free}) must not exceed total ({total})")
+    if allocated > reserved:
+        raise ValueError(f"allocated ({allocated}) must not exceed reserved ({reserved})")
+    return max(0, total - free - CUDA_CONTEXT_BYTES - (reserved - allocated))
+
+
+def weight_shrinking(model_config: ModelConfig, hf_config: Mapping[str, Any]) -> str | None:
+    """What makes the weights smaller than bf16 parameters on vLLM's device (a quantised model, CPU offload),
+    as a phrase naming the setting; None when nothing does. Bad input is a TypeError."""
+    if not isinstance(model_config, ModelConfig):
+        raise TypeError(f"model_config must be a trainer.ModelConfig, got {type(model_config).__name__}")
+    if not isinstance(hf_config, Mapping):
+        raise TypeError(f"hf_config must be the model's config.json as a dict, got {type(hf_config).__name__}")
+    for cfg in (hf_config, hf_config.get("text_config")):
+        if isinstance(cfg, Mapping) and cfg.get("quantization_config"):
+            method = cfg["quantization_config"]
+            method = method.get("quant_method", "") if isinstance(method, Mapping) else method
+            return f"config.json's quantization_config ({method or 'quantised weights'})"
+    for key, value in model_config.engine.vllm_args.items():
+        flag = key.lstrip("-").replace("-", "_")
+        if flag in WEIGHT_SHRINKING_FLAGS and value not in (None, False, 0, ""):
+            return f"EngineConfig.vllm_args[{key!r}]={value!r}"
+    return None
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
@@ -290,16 +342,10 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, device_bytes: int,
                 train: TrainConfig | None = None, cuda: bool = True, engine: str | None = None,
                 attention: str | None = None, in_use_bytes: int = 0, margin: float | None = None,
-                base: str = "the model") -> MemoryPlan:
+                base: str = "the model", inference_device_bytes: int | None = None) -> MemoryPlan:
     """The `MemoryPlan` of training `model_config` on the model of `hf_config` (its config.json as a dict) on a
     device of `device_bytes` bytes. Pure: reads nothing, needs no GPU.
 
@@ -311,12 +357,21 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     transformers picks), `eager` or `flash_attention_2`; default the config's `attn_implementation` if given.
     `in_use_bytes`: memory other processes already hold on the device. `margin`: the fraction of the
     trainer's terms added for what is not modelled; default `model_config.memory_check.margin`. `base` names
-    the model in messages. Bad input is a TypeError or ValueError naming it."""
+    the model in messages. `inference_device_bytes`: with `placement='dedicated'` and vLLM, the size of each
+    inference GPU (vLLM's share is `gpu_memory_utilization` of it); default `device_bytes`. Bad input is a
+    TypeError or ValueError naming it; a model whose weights are quantised or offloaded (`weight_shrinking`) is a
+    ValueError naming the setting (the plan models bf16 weights only)."""
     if not isinstance(model_config, ModelConfig):
         raise TypeError(f"model_config must be a trainer.ModelConfig, got {type(model_config).__name__}")
     if train is not None and not isinstance(train, TrainConfig):
         raise TypeError(f"train must be a trainer.TrainConfig or None, got {type(train).__name__}")
+    if not isinstance(cuda, bool):
+        raise TypeError(f"cuda must be a bool, got {type(cuda).__name__}")
+    if not isinstance(base, str) or not base.strip():
+        raise TypeError(f"base must be a non-empty str naming the model, got {base!r}")
     device_bytes = _int("device_bytes", device_bytes, 1)
+    inference_bytes = device_bytes if inference_device_bytes is None else _int(
+        "inference_device_bytes", inference_device_bytes, 1)
     in_use_bytes = _int("in_use_bytes", in_use_bytes, 0)
     if in_use_bytes >= device_bytes:
         raise ValueError(f"in_use_bytes ({in_use_bytes}) must be below device_bytes ({device_bytes})")
@@ -325,6 +380,10 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 1:
         raise ValueError(f"margin must be a fraction 0..1, got {margin!r}")
     shape = model_shape(hf_config)
+    shrunk = weight_shrinking(model_config, hf_config)
+    if shrunk is not None:
+        raise ValueError(f"{shrunk} makes the weights smaller than the bf16 parameters the memory plan assumes "
+                         "(quantised or offloaded): no plan is made for such a model")
     if attention is None:
         attention = hf_config.get("attn_implementation") or hf_config.get("_attn_implementation") or "sdpa"
     if attention not in ATTENTIONS:
@@ -364,7 +423,7 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
                                           and ecfg.inference_gpus) else 1
         vllm_weights = math.ceil(params * 2 / tp)
         vllm_overhead = VLLM_OVERHEAD_BYTES + int(VLLM_OVERHEAD_SHARE * vllm_weights)
-        vllm_share = int(ecfg.gpu_memory_utilization * device_bytes)
+        vllm_share = int(ecfg.gpu_memory_utilization * (device_bytes if colocated else inference_bytes))
         vllm_needs = vllm_weights + vllm_overhead + math.ceil(model_len * kv_per_token / tp)
         vllm_kv = max(0, vllm_share - vllm_weights - vllm_overhead)
     asleep = VLLM_CONTEXT_BYTES + int(VLLM_SLEEP_SHARE * vllm_share)
@@ -430,10 +489,17 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
                                "placement='dedicated' (vLLM on inference_gpus, the trainer on trainer_gpus), a "
                                "larger device or a smaller model")
     elif engine == "vllm" and vllm_needs > vllm_share:
-        low = math.ceil(vllm_needs / device_bytes * 100) / 100
-        suggestions.append(f"set gpu_memory_utilization >= {low:.2f} (now {util})" if low <= 1 else
-                           "vLLM's weights do not fit one inference GPU: more inference_gpus with "
-                           "inference_parallel='tensor', or a smaller max_model_len")
+        low = math.ceil(vllm_needs / inference_bytes * 100) / 100
+        if low <= 1:
+            suggestions.append(f"set gpu_memory_utilization >= {low:.2f} (now {util})")
+        elif vllm_weights + vllm_overhead > inference_bytes:
+            suggestions.append(f"vLLM's weights ({_gib(vllm_weights)} + overhead {_gib(vllm_overhead)}) do not fit "
+                               f"one inference GPU of {_gib(inference_bytes)}: more inference_gpus with "
+                               "inference_parallel='tensor', larger inference GPUs or a smaller model")
+        else:
+            suggestions.append(f"vLLM's weights fit one inference GPU of {_gib(inference_bytes)}, the KV cache of "
+                               f"one {model_len}-token sequence beside them does not: a smaller "
+                               "EngineConfig.max_model_len, or more inference_gpus with inference_parallel='tensor'")
     if rollout_bytes > device_bytes and not colocated:
         suggestions.append(f"the trainer's resident state ({_gib(trainer_resident)}) exceeds {device}: use a "
                            "larger device or a smaller model")
@@ -469,7 +535,8 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
                 lo, hi = (mid, hi) if fits(mid, ckpt) else (lo, mid - 1)
             best = lo - lo % 256 if lo >= 512 else lo
             then = activations(best, ckpt)
-            change = f"set max_tokens_per_micro_batch <= {best}"
+            change = (f"set TrainConfig.max_tokens_per_micro_batch <= {best} (the steps' micro-batches) and "
+                      f"ModelConfig.memory_check.max_tokens_per_micro_batch <= {best} (what this plan assumes)")
             if seq > best:
                 change += (f" and EngineConfig.max_seq_length <= {best} (now {seq}; a sequence is never split "
                            "across passes, longer ones are truncated)")
