@@ -111,7 +111,10 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     student. `method`: `sft` (`trainer.sft`), `grpo` (`trainer.distill.train_grpo`: the student, served by
     `engine`, samples `group_size` answers per prompt, rewarded by agreement with the teacher; `grpo_steps`
     and `grpo_lr` default to `steps` and `lr`) or `sft+grpo` (SFT, then GRPO from the SFT adapter). GRPO's
-    run (checkpoints, `history.jsonl`) is kept in `<out>.grpo/`, replaced on each run. Returns {"train",
+    run (checkpoints, `history.jsonl`) is kept in `<out>.grpo/`, replaced on each run; the model loaded for
+    SFT (or, `grpo` from a hub id, for the untrained adapter) is dropped, and CUDA's cache emptied, before GRPO
+    loads its own. Bad input (a bool or a float where an integer is asked, a non-positive rate...) is a
+    ValueError before anything is read. Returns {"train",
     "heldout", "untrained", "distilled" (Agreement rows), "history" (SFT's rows, then GRPO's), "method",
     "out"}."""
     from judges.rubrics import get_rubric

@@ -312,12 +312,32 @@ def test_grpo_steps_on_the_cpu_train_the_lora_and_write_a_judge(tmp_path):
 
 
 @pytest.mark.slow
-def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path):
-    """`sft+grpo`: the SFT adapter is the GRPO run's step 1, so GRPO's first step is step 2 and trains on it."""
+def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path, monkeypatch):
+    """`sft+grpo`: the SFT adapter is the GRPO run's step 1, so GRPO's first step is step 2 and trains on it;
+    the SFT model is no longer referenced when GRPO starts (GRPO loads its own)."""
+    import weakref
+
     from safetensors.torch import load_file
 
+    import evals.distill
+    import trainer.sft
     from evals.distill import run_distill
     from tests.test_distill import synthetic_dataset
+
+    loaded, alive_at_grpo = [], []
+    real_load, real_stage = trainer.sft.load_student, evals.distill._grpo_stage
+
+    def load_student(*a, **k):
+        model, tokenizer, full_forward = real_load(*a, **k)
+        loaded.append(weakref.ref(model))
+        return model, tokenizer, full_forward
+
+    async def grpo_stage(*a, **k):
+        alive_at_grpo.extend(r() is not None for r in loaded)
+        return await real_stage(*a, **k)
+
+    monkeypatch.setattr(trainer.sft, "load_student", load_student)
+    monkeypatch.setattr(evals.distill, "_grpo_stage", grpo_stage)
 
     data = synthetic_dataset(tmp_path / "synth.jsonl", n_groups=6)
     out = tmp_path / "sft-grpo-judge"
@@ -338,6 +358,7 @@ def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path):
     assert set(sft) == set(final) and any(not (sft[k] == final[k]).all() for k in sft)  # and GRPO moved it on
     assert json.loads((out / "ruler_judge.json").read_text())["method"] == "sft+grpo"
     assert result["distilled"]["errors"] == 0
+    assert alive_at_grpo == [False]  # one SFT model loaded, dropped before GRPO
 
 
 @pytest.mark.slow
