@@ -16,6 +16,12 @@ answers per prompt under RULER's answer schema), or by SFT then GRPO (`--method 
 as a judge folder (`local/<out>`). The command ends with the student's
 agreement with the teacher on the held-out prompts next to the untrained student's.
 
+GRPO samples under RULER's answer schema (constrained decoding), while its loss uses the unconstrained
+policy's log-probabilities: the PPO ratio is consistent (both sides are the unconstrained policy's), but the
+gradient's target is log pi, not the constrained log q = log pi - log Z, so the tokens the grammar forces still
+get gradient (`trainer.distill.train_grpo`). An answer cut at its token bound is rewarded 0 and counted apart
+(`answers_cut` in each GRPO step's row).
+
 `ruler.cli` loads `app` by name when the command runs (`ruler.cli.PLUGIN_COMMANDS`); it needs the `train`
 extra, and scipy (the `eval` extra) for Kendall's tau; it runs from a checkout (evals is not in the wheel).
 """
@@ -23,7 +29,10 @@ extra, and scipy (the `eval` extra) for Kendall's tau; it runs from a checkout (
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import math
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -102,11 +111,15 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     student. `method`: `sft` (`trainer.sft`), `grpo` (`trainer.distill.train_grpo`: the student, served by
     `engine`, samples `group_size` answers per prompt, rewarded by agreement with the teacher; `grpo_steps`
     and `grpo_lr` default to `steps` and `lr`) or `sft+grpo` (SFT, then GRPO from the SFT adapter). GRPO's
-    run (checkpoints, `history.jsonl`) is kept in `<out>.grpo/`, replaced on each run. Returns {"train",
+    run (checkpoints, `history.jsonl`) is kept in `<out>.grpo/`, replaced on each run; the model loaded for
+    SFT (or, `grpo` from a hub id, for the untrained adapter) is dropped, and CUDA's cache emptied, before GRPO
+    loads its own. Bad input (a bool or a float where an integer is asked, a non-positive rate...) is a
+    ValueError before anything is read. Returns {"train",
     "heldout", "untrained", "distilled" (Agreement rows), "history" (SFT's rows, then GRPO's), "method",
     "out"}."""
     from judges.rubrics import get_rubric
     from ruler.cache import default_cache_dir, export_judgments
+    from trainer.checkpoints import save_checkpoint
     from trainer.distill import agreement, from_cache, from_labels, split_by_group
     from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
@@ -118,16 +131,27 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
         raise ValueError(f"group_size must be an integer >= 2 (GRPO compares answers within a group); got {group_size!r}")
     if isinstance(valid_bonus, bool) or not isinstance(valid_bonus, (int, float)) or not 0 <= valid_bonus < 1:
         raise ValueError(f"valid_bonus must be a number in [0, 1); got {valid_bonus!r}")
-    if grpo_steps is not None and grpo_steps < 1:
-        raise ValueError("grpo_steps must be >= 1")
-    if grpo_lr is not None and not grpo_lr > 0:
-        raise ValueError("grpo_lr must be > 0")
+    for name, value, low in (("steps", steps, 1), ("batch_size", batch_size, 1), ("orderings", orderings, 1),
+                             ("grpo_steps", grpo_steps, 1), ("max_eval", max_eval, 1), ("seed", seed, None)):
+        if value is None and name in ("grpo_steps", "max_eval"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+            raise ValueError(f"{name} must be an integer{f' >= {low}' if low is not None else ''}"
+                             f"{' or None' if name in ('grpo_steps', 'max_eval') else ''}; got {value!r}")
+    for name, value in (("lr", lr), ("grpo_lr", grpo_lr)):
+        if value is None and name == "grpo_lr":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number > 0{' or None' if name == 'grpo_lr' else ''}; "
+                             f"got {value!r}")
+    if not isinstance(datasets, list) or not all(isinstance(d, (str, Path)) for d in datasets):
+        raise ValueError(f"datasets must be a list of paths; got {datasets!r}")
+    if not isinstance(student, str) or not student:
+        raise ValueError(f"student must be a model name, folder or hub id; got {student!r}")
     if not teacher and not datasets:
         raise ValueError("no teacher data: give --teacher MODEL (judgments from the cache) and/or --dataset PATH")
     if (since or until) and not teacher:
         raise ValueError("--since/--until select cached judgments: give --teacher too")
-    if max_eval is not None and max_eval < 1:
-        raise ValueError("max_eval must be >= 1")
     config = SFTConfig(steps=steps, learning_rate=lr, seed=seed, batch_size=batch_size)
     rubric_text = str(get_rubric(rubric))
     examples = []
@@ -170,6 +194,9 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
         untrained_dir = out.parent / f"{out.name}.untrained"
         await asyncio.to_thread(save_adapter, model, tokenizer, untrained_dir, {**meta, "steps": 0})
         before_judge = f"local/{untrained_dir}"
+        if method == "grpo":  # loaded only to write that adapter: off the device before GRPO loads its own
+            model = tokenizer = None
+            release_memory()
     before = await agreement(before_judge, held, cache=judge_cache)
     history = []
     if method != "grpo":
@@ -181,7 +208,13 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     if method == "sft":
         await asyncio.to_thread(save_adapter, model, tokenizer, out, meta)
     else:
-        history += await _grpo_stage(student, train, out, meta, config, model if method == "sft+grpo" else None,
+        runs = out.parent / f"{out.name}.grpo"
+        shutil.rmtree(runs, ignore_errors=True)
+        if method == "sft+grpo":  # the GRPO run resumes from the SFT adapter, written as its step 1
+            await asyncio.to_thread(save_checkpoint, grpo_run_dir(runs), 1, model, None, {"sft_steps": steps})
+            model = tokenizer = None  # the SFT model off the device before GRPO loads its own
+            release_memory()
+        history += await _grpo_stage(student, train, out, meta, config, runs,
                                      steps=grpo_steps or steps, lr=grpo_lr or lr, group_size=group_size,
                                      engine=engine, valid_bonus=valid_bonus, print_fn=print_fn)
     model = tokenizer = None
@@ -190,12 +223,29 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
             "history": history, "method": method, "out": str(out)}
 
 
-async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_config, sft_model, *, steps: int,
-                      lr: float, group_size: int, engine: str, valid_bonus: float, print_fn) -> list[dict]:
-    """GRPO on `train` in a fresh run at `<out>.grpo/` (from the SFT adapter `sft_model`, written there as the
-    run's step 1, when given), then the last checkpoint written to `out` as a judge folder."""
-    import shutil
+GRPO_PROJECT, GRPO_NAME = "grpo", "student"
 
+
+def grpo_run_dir(runs: Path) -> Path:
+    """The folder of the GRPO run (`trainer.TrainableModel` project `grpo`, name `student`) under `runs`."""
+    return Path(runs) / GRPO_PROJECT / GRPO_NAME
+
+
+def release_memory() -> None:
+    """Collect what was just dropped and, on CUDA, return the freed blocks of torch's cache to the device (so
+    GRPO's own model and its engine find the memory the SFT model held)."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_config, runs: Path, *, steps: int,
+                      lr: float, group_size: int, engine: str, valid_bonus: float, print_fn) -> list[dict]:
+    """GRPO on `train` in the run at `runs` (resumed from its last checkpoint when there is one: the SFT
+    adapter of `sft+grpo`, written there as step 1 before the SFT model was dropped), then the last checkpoint
+    written to `out` as a judge folder."""
     from transformers import AutoTokenizer
 
     import trainer.checkpoints as ckpt
@@ -204,14 +254,9 @@ async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_conf
     from trainer.distill import train_grpo
     from trainer.sft import save_checkpoint_as_judge
 
-    runs = out.parent / f"{out.name}.grpo"
-    shutil.rmtree(runs, ignore_errors=True)
-    model = TrainableModel("student", "grpo", student, ModelConfig(
+    model = TrainableModel(GRPO_NAME, GRPO_PROJECT, student, ModelConfig(
         lora=sft_config.lora, seed=sft_config.seed,
         engine=EngineConfig(engine=engine, max_seq_length=sft_config.max_seq_length)))
-    if sft_model is not None:  # the run resumes from it: GRPO starts where SFT ended
-        await asyncio.to_thread(ckpt.save_checkpoint, runs / model.project / model.name, 1, sft_model, None,
-                                {"sft_steps": meta["steps"]})
     backend = LocalBackend(runs)
     try:
         await model.register(backend)
@@ -222,7 +267,8 @@ async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_conf
             model, train, config, steps=steps, group_size=group_size, batch_size=sft_config.batch_size,
             valid_bonus=valid_bonus, seed=sft_config.seed,
             on_step=lambda r: print_fn(f"grpo step {r['step']}: reward {r['reward_mean']:.3f}, valid "
-                                       f"{r['valid_share']:.2f}, trained {r['trained']}", soft_wrap=True))
+                                       f"{r['valid_share']:.2f}, cut {r['answers_cut']}, invalid "
+                                       f"{r['invalid_answers']}, trained {r['trained']}", soft_wrap=True))
         last = await model.get_step()
         if not any(r["trained"] for r in history):
             if not last:
@@ -294,6 +340,10 @@ def distill(
     teacher's answers (--method sft), by GRPO whose reward is the agreement of each sampled answer's scores
     with the teacher's (--method grpo), or both in turn (sft+grpo). Ends by printing its agreement with the
     teacher on held-out groups (pairwise accuracy, Kendall tau, ties) next to the untrained student's.
+
+    GRPO samples under RULER's answer schema (constrained decoding) while its loss uses the unconstrained
+    policy's log-probabilities: the PPO ratio is consistent, but the gradient's target is log pi, not the
+    constrained log q = log pi - log Z, so tokens the grammar forces still get gradient.
     """
     from judges.rubrics import get_rubric
 

@@ -41,8 +41,9 @@ student's context (SmolLM2: 8192 tokens) counts as "no valid answer".
    `LLMBar/` and 30 s are left; then the server stops.
 
 Every phase prints its seconds; `--out` gets `train.jsonl`, `test.jsonl`, `report.json`, `README.md` and
-`vllm-server.log`, written whatever happened (an error is recorded in the report, exit status 1).
-Checked on a CPU with `--dry-run` only; vLLM itself was not available where this was written.
+`vllm-server.log`, written whatever happened (an error is recorded in the report, exit status 1; the budget's
+end as "budget of N s reached during phase X").
+Checked on a CPU with `--dry-run`, and run once on an H200 (vLLM 0.24; `evals/reports/distill/README.md`).
 """
 
 from __future__ import annotations
@@ -185,12 +186,23 @@ SERVED = "smollm2"
 
 
 class _Phases:
-    """Seconds per phase, printed as each ends, against one wall-clock budget."""
+    """Seconds per phase, printed as each ends, against one wall-clock budget; `current` is the phase last
+    begun."""
 
     def __init__(self, budget_s: float):
         self.start = time.perf_counter()
         self.budget_s = budget_s
         self.seconds: dict[str, float] = {}
+        self.current = "start"
+
+    def begin(self, name: str) -> float:
+        """Mark phase `name` as begun; returns its start (for `done`)."""
+        self.current = name
+        return time.perf_counter()
+
+    def budget_reached(self) -> str:
+        """What the report says when the budget ends: "budget of N s reached during phase X"."""
+        return f"budget of {self.budget_s:g} s reached during phase {self.current}"
 
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.start)
@@ -202,6 +214,43 @@ class _Phases:
         self.seconds[name] = time.perf_counter() - since
         print(f"[distill-bench] {name}: {self.seconds[name]:.1f} s (elapsed {time.perf_counter() - self.start:.1f} "
               f"of {self.budget_s:.0f} s)", flush=True)
+
+
+class BudgetReached(TimeoutError):
+    """A phase's own time limit, drawn from the budget, ran out (its message says which)."""
+
+
+async def run_within_budget(ph: _Phases, report: dict, work) -> None:
+    """Await `work()` (a coroutine function) within what is left of `ph`'s budget, a SIGTERM cancelling it.
+    The budget's end is recorded in `report["error"]` as "budget of N s reached during phase X" (X: the phase
+    last begun), a failure as "Class: message", a cancellation as such (and re-raised); what `work` measured
+    stays in `report`."""
+    loop = asyncio.get_running_loop()
+    handler = False
+    try:  # a SIGTERM (a wall-clock limit outside) cancels this task: what was measured is still written
+        loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+        handler = True
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass
+    timer = asyncio.timeout(ph.left())
+    try:
+        async with timer:
+            await work()
+    except BaseException as exc:  # the budget's end or a failure: keep and report what was measured
+        if isinstance(exc, asyncio.CancelledError):
+            report["error"] = "cancelled (SIGTERM, or by the caller)"
+        elif isinstance(exc, BudgetReached):
+            report["error"] = str(exc)
+        elif isinstance(exc, TimeoutError) and timer.expired():
+            report["error"] = ph.budget_reached()
+        else:
+            report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        print(f"[distill-bench] stopped: {report['error']}", flush=True)
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        if handler:
+            loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_memory_utilization: float,
@@ -242,7 +291,8 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
     adapter into the same server and measure it, LLMBar Natural if its data is there and time is left.
 
     Each phase stops early rather than overrun (sampling by about 40% of the budget, SFT 60 s before the end)
-    and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase."""
+    and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase (the
+    budget's end recorded as "budget of N s reached during phase X", `run_within_budget`)."""
     from evals.distill import labelled_groups
     from evals.judge_meta import DEFAULT_ROOT, evaluate, load_user_dataset
     from judges import DEFAULT_RUBRIC
@@ -263,114 +313,112 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
     report: dict = {"command": "python -m evals.distill_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                     "dry_run": dry_run, "budget_s": budget_s, "phases": ph.seconds}
     server = None
-    try:
-        try:  # a SIGTERM (a wall-clock limit outside) cancels this task: what was measured is still written
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
-        except (NotImplementedError, RuntimeError):
+
+    async def measure() -> None:
+        nonlocal server
+        t = ph.begin("serve")
+        if dry_run:
+            policy, params = "local/smollm2-135m-instruct", {}
+            student, before_judge = "local/smollm2-135m-instruct", "local/smollm2-135m-instruct"
+        else:
+            server = _vllm_server(model_dir, out, port, SFTConfig().lora.rank, gpu_memory_utilization,
+                                  ph.left() - 120, enforce_eager)
+            await server.start()
+            policy, params = f"hosted_vllm/{SERVED}", {"api_base": server.base_url}
+            student, before_judge = model_dir, f"hosted_vllm/{SERVED}"
+        report["policy"] = policy
+        ph.done("serve", t)
+
+        t = ph.begin("sample")
+        deadline = ph.at(budget_s * 0.4)
+        common = {"policy": policy, "db": db, "scenarios": scenarios, "group_size": group_size,
+                  "max_turns": max_turns, "temperature": temperature, "seed": seed, "concurrency": concurrency,
+                  "params": params, "tool_mode": "text", "deadline": deadline, "grace_s": 20.0}
+        tr, te = await asyncio.gather(
+            sample_groups(split="train", groups=train_groups, out=out / "train.jsonl", **common),
+            sample_groups(split="test", groups=test_groups, out=out / "test.jsonl", **common))
+        report["sample"] = {"train": tr, "test": te}
+        print(f"[distill-bench] sampled: {json.dumps(report['sample'])[:1500]}", flush=True)
+        ph.done("sample", t)
+
+        def examples(path: Path):
+            pairs, groups, _, _ = load_user_dataset(path)
+            return from_labels(labelled_groups([*pairs, *groups]), DEFAULT_RUBRIC, seed=seed)
+
+        if not tr["groups"] or not te["groups"]:
+            raise RuntimeError("no graded groups with differing rewards to train or test on")
+        train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
+        report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
+        judge_params = {**params, "temperature": 0.0}  # greedy, as the local judge (vLLM's default is 1)
+
+        t = ph.begin("sft_and_eval_untrained")
+        config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
+        sft_deadline = ph.at(budget_s - (60 if llmbar_limit else 40))
+        history: list[dict] = []
+
+        class OutOfTime(Exception):
             pass
-        async with asyncio.timeout(ph.left()):
-            t = time.perf_counter()
-            if dry_run:
-                policy, params = "local/smollm2-135m-instruct", {}
-                student, before_judge = "local/smollm2-135m-instruct", "local/smollm2-135m-instruct"
-            else:
-                server = _vllm_server(model_dir, out, port, SFTConfig().lora.rank, gpu_memory_utilization,
-                                      ph.left() - 120, enforce_eager)
-                await server.start()
-                policy, params = f"hosted_vllm/{SERVED}", {"api_base": server.base_url}
-                student, before_judge = model_dir, f"hosted_vllm/{SERVED}"
-            report["policy"] = policy
-            ph.done("serve", t)
 
-            t = time.perf_counter()
-            deadline = ph.at(budget_s * 0.4)
-            common = {"policy": policy, "db": db, "scenarios": scenarios, "group_size": group_size,
-                      "max_turns": max_turns, "temperature": temperature, "seed": seed, "concurrency": concurrency,
-                      "params": params, "tool_mode": "text", "deadline": deadline, "grace_s": 20.0}
-            tr, te = await asyncio.gather(
-                sample_groups(split="train", groups=train_groups, out=out / "train.jsonl", **common),
-                sample_groups(split="test", groups=test_groups, out=out / "test.jsonl", **common))
-            report["sample"] = {"train": tr, "test": te}
-            print(f"[distill-bench] sampled: {json.dumps(report['sample'])[:1500]}", flush=True)
-            ph.done("sample", t)
+        def on_step(row: dict) -> None:
+            history.append(row)
+            if time.perf_counter() > sft_deadline:
+                raise OutOfTime
 
-            def examples(path: Path):
-                pairs, groups, _, _ = load_user_dataset(path)
-                return from_labels(labelled_groups([*pairs, *groups]), DEFAULT_RUBRIC, seed=seed)
-
-            if not tr["groups"] or not te["groups"]:
-                raise RuntimeError("no graded groups with differing rewards to train or test on")
-            train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
-            report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
-            judge_params = {**params, "temperature": 0.0}  # greedy, as the local judge (vLLM's default is 1)
-
-            t = time.perf_counter()
-            config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
-            sft_deadline = ph.at(budget_s - (60 if llmbar_limit else 40))
-            history: list[dict] = []
-
-            class OutOfTime(Exception):
+        def sft() -> None:
+            model, tokenizer, full_forward = load_student(student, config)
+            try:
+                train_sft(model, tokenizer, [SFTExample(e.messages, e.answer) for e in train_ex], config,
+                          full_forward=full_forward, on_step=on_step)
+            except OutOfTime:
                 pass
+            save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": "ART·E rubric",
+                                                       "steps": len(history)})
 
-            def on_step(row: dict) -> None:
-                history.append(row)
-                if time.perf_counter() > sft_deadline:
-                    raise OutOfTime
+        async def before_eval():
+            b = time.perf_counter()
+            result = await agreement(before_judge, test_ex, params=judge_params, cache=False,
+                                     concurrency=concurrency)
+            ph.done("eval_untrained", b)
+            return result
 
-            def sft() -> None:
-                model, tokenizer, full_forward = load_student(student, config)
-                try:
-                    train_sft(model, tokenizer, [SFTExample(e.messages, e.answer) for e in train_ex], config,
-                              full_forward=full_forward, on_step=on_step)
-                except OutOfTime:
-                    pass
-                save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": "ART·E rubric",
-                                                           "steps": len(history)})
+        # the untrained student is measured while the SFT trains (both on the GPU; the server's is capped)
+        before, _ = await asyncio.gather(before_eval(), asyncio.to_thread(sft))
+        report["untrained"] = before.row()
+        report.update(history=history, sft_steps=len(history), sft_steps_asked=steps)
+        ph.done("sft_and_eval_untrained", t)
 
-            async def before_eval():
-                b = time.perf_counter()
-                result = await agreement(before_judge, test_ex, params=judge_params, cache=False,
-                                         concurrency=concurrency)
-                ph.done("eval_untrained", b)
-                return result
+        t = ph.begin("eval_distilled")
+        if server is not None:
+            await server.load_adapter(1, judge_dir)
+            after_judge = f"hosted_vllm/{SERVED}@1"
+        else:
+            after_judge = f"local/{Path(judge_dir).resolve()}"
+        after = await agreement(after_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
+        report["distilled"] = after.row()
+        ph.done("eval_distilled", t)
 
-            # the untrained student is measured while the SFT trains (both on the GPU; the server's is capped)
-            before, _ = await asyncio.gather(before_eval(), asyncio.to_thread(sft))
-            report["untrained"] = before.row()
-            report.update(history=history, sft_steps=len(history), sft_steps_asked=steps)
-            ph.done("sft_and_eval_untrained", t)
-
-            t = time.perf_counter()
-            if server is not None:
-                await server.load_adapter(1, judge_dir)
-                after_judge = f"hosted_vllm/{SERVED}@1"
-            else:
-                after_judge = f"local/{Path(judge_dir).resolve()}"
-            after = await agreement(after_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
-            report["distilled"] = after.row()
-            ph.done("eval_distilled", t)
-
-            root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
-            if llmbar_limit and not (root / "LLMBar").is_dir():
-                report["llmbar_natural"] = {"skipped": f"no LLMBar data under {root}"}
-            elif llmbar_limit and ph.left() < 30:
-                report["llmbar_natural"] = {"skipped": f"{ph.left():.0f} s left of the budget"}
-            elif llmbar_limit:
-                t = time.perf_counter()
-                bar = {}
-                for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
+        root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
+        if llmbar_limit and not (root / "LLMBar").is_dir():
+            report["llmbar_natural"] = {"skipped": f"no LLMBar data under {root}"}
+        elif llmbar_limit and ph.left() < 30:
+            report["llmbar_natural"] = {"skipped": f"{ph.left():.0f} s left of the budget"}
+        elif llmbar_limit:
+            t = ph.begin("llmbar")
+            bar = {}
+            for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
+                try:  # stops 10 s before the budget's end, leaving time to write the report
                     summary, _ = await asyncio.wait_for(
                         evaluate(["llmbar-natural"], judge, params=judge_params, limit=llmbar_limit, root=root,
                                  concurrency=concurrency, progress=False, cache=False), max(5.0, ph.left() - 10))
-                    bar[label] = summary.iloc[0].to_dict()
-                report["llmbar_natural"] = bar
-                ph.done("llmbar", t)
-    except BaseException as exc:  # the budget's end or a failure: keep and report what was measured
-        report["error"] = ("cancelled (SIGTERM, or by the caller)" if isinstance(exc, asyncio.CancelledError)
-                           else f"{type(exc).__name__}: {exc}"[:2000])
-        print(f"[distill-bench] stopped: {report['error']}", flush=True)
-        if not isinstance(exc, Exception):
-            raise
+                except TimeoutError:
+                    raise BudgetReached(ph.budget_reached() + f" (judging LLMBar Natural as the {label} "
+                                        "judge)") from None
+                bar[label] = summary.iloc[0].to_dict()
+            report["llmbar_natural"] = bar
+            ph.done("llmbar", t)
+
+    try:
+        await run_within_budget(ph, report, measure)
     finally:
         report["seconds"] = time.perf_counter() - ph.start
         write_report(out, report)  # before stopping the server, in case that is slow

@@ -7,7 +7,7 @@ import pytest
 
 from evals.art_e.questions import Scenario, save_scenarios
 from evals.art_e.tools import InboxTools
-from evals.distill_bench import gpu_bench, sample_groups, write_report
+from evals.distill_bench import _Phases, gpu_bench, run_within_budget, sample_groups, write_report
 
 SALLY = "sally.beck@enron.com"
 
@@ -65,6 +65,52 @@ def test_write_report_keeps_what_was_measured(tmp_path):
     assert "| untrained | 0.500 | 0.250 | 0.125 | 8 | 1 |" in readme and "| distilled |" not in readme
     assert "serve 1.0" in readme and "TimeoutError" in readme
     assert json.loads((tmp_path / "report.json").read_text())["untrained"] == row
+
+
+async def test_the_budgets_end_is_reported_with_its_phase_and_what_was_measured_kept(tmp_path):
+    import asyncio
+
+    ph = _Phases(0.5)
+    report = {"command": "x", "phases": ph.seconds}
+    reached = []
+
+    async def work():
+        t = ph.begin("serve")
+        ph.done("serve", t)
+        report["untrained"] = {"pairwise_accuracy": 0.5, "kendall_tau": 0.25, "ties": 0.125, "pairs": 8, "errors": 0}
+        ph.begin("sample")
+        await asyncio.sleep(30)  # the budget ends here
+        reached.append("after")
+
+    started = time.perf_counter()
+    await run_within_budget(ph, report, work)
+    assert time.perf_counter() - started < 5 and reached == []
+    assert report["error"] == "budget of 0.5 s reached during phase sample"
+    write_report(tmp_path, report)
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["error"] == "budget of 0.5 s reached during phase sample" and "serve" in saved["phases"]
+    readme = (tmp_path / "README.md").read_text()
+    assert "Stopped by an error: `budget of 0.5 s reached during phase sample`" in readme
+    assert "| untrained | 0.500 |" in readme and "TimeoutError" not in readme
+
+    # a failure that is not the budget keeps its class and message; a TimeoutError of its own is not the budget
+    for exc, said in ((RuntimeError("no graded groups"), "RuntimeError: no graded groups"),
+                      (TimeoutError("server did not start"), "TimeoutError: server did not start")):
+        async def fail(exc=exc):
+            ph.begin("serve")
+            raise exc
+
+        report = {}
+        await run_within_budget(_Phases(60), report, fail)
+        assert report["error"] == said
+
+    async def cancelled():
+        raise asyncio.CancelledError
+
+    report = {}
+    with pytest.raises(asyncio.CancelledError):
+        await run_within_budget(_Phases(60), report, cancelled)
+    assert report["error"].startswith("cancelled")
 
 
 async def test_gpu_bench_refuses_a_data_folder_without_the_inbox(tmp_path):

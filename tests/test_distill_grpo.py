@@ -13,10 +13,16 @@ from ruler import group_advantages
 from tests.helpers import convo
 from trainer.distill import (
     LabelledGroup,
+    agreement_figures,
     agreement_reward,
     answer_scores,
+    answer_token_bound,
     from_labels,
     pair_agreement,
+    pair_counts,
+    render_answer,
+    step_answer_stats,
+    teacher_orders_a_pair,
     train_grpo,
 )
 
@@ -92,6 +98,123 @@ async def test_train_grpo_refuses_what_it_cannot_train():
     ex = _example()
     with pytest.raises(TypeError, match="registered trainer.TrainableModel"):
         await train_grpo(object(), [ex], TrainConfig(), steps=1)
+    model = _ScriptedStudent("http://127.0.0.1:9/v1")
+    for kwargs, why in (({"seed": True}, "seed must be an integer"), ({"seed": 1.5}, "seed must be an integer"),
+                        ({"constrained": 1}, "constrained must be True or False"),
+                        ({"constrained": "yes"}, "constrained must be True or False"),
+                        ({"on_step": "print"}, "on_step must be a callable")):
+        with pytest.raises(TypeError, match=why):
+            await train_grpo(model, [ex], TrainConfig(), steps=1, **kwargs)
+    assert model.trained == []
+
+
+def _near_tie_example():
+    ex = _example((1, 0))
+    ex.scores = {"1": 0.12345678949, "2": 0.12345678951}  # 2e-11 apart: one side of round(v, 9) each
+    return ex
+
+
+async def test_one_tie_rule_a_near_tie_teacher_is_left_out_not_a_crash():
+    from trainer import TrainConfig
+
+    ex = _near_tie_example()
+    # the rule that picks the training prompts is the rule that counts the pairs: no pair here
+    assert not teacher_orders_a_pair(ex)
+    assert pair_counts({"1": 0.9, "2": 0.1}, ex.scores) == (0, 0, 0)
+    with pytest.raises(ValueError, match="every trajectory alike"):
+        agreement_reward(_answer({"1": 0.9, "2": 0.1}), ex)
+    with pytest.raises(ValueError, match="none of the 1 training prompts"):
+        await train_grpo(_ScriptedStudent("http://127.0.0.1:9/v1"), [ex], TrainConfig(), steps=1)
+    # a third trajectory the teacher does order: the near tie is still no pair, the other two are
+    three = _example((2, 1, 0))
+    three.scores = {"1": 0.12345678949, "2": 0.12345678951, "3": 0.9}
+    assert teacher_orders_a_pair(three)
+    assert pair_counts({"1": 0.1, "2": 0.1, "3": 0.5}, three.scores) == (2, 0, 2)
+    assert pair_agreement({"1": 0.1, "2": 0.1, "3": 0.5}, three.scores) == 1.0
+    # agreement_figures counts by the same helper: concordant, ties, pairs summed over prompts
+    fig = agreement_figures("j", [three.scores, {"1": 1.0, "2": 0.0, "3": 0.5}],
+                            [{"1": 0.1, "2": 0.1, "3": 0.5}, {"1": 0.2, "2": 0.2, "3": 0.9}])
+    # prompt 2: (1,2) tie, (1,3) wrong, (2,3) right -> 1 right, 1 tie of 3 pairs; prompt 1: 2 right of 2
+    assert (fig.pairs, fig.pairwise_accuracy, fig.ties) == (5, pytest.approx(3 / 5), pytest.approx(1 / 5))
+    assert pair_counts({"1": 0.2, "2": 0.2, "3": 0.9}, {"1": 1.0, "2": 0.0, "3": 0.5}) == (1, 1, 3)
+
+
+def test_answer_token_bound_holds_the_longest_answer_the_schema_allows():
+    from transformers import AutoTokenizer
+
+    from judges.embedded import embedded_model_path
+    from ruler.providers import LOCAL_EXPLANATION_CHARS
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+    ids = [str(i) for i in range(1, 9)]
+    for text in ("x y" * 40, "é ü" * 40, "1234567890" * 8):  # explanations at the schema's bound
+        answer = render_answer(ids, {i: 0.123 for i in ids}, {i: text for i in ids})
+        long_scores = answer.replace("0.123", "0.12345678901234567")  # the schema bounds values, not digits
+        assert len(tokenizer(long_scores)["input_ids"]) < answer_token_bound(ids)
+    assert answer_token_bound(ids) == 16 + 8 * (2 * LOCAL_EXPLANATION_CHARS + 88)
+    assert answer_token_bound(["1", "2"], 10) < answer_token_bound(["1", "2", "3"], 10)
+    for bad, why in ((([], 80), "non-empty list"), ((["1"], 0), "max_explanation_chars"),
+                     ((["1"], True), "max_explanation_chars"), (([1, 2], 80), "trajectory id strings")):
+        with pytest.raises(ValueError, match=why):
+            answer_token_bound(*bad)
+
+
+def test_a_cut_answer_is_counted_apart_from_an_invalid_one():
+    stats = step_answer_stats([[0.0, 1.0], [0.0, 0.5, 0.0]], [[False, True], [False, True, False]],
+                              [[True, False], [False, False, False]])
+    assert stats == {"group_rewards": [[0.0, 1.0], [0.0, 0.5, 0.0]], "valid_share": pytest.approx(2 / 5),
+                     "answers_cut": 1, "invalid_answers": 2}
+    empty = step_answer_stats([], [], [])
+    assert empty["answers_cut"] == empty["invalid_answers"] == 0 and empty["valid_share"] != empty["valid_share"]
+    with pytest.raises(ValueError, match="same lengths"):
+        step_answer_stats([[0.0]], [[True, False]], [[False]])
+
+
+class _ScriptedStudent:
+    """A stand-in for a registered TrainableModel whose server is the scripted judge on loopback (its answers
+    and 400s are real HTTP through the openai client); `train` records the groups it is given."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.trained: list = []
+
+    def openai_client(self):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base, api_key="sk-test", max_retries=0)
+
+    async def get_step(self) -> int:
+        return 0
+
+    def get_inference_name(self) -> str:
+        return "scripted"
+
+    async def train(self, groups, config) -> dict:
+        self.trained.append(groups)
+        return {"step": len(self.trained), "trained": False}
+
+
+async def test_a_refused_prompt_is_logged_with_the_servers_error_and_left_out(judge, caplog):
+    from trainer import TrainConfig
+
+    judge.script = ["400", "ok"]
+    model = _ScriptedStudent(judge.base)
+    exs = [_example((2, 0, 1)), _example((0, 1, 2, 3))]
+    rows = []
+    with caplog.at_level("WARNING", logger="ruler.distill"):
+        history = await train_grpo(model, exs, TrainConfig(), steps=1, batch_size=2, group_size=2,
+                                   on_step=rows.append)
+    assert rows == history and len(history) == 1
+    row = history[0]
+    assert row["prompts_refused"] == 1 and len(model.trained[0]) == 1 and row["answers_cut"] == 0
+    assert row["valid_share"] == 1.0 and row["invalid_answers"] == 0  # the scripted judge answers valid JSON
+    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 1 and "BadRequestError" in refused[0].getMessage()
+    assert "judge exploded" in refused[0].getMessage() and "max_seq_length" not in refused[0].getMessage()
+    # the default max_tokens is the schema-derived bound of each prompt's ids, sent with the schema
+    sent = sorted((len(r["response_format"]["json_schema"]["schema"]["properties"]["scores"]["prefixItems"]),
+                   r["max_tokens"]) for r in judge.requests)
+    assert sent == [(3, answer_token_bound(["1", "2", "3"])), (4, answer_token_bound(["1", "2", "3", "4"]))]
 
 
 def test_json_list_reads_an_llm_list_answer_or_says_why_not():
@@ -109,6 +232,30 @@ def _cli(*args):
     from ruler.cli import app
 
     return runner.invoke(app, ["distill", *args])
+
+
+async def test_run_distill_refuses_bad_types(tmp_path):
+    from evals.distill import run_distill
+
+    common = {"teacher": None, "since": None, "until": None, "cache": tmp_path / "cache",
+              "datasets": [tmp_path / "x.jsonl"], "student": "local/smollm2-135m-instruct", "steps": 1, "lr": 1e-3,
+              "out": tmp_path / "judge", "method": "grpo", "print_fn": lambda *a, **k: None}
+    for kwargs, why in (({"grpo_steps": True}, "grpo_steps must be an integer"),
+                        ({"grpo_steps": 2.0}, "grpo_steps must be an integer"),
+                        ({"grpo_steps": 0}, "grpo_steps must be an integer >= 1"),
+                        ({"steps": True}, "steps must be an integer"), ({"steps": "3"}, "steps must be an integer"),
+                        ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+                        ({"max_eval": True}, "max_eval must be an integer"),
+                        ({"seed": None}, "seed must be an integer"), ({"orderings": 1.0}, "orderings"),
+                        ({"lr": True}, "lr must be a finite number > 0"),
+                        ({"lr": float("inf")}, "lr must be a finite number > 0"),
+                        ({"grpo_lr": "1e-3"}, "grpo_lr must be a finite number > 0"),
+                        ({"grpo_lr": 0}, "grpo_lr must be a finite number > 0"),
+                        ({"datasets": "x.jsonl"}, "datasets must be a list of paths"),
+                        ({"student": ""}, "student must be")):
+        with pytest.raises(ValueError, match=why):
+            await run_distill(**{**common, **kwargs})
+    assert not (tmp_path / "judge").exists() and not (tmp_path / "judge.grpo").exists()
 
 
 def test_distill_refuses_a_bad_method_group_size_or_engine(tmp_path):
@@ -165,12 +312,32 @@ def test_grpo_steps_on_the_cpu_train_the_lora_and_write_a_judge(tmp_path):
 
 
 @pytest.mark.slow
-def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path):
-    """`sft+grpo`: the SFT adapter is the GRPO run's step 1, so GRPO's first step is step 2 and trains on it."""
+def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path, monkeypatch):
+    """`sft+grpo`: the SFT adapter is the GRPO run's step 1, so GRPO's first step is step 2 and trains on it;
+    the SFT model is no longer referenced when GRPO starts (GRPO loads its own)."""
+    import weakref
+
     from safetensors.torch import load_file
 
+    import evals.distill
+    import trainer.sft
     from evals.distill import run_distill
     from tests.test_distill import synthetic_dataset
+
+    loaded, alive_at_grpo = [], []
+    real_load, real_stage = trainer.sft.load_student, evals.distill._grpo_stage
+
+    def load_student(*a, **k):
+        model, tokenizer, full_forward = real_load(*a, **k)
+        loaded.append(weakref.ref(model))
+        return model, tokenizer, full_forward
+
+    async def grpo_stage(*a, **k):
+        alive_at_grpo.extend(r() is not None for r in loaded)
+        return await real_stage(*a, **k)
+
+    monkeypatch.setattr(trainer.sft, "load_student", load_student)
+    monkeypatch.setattr(evals.distill, "_grpo_stage", grpo_stage)
 
     data = synthetic_dataset(tmp_path / "synth.jsonl", n_groups=6)
     out = tmp_path / "sft-grpo-judge"
@@ -191,6 +358,7 @@ def test_sft_then_grpo_starts_from_the_sft_adapter(tmp_path):
     assert set(sft) == set(final) and any(not (sft[k] == final[k]).all() for k in sft)  # and GRPO moved it on
     assert json.loads((out / "ruler_judge.json").read_text())["method"] == "sft+grpo"
     assert result["distilled"]["errors"] == 0
+    assert alive_at_grpo == [False]  # one SFT model loaded, dropped before GRPO
 
 
 @pytest.mark.slow

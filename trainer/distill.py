@@ -222,19 +222,10 @@ def agreement_figures(judge: str, teacher: list[dict[str, float]],
         if set(s) != set(t):
             raise ValueError(f"student ids {sorted(s)} differ from the teacher's {sorted(t)}")
         ids = sorted(t, key=int)
-        for a in range(len(ids)):
-            for b in range(a + 1, len(ids)):
-                dt = t[ids[a]] - t[ids[b]]
-                if abs(dt) < 1e-9:
-                    continue
-                pairs += 1
-                ds = s[ids[a]] - s[ids[b]]
-                if abs(ds) < 1e-9:
-                    tied += 1
-                elif (ds > 0) == (dt > 0):
-                    right += 1
+        c, ti, n = pair_counts(s, t)
+        right, tied, pairs = right + c, tied + ti, pairs + n
         tau = kendalltau([s[i] for i in ids], [t[i] for i in ids]).statistic
-        taus.append(float(tau) if tau == tau else 0.0)
+        taus.append(0.0 if math.isnan(tau) else float(tau))
     nan = float("nan")
     return Agreement(judge, len(teacher), pairs, right / pairs if pairs else nan, tied / pairs if pairs else nan,
                      sum(taus) / len(taus) if taus else nan, errors, list(student))
@@ -271,33 +262,69 @@ async def agreement(judge: str, examples: list[TeacherExample], *, params: dict 
 
 # ---- GRPO with an agreement-with-teacher reward (`ruler distill --method grpo`) ----
 
-def pair_agreement(student: dict[str, float], teacher: dict[str, float]) -> float:
-    """Over the pairs of trajectories the teacher scores differently, the share the student orders the same
-    way, a student tie counting one half: (concordant + ties / 2) / pairs, which is (1 + tau) / 2 for
-    tau = (concordant - discordant) / pairs. 1: the teacher's order; 0: its reverse; 0.5: all scored alike.
-    Raises ValueError when the two name different ids or the teacher orders no pair."""
+TIE_TOLERANCE = 1e-9
+
+
+def scores_tie(a: float, b: float) -> bool:
+    """Whether two scores count as equal (closer than `TIE_TOLERANCE`): the one tie rule of the teacher's and
+    the student's scores in `pair_counts`, `pair_agreement`, `teacher_orders_a_pair` and `agreement_figures`."""
+    return abs(a - b) < TIE_TOLERANCE
+
+
+def pair_counts(student: dict[str, float], teacher: dict[str, float]) -> tuple[int, int, int]:
+    """(concordant, ties, pairs): over the pairs of ids the teacher scores differently (`scores_tie`), how many
+    the student orders the same way, how many it scores alike, and how many there are. Raises ValueError when
+    the two name different ids."""
     if not isinstance(student, dict) or not isinstance(teacher, dict):
         raise TypeError("student and teacher must be dicts of scores by trajectory id")
     if set(student) != set(teacher):
         raise ValueError(f"the student scores ids {sorted(student)}, the teacher {sorted(teacher)}")
     ids = sorted(teacher)
-    pairs = credit = 0.0
+    concordant = ties = pairs = 0
     for a in range(len(ids)):
         for b in range(a + 1, len(ids)):
-            dt = teacher[ids[a]] - teacher[ids[b]]
-            if abs(dt) < 1e-9:
+            ta, tb = teacher[ids[a]], teacher[ids[b]]
+            if scores_tie(ta, tb):
                 continue
             pairs += 1
-            ds = student[ids[a]] - student[ids[b]]
-            credit += 0.5 if abs(ds) < 1e-9 else float((ds > 0) == (dt > 0))
+            sa, sb = student[ids[a]], student[ids[b]]
+            if scores_tie(sa, sb):
+                ties += 1
+            elif (sa > sb) == (ta > tb):
+                concordant += 1
+    return concordant, ties, pairs
+
+
+def pair_agreement(student: dict[str, float], teacher: dict[str, float]) -> float:
+    """Over the pairs of trajectories the teacher scores differently, the share the student orders the same
+    way, a student tie counting one half: (concordant + ties / 2) / pairs (`pair_counts`), which is
+    (1 + tau) / 2 for tau = (concordant - discordant) / pairs. 1: the teacher's order; 0: its reverse; 0.5: all
+    scored alike. Raises ValueError when the two name different ids or the teacher orders no pair."""
+    concordant, ties, pairs = pair_counts(student, teacher)
     if not pairs:
         raise ValueError("the teacher scores every trajectory alike: no pair to agree on")
-    return credit / pairs
+    return (concordant + ties / 2) / pairs
 
 
 def teacher_orders_a_pair(example: TeacherExample) -> bool:
-    """Whether the teacher scores at least two of the example's trajectories differently (else no reward)."""
-    return len({round(v, 9) for v in example.scores.values()}) > 1
+    """Whether the teacher scores at least two of the example's trajectories differently (by `scores_tie`, the
+    rule `pair_agreement` counts pairs by; else no reward)."""
+    if not isinstance(example, TeacherExample):
+        raise TypeError(f"expected a TeacherExample, got {type(example).__name__}")
+    return pair_counts(example.scores, example.scores)[2] > 0
+
+
+def answer_token_bound(ids: list[str], max_explanation_chars: int = LOCAL_EXPLANATION_CHARS) -> int:
+    """A generous bound on the tokens of a RULER answer for `ids` under the answer schema
+    (`ruler.prompt.response_schema`): per id, two tokens per explanation character (a non-ASCII character
+    can take several byte tokens), 24 for the score's digits (the schema bounds its value, not its digits) and
+    64 for the entry's JSON (keys, quotes, the id, separators, whitespace), plus 16 for the wrapper. The
+    default `max_tokens` of `train_grpo`, so that a cut answer means a model rambling, not a bound too tight."""
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        raise ValueError(f"ids must be a non-empty list of trajectory id strings, got {ids!r}")
+    if isinstance(max_explanation_chars, bool) or not isinstance(max_explanation_chars, int) or max_explanation_chars < 1:
+        raise ValueError(f"max_explanation_chars must be an integer >= 1, got {max_explanation_chars!r}")
+    return 16 + len(ids) * (2 * max_explanation_chars + 24 + 64)
 
 
 def agreement_reward(answer: str | None, example: TeacherExample, *, valid_bonus: float = 0.0) -> float:
@@ -344,11 +371,25 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
     from the model's own server (`temperature`; `constrained`: under RULER's exact answer schema for these ids,
     `ruler.prompt.response_schema`, as the `local/` judge answers), rewards each with `agreement_reward`,
     and trains on the groups with `model.train(groups, config)` (a `TrainConfig`). `max_answer_tokens`: the
-    most tokens of one answer (default 16 + 64 per shown trajectory; a cut answer is invalid). Prompts whose
-    teacher scores all alike are left out (no reward). Returns one row per step: the run-log row of
-    `model.train` plus `group_rewards` (each group's rewards, in sampled order), `valid_share` (answers RULER's
-    parser accepted), `prompts_refused` (by the server: longer than its `max_seq_length`; logged, left out of
-    the step) and `prompts_left_out`; `on_step(row)` is called with each."""
+    most tokens of one answer (default `answer_token_bound` of the shown ids). Prompts whose teacher scores all
+    alike are left out (no reward).
+
+    Constrained sampling and the loss: the answers are sampled under the schema's grammar (constrained
+    decoding: the server masks the tokens the grammar forbids and renormalises), but `model.train` scores them
+    with the unconstrained policy's log-probabilities, as it scores any sampled tokens. The PPO ratio stays
+    consistent (the sampling log-probabilities the server returns and the trainer's are of the same
+    unconstrained policy), but the gradient's target is log pi(token), not the constrained
+    log q(token) = log pi(token) - log Z (Z: the policy's mass on the tokens the grammar allows), so the tokens
+    the grammar forces (keys, quotes, ids) still get gradient. This is how GRPO is done here, not a claim that
+    it is the constrained policy's exact gradient.
+
+    Returns one row per step: the run-log row of `model.train` plus `group_rewards` (each group's rewards, in
+    sampled order), `valid_share` (answers RULER's parser accepted), `answers_cut` (answers the server stopped
+    at `max_answer_tokens`, finish reason "length": rewarded 0 as invalid, counted apart from the invalid ones,
+    which `invalid_answers` counts without them), `prompts_refused` (answered by the server with a 400 Bad
+    Request, e.g. a prompt longer than its `max_seq_length` or a schema it cannot honour: logged with the
+    error's class and message, left out of the step) and `prompts_left_out`; `on_step(row)` (a callable, or
+    None) is called with each. `seed` (an integer) seeds the prompt order and the server's sampling."""
     import openai
 
     from ruler.prompt import response_schema
@@ -368,6 +409,12 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
         raise ValueError(f"max_answer_tokens must be an integer >= 1 or None, got {max_answer_tokens!r}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature <= 5:
         raise ValueError(f"temperature must be in (0, 5] (GRPO needs varied answers), got {temperature!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an integer, got {seed!r}")
+    if not isinstance(constrained, bool):
+        raise TypeError(f"constrained must be True or False, got {constrained!r}")
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be a callable taking each step's row, or None; got {on_step!r}")
     if not isinstance(examples, list) or not all(isinstance(e, TeacherExample) for e in examples):
         raise TypeError("examples must be a list of TeacherExample")
     usable = [e for e in examples if teacher_orders_a_pair(e)]
@@ -387,16 +434,17 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
         try:
             reply = await client.chat.completions.create(
                 model=model.get_inference_name(), messages=ex.messages, n=group_size, temperature=temperature,
-                max_tokens=max_answer_tokens or 16 + 64 * len(ex.ids), seed=seed * 1_000_003 + step * 1000 + k,
+                max_tokens=max_answer_tokens or answer_token_bound(ex.ids), seed=seed * 1_000_003 + step * 1000 + k,
                 **fmt)
-        except openai.BadRequestError as exc:  # a prompt longer than the engine's max_seq_length
-            log.warning("step %d: a prompt was refused by the student's server (%s); left out of the step",
-                        step, exc.message)
+        except openai.BadRequestError as exc:  # the server refused this prompt (why: its message)
+            log.warning("step %d: the student's server refused a prompt (%s: %s); left out of the step",
+                        step, type(exc).__name__, exc.message)
             return None
         rewards = [agreement_reward(c.message.content, ex, valid_bonus=valid_bonus) for c in reply.choices]
         valid = [answer_scores(c.message.content, ex.ids) is not None for c in reply.choices]
+        cut = [c.finish_reason == "length" for c in reply.choices]
         return TrajectoryGroup([Trajectory(messages_and_choices=[*ex.messages, c], reward=r)
-                                for c, r in zip(reply.choices, rewards)]), rewards, valid
+                                for c, r in zip(reply.choices, rewards)]), rewards, valid, cut
 
     for step in range(start + 1, start + steps + 1):
         batch = []
@@ -406,12 +454,29 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
             batch.append(usable[order.pop()])
         sampled = await asyncio.gather(*(group(step, k, ex) for k, ex in enumerate(batch)))
         found = [f for f in sampled if f is not None]
-        row = await model.train([g for g, _, _ in found], config)
-        valid = [v for _, _, vs in found for v in vs]
-        row = {**row, "group_rewards": [r for _, r, _ in found],
-               "valid_share": sum(valid) / len(valid) if valid else math.nan,
+        row = await model.train([g for g, _, _, _ in found], config)
+        row = {**row, **step_answer_stats([r for _, r, _, _ in found], [v for _, _, v, _ in found],
+                                          [c for _, _, _, c in found]),
                "prompts_refused": len(sampled) - len(found), "prompts_left_out": len(examples) - len(usable)}
+        if row["answers_cut"]:
+            log.warning("step %d: %d of %d answers were cut at max_tokens (finish reason \"length\"), rewarded 0",
+                        step, row["answers_cut"], sum(len(r) for r in row["group_rewards"]))
         history.append(row)
         if on_step is not None:
             on_step(row)
     return history
+
+
+def step_answer_stats(rewards: list[list[float]], valid: list[list[bool]], cut: list[list[bool]]) -> dict:
+    """A GRPO step's answer figures from its groups' rewards, validity (RULER's parser accepted the answer)
+    and cut flags (finish reason "length"): `group_rewards`, `valid_share` (NaN without answers),
+    `answers_cut` and `invalid_answers` (invalid and not cut: a cut answer is counted only as cut)."""
+    if not (len(rewards) == len(valid) == len(cut)) or any(
+            not (len(r) == len(v) == len(c)) for r, v, c in zip(rewards, valid, cut)):
+        raise ValueError("rewards, valid and cut must be lists of per-group lists of the same lengths")
+    flat_valid = [x for v in valid for x in v]
+    flat_cut = [x for c in cut for x in c]
+    return {"group_rewards": [list(r) for r in rewards],
+            "valid_share": sum(flat_valid) / len(flat_valid) if flat_valid else math.nan,
+            "answers_cut": sum(flat_cut),
+            "invalid_answers": sum(not v and not c for v, c in zip(flat_valid, flat_cut))}
