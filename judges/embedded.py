@@ -37,7 +37,8 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _lock = threading.Lock()  # one model in memory, one generation at a time
 _loaded: "EmbeddedModel | None" = None
-_folders: dict[str, "EmbeddedModel"] = {}  # local models loaded from folders, by resolved path
+_folders: dict[str, "EmbeddedModel"] = {}  # local models loaded from folders, by resolved path, oldest first
+MAX_FOLDER_MODELS = 2  # folder models kept loaded; one more evicts the least recently used (~0.5 GB each, fp32)
 ADAPTER_CONFIG = "adapter_config.json"
 JUDGE_META = "ruler_judge.json"  # what ruler distill records about a judge it wrote (its base, its teacher)
 LOCK_POLL_S = 0.05  # how often a generation waiting for the lock looks whether it was cancelled
@@ -330,6 +331,7 @@ def load_local_model(name: str) -> EmbeddedModel:
     key = f"{path}#{folder_identity(path)}"
     model = _folders.get(key)
     if model is not None:
+        _folders[key] = _folders.pop(key, model)  # most recently used last (atomic enough: at worst re-kept)
         return model
     if is_adapter(path):
         from judges.extras import require
@@ -340,6 +342,8 @@ def load_local_model(name: str) -> EmbeddedModel:
             for old in [k for k in _folders if k.startswith(f"{path}#")]:
                 del _folders[old]
             _folders[key] = EmbeddedModel(path)
+            while len(_folders) > MAX_FOLDER_MODELS:  # a caller still holding an evicted model keeps it
+                del _folders[next(iter(_folders))]
         return _folders[key]
 
 

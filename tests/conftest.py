@@ -14,6 +14,24 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RULER_CACHE_DIR", str(tmp_path / "judge-cache"))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_module_memory():
+    """After each test file: the local folder models and the per-test judge caches it opened are let go (one
+    process runs the whole suite; kept, they add up to gigabytes)."""
+    yield
+    import gc
+
+    from judges import embedded
+    from ruler import cache
+
+    embedded._folders.clear()
+    with cache._open_lock:
+        for opened in cache._open.values():
+            opened.close()
+        cache._open.clear()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def _judge_server():
     judge = FakeJudge()
