@@ -14,6 +14,23 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RULER_CACHE_DIR", str(tmp_path / "judge-cache"))
 
 
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc `malloc_trim`): CPU torch frees large activations
+    into malloc's arenas, which otherwise keep the test process's resident size at its high-water mark."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _trim_after_each_test():
+    yield
+    _trim_heap()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_module_memory():
     """After each test file: the local folder models and the per-test judge caches it opened are let go (one
@@ -30,6 +47,7 @@ def _release_module_memory():
             opened.close()
         cache._open.clear()
     gc.collect()
+    _trim_heap()
 
 
 @pytest.fixture(scope="session")
