@@ -133,7 +133,7 @@ class EmbeddedModel:
         _quiet_transformers()
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         self.path = path
-        adapter = (Path(path) / ADAPTER_CONFIG).is_file()
+        adapter = is_adapter(path)
         base = adapter_base(Path(path)) if adapter else Path(path)
         own_tokenizer = (Path(path) / "tokenizer_config.json").is_file()
         self.tokenizer = AutoTokenizer.from_pretrained(path if own_tokenizer else base)
