@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
@@ -220,32 +221,39 @@ async def ours(args) -> dict:
                 prompts = [[{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}]
                            for _ in range(args.groups)]
                 part: dict = {}
-                for rep in range(2):  # the first includes warm-up
+
+                async def rollout() -> list:
+                    """The groups' rollouts by the current policy, timed (each train call gets fresh ones: the
+                    trainer refuses rollouts of an older policy step)."""
                     t0 = time.perf_counter()
                     replies = await asyncio.gather(*(turn(p, n=args.group_size) for p in prompts))
                     dt = time.perf_counter() - t0
                     gen = sum(r.usage.completion_tokens for r in replies)
                     part.setdefault("rollout_s", []).append(dt)
                     part.setdefault("rollout_tokens_per_s", []).append(gen / dt)
-                part["prompt_tokens"] = [r.usage.prompt_tokens for r in replies]
-                part["sampled_tokens"] = gen
-                groups = [TrajectoryGroup([Trajectory(messages_and_choices=[*p, c], reward=w)
-                                           for c, w in zip(r.choices, rewards(len(r.choices)))])
-                          for p, r in zip(prompts, replies)]
+                    part["prompt_tokens"] = [r.usage.prompt_tokens for r in replies]
+                    part["sampled_tokens"] = gen
+                    return [TrajectoryGroup([Trajectory(messages_and_choices=[*p, c], reward=w)
+                                             for c, w in zip(r.choices, rewards(len(r.choices)))])
+                            for p, r in zip(prompts, replies)]
+
+                await rollout()  # warm-up (the prompts' first prefill, CUDA graphs); timed and kept as the first
                 result["prefix"] = part
                 save()
                 for share in (True, False, True):
                     if budget.left() < args.reserve_s:
                         result["errors"].append(f"prefix share={share}: skipped, budget")
                         break
+                    groups = await rollout()
                     key = "share" if share else "no_share"
                     try:
                         with PeakMemory() as m2:
                             row = await model.train(groups, TrainConfig(
-                                learning_rate=1e-5, share_prefix=share, completion_budget=args.gen,
+                                learning_rate=1e-5, share_prefix=share,
                                 max_tokens_per_micro_batch=args.micro_tokens))
                         row["peak_gpu_gib_during"] = m2.gib
                         row["peak_gpu_gib_device_during"] = m2.peak / 2**30  # absolute: vLLM sleeps meanwhile
+                        row["trainer_peak_allocated_gib"] = m2.torch_gib  # this process's torch, alone
                     except Exception as exc:  # noqa: BLE001 - an OOM is a result
                         row = {"error": f"{type(exc).__name__}: {exc}"[:600]}
                     part.setdefault(key, []).append({k: v for k, v in row.items() if not isinstance(v, dict)})
@@ -286,10 +294,11 @@ async def ours(args) -> dict:
                     try:
                         with PeakMemory() as m2:
                             row = await model.train(groups, TrainConfig(
-                                learning_rate=1e-5, completion_budget=args.gen * args.turns,
+                                learning_rate=1e-5,
                                 max_tokens_per_micro_batch=args.micro_tokens))
                         row["peak_gpu_gib_during"] = m2.gib
                         row["peak_gpu_gib_device_during"] = m2.peak / 2**30  # absolute: vLLM sleeps meanwhile
+                        row["trainer_peak_allocated_gib"] = m2.torch_gib  # this process's torch, alone
                     except Exception as exc:  # noqa: BLE001 - an OOM is a result
                         row = {"error": f"{type(exc).__name__}: {exc}"[:600]}
                     row = {k: v for k, v in row.items() if not isinstance(v, dict)}
@@ -693,11 +702,105 @@ def activations(args) -> dict:
     return result
 
 
+# --------------------------------------------------------------------------------------------- sharing
+def sharing(args) -> dict:
+    """#18's training part alone, without vLLM: `--groups` x `--group-size` sequences, each group one
+    `--prefix-tokens` random prompt plus `--gen` trained tokens per sequence, through `accumulate_loss` (forward
+    and backward, gradient checkpointing as the trainer sets it for >= 1B on a GPU) with `share_prefix` True,
+    False, True. Per call: seconds, torch's peak allocated in this process above what was allocated before it
+    (`torch.cuda.max_memory_allocated`), rows, sequence and forward tokens, the loss. No optimizer step (it
+    touches only the LoRA parameters)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.config import LoRAConfig, TrainConfig
+    from trainer.memory import GIB, model_shape
+    from trainer.sequences import TrainingSequence
+    from trainer.training import accumulate_loss
+
+    cuda = not args.dry_run
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("sharing measures CUDA memory: run it on a GPU, or --dry-run on the CPU")
+    if min(args.groups, args.group_size, args.prefix_tokens, args.gen) < 1:
+        raise SystemExit("--groups, --group-size, --prefix-tokens and --gen must be >= 1")
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    budget = Budget(args.budget_s - args.reserve_s)
+    lora = LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"])
+    shape = model_shape(SHAPES[args.shape])
+    path = args.out / f"sharing-{args.shape}.json"
+    result: dict = {"part": "sharing", "shape": args.shape, "device": device, "dtype": str(dtype),
+                    "groups": args.groups, "group_size": args.group_size, "prefix_tokens": args.prefix_tokens,
+                    "gen": args.gen, "micro_tokens": args.micro_tokens, "dry_run": args.dry_run,
+                    "torch": torch.__version__, "calls": [], "errors": []}
+    if cuda:
+        result["gpu"] = torch.cuda.get_device_name(0)
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    with torch.device(device):
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**SHAPES[args.shape]), dtype=dtype,
+                                              attn_implementation="sdpa")
+    checkpointing = cuda and sum(p.numel() for p in hf.parameters()) >= 1_000_000_000  # as the backend decides
+    if checkpointing:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf.enable_input_require_grads()
+    model = lora.wrap(hf, args.shape)
+    model.train()
+    result.update(build_s=time.perf_counter() - started, gradient_checkpointing=checkpointing)
+    rng = random.Random(0)
+    old = -math.log(shape.vocab)  # about what a random model gives: ratios near 1
+    seqs = []
+    for g in range(args.groups):
+        prompt = [rng.randrange(shape.vocab) for _ in range(args.prefix_tokens)]
+        for j in range(args.group_size):
+            ids = prompt + [rng.randrange(shape.vocab) for _ in range(args.gen)]
+            seqs.append(TrainingSequence(token_ids=ids, trained=[False] * args.prefix_tokens + [True] * args.gen,
+                                         old_logprobs=[old] * len(ids), advantage=float(j % 3 - 1),
+                                         trajectory=g * args.group_size + j, group=g, position=j))
+    for share in (True, False, True):
+        if budget.left() <= 0:
+            result["errors"].append(f"share_prefix={share}: not started, --budget-s spent")
+            break
+        config = TrainConfig(max_tokens_per_micro_batch=args.micro_tokens, share_prefix=share)
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        call = {"share_prefix": share}
+        try:
+            loss, stats = accumulate_loss(model, seqs, config)
+            if cuda:
+                torch.cuda.synchronize()
+                call.update(peak_gib=(torch.cuda.max_memory_allocated() - before) / GIB,
+                            resident_gib=before / GIB)
+            call.update(s=time.perf_counter() - t0, loss=loss,
+                        **{k: stats[k] for k in ("rows", "sequence_tokens", "forward_tokens", "trained_tokens",
+                                                 "shared_prefix_groups", "unshared_groups")})
+        except torch.OutOfMemoryError as exc:
+            call["error"] = f"out of memory ({exc})"[:500]
+        finally:
+            model.zero_grad(set_to_none=True)
+        result["calls"].append(call)
+        path.write_text(json.dumps(result, indent=1))
+        print(json.dumps(call), flush=True)
+    done = [c for c in result["calls"] if "error" not in c]
+    share = [c for c in done if c["share_prefix"]]
+    plain = [c for c in done if not c["share_prefix"]]
+    if share and plain:
+        result["ratio_s"] = min(c["s"] for c in share) / plain[0]["s"]
+        if cuda:
+            result["ratio_peak"] = max(c["peak_gib"] for c in share) / plain[0]["peak_gib"]
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
 def _peak(row: dict) -> str:
     """The device's peak during a train call; runs before this field existed only recorded the rise above the
     call's start (vLLM awake), which sleeping vLLM hides: shown as not measured."""
     v = row.get("peak_gpu_gib_device_during")
-    return f"{v:.1f}" if v is not None else "not measured"
+    mine = row.get("trainer_peak_allocated_gib")
+    return ("not measured" if v is None else f"{v:.1f}") + ("" if mine is None else f" (trainer's torch: {mine:.1f})")
 
 
 def report(out: Path) -> str:
@@ -767,7 +870,7 @@ def parse_phases(value: str) -> list[tuple[str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline", "activations"])
+    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline", "activations", "sharing"])
     ap.add_argument("--shape", default="qwen2.5-7b", choices=sorted(SHAPES))
     ap.add_argument("--out", type=Path, default=Path("out/scale"))
     ap.add_argument("--models", type=Path, default=Path("/tmp/scale-models"))
@@ -828,6 +931,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.dry_run and args.shape != "tiny":
             raise SystemExit("--dry-run runs on the CPU: use --shape tiny")
         result = activations(args)
+    elif args.part == "sharing":
+        if args.dry_run and args.shape != "tiny":
+            raise SystemExit("--dry-run runs on the CPU: use --shape tiny")
+        result = sharing(args)
     else:
         result = asyncio.run(ours(args)) if args.part == "ours" else raw(args) if args.part == "raw" else trl(args)
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=1, default=str))

@@ -46,11 +46,24 @@ def _nvml():
     return pynvml
 
 
+def _cuda_torch():
+    """torch, when it is imported and has an initialised CUDA device; else None (nothing is imported here)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
 class PeakMemory:
-    """Peak used memory of GPU 0 over the block, in GiB (all processes: vLLM's engine core included)."""
+    """Peak used memory of GPU 0 over the block, in GiB (all processes: vLLM's engine core included); and
+    `torch_gib`, the peak torch allocated in this process over the block (None without CUDA)."""
 
     def __enter__(self):
         self.peak = self.base = 0
+        self.torch_gib = None
+        self._torch = _cuda_torch()
+        if self._torch is not None:
+            self._torch.cuda.reset_peak_memory_stats()
         try:
             pynvml = _nvml()
         except ImportError:  # no GPU tooling (a CPU check of the script): no memory figure
@@ -71,6 +84,8 @@ class PeakMemory:
             time.sleep(0.05)
 
     def __exit__(self, *exc):
+        if self._torch is not None:
+            self.torch_gib = self._torch.cuda.max_memory_allocated() / 2**30
         self.stop = True
         if self.thread is not None:
             self.thread.join()

@@ -38,6 +38,7 @@ import json
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -46,6 +47,8 @@ from judges.errors import JudgeError
 from ruler import TrajectoryGroup, gather_trajectory_groups, ruler_score_group
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from trainer.runlog import plot_train_report
+
+LAUNCHED = time.monotonic()
 
 try:
     from evals.art_e import harness
@@ -99,11 +102,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="./runs", help="checkpoints and the run log go under OUT/art-e/NAME")
     ap.add_argument("--report", type=Path, default=None, help="report folder (default: the run folder's report/)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="start no training step after this many seconds from launch; the after-evaluation still "
+                         "runs, and the report's run.json records the steps done (for a machine lent by the minute)")
     args = ap.parse_args(argv)
     for name in ("steps", "groups_per_step", "group_size", "max_turns", "max_tokens", "eval_questions",
                  "concurrency", "per_inbox"):
         if getattr(args, name) < (0 if name == "steps" else 1):
             ap.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'steps' else 1}")
+    if args.time_budget_s is not None and args.time_budget_s <= 0:
+        ap.error("--time-budget-s must be > 0")
     if args.judge and args.reward != "ruler":
         ap.error("--judge is the RULER judge: use it with --reward ruler")
     if args.judge_max_prompt_tokens is not None and (args.reward != "ruler" or args.judge_max_prompt_tokens < 256):
@@ -196,6 +204,7 @@ async def main(argv=None) -> None:
     by_id = {s.id: s for s in train}
     try:
         start = await model.get_step()
+        steps_run = 0
         if not (report_dir / "before.parquet").is_file():
             if start > 0:
                 raise SystemExit(f"{model.run_dir} is at step {start} and {report_dir} has no before.parquet: the "
@@ -203,6 +212,10 @@ async def main(argv=None) -> None:
             before = await evaluate(model, test, args.db, args, "before", correctness)
             before.to_parquet(report_dir / "before.parquet", index=False)
         for step in range(start, args.steps):
+            if args.time_budget_s is not None and time.monotonic() - LAUNCHED > args.time_budget_s:
+                print(f"--time-budget-s {args.time_budget_s:g} spent: stopping after {step} of {args.steps} steps",
+                      flush=True)
+                break
             picked = rng.sample(train, min(args.groups_per_step, len(train)))
             target = model.litellm_completion_params()
             agent_model = target.pop("model")
@@ -212,10 +225,14 @@ async def main(argv=None) -> None:
                                  for _ in range(args.group_size)) for s in picked],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)
             row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))
+            steps_run += 1
             print(f"step {row['step']}: reward {row['reward_mean']:.3f} ({args.reward}), trained on "
                   f"{row['sequences']} sequences", flush=True)
         after = await evaluate(model, test, args.db, args, "after", correctness)
         after.to_parquet(report_dir / "after.parquet", index=False)
+        run_info = json.loads((report_dir / "run.json").read_text())
+        run_info.update(steps_run=steps_run, policy_step=await model.get_step(), seconds=round(time.monotonic() - LAUNCHED, 1))
+        (report_dir / "run.json").write_text(json.dumps(run_info, indent=2))
     finally:
         await backend.close()
 

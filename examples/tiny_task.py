@@ -80,6 +80,8 @@ async def main() -> None:
     ap.add_argument("--min-shared-prefix", type=int, default=None,
                     help="TrainConfig.min_shared_prefix: the shortest shared prompt worth sharing (default 32)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                    help="ModelConfig.dtype: the trainer's precision (auto: bf16 on a GPU, fp32 on the CPU)")
     ap.add_argument("--no-sleep", action="store_true", help="keep vLLM awake during training steps (EngineConfig.enable_sleep_mode=False): it keeps its memory and serves the previous adapter meanwhile; for a GPU shared with other vLLM processes, whose start-up memory profiling a sleeping neighbour would upset")
     ap.add_argument("--name", default="one-word")
     ap.add_argument("--out", default="./runs")
@@ -88,7 +90,7 @@ async def main() -> None:
     gpus = {"inference_gpus": [int(g) for g in args.inference_gpus.split(",") if g],
             "trainer_gpus": [int(g) for g in args.trainer_gpus.split(",") if g]}
     model = TrainableModel(args.name, "tiny", args.base_model, ModelConfig(
-        seed=args.seed, engine=EngineConfig(engine=args.engine, max_seq_length=256, placement=args.placement,
+        seed=args.seed, dtype=args.dtype, engine=EngineConfig(engine=args.engine, max_seq_length=256, placement=args.placement,
                                             **gpus, **({"gpu_memory_utilization": args.gpu_memory_utilization}
                                                        if args.gpu_memory_utilization is not None else {}),
                                             **({"enable_sleep_mode": False} if args.no_sleep else {}))))

@@ -93,6 +93,17 @@ def test_the_activation_term_is_at_or_a_little_above_what_an_h200_measured(shape
     assert measured <= planned <= measured * 1.2
 
 
+def test_a_float32_model_plans_four_bytes_per_parameter_on_both_sides():
+    bf16, fp32 = scale_run("qwen2.5-7b", 0.45), scale_run("qwen2.5-7b", 0.45, dtype="float32")
+    params = bf16.parameters
+    assert bf16.rollout["base weights (bfloat16)"] == 2 * params and fp32.rollout["base weights (float32)"] == 4 * params
+    assert fp32.vllm_kv_cache_bytes < bf16.vllm_kv_cache_bytes - params  # vLLM's own float32 copy leaves less for the KV cache
+    kept = scale_run("qwen2.5-7b", 0.45, dtype="float32",
+                     engine=EngineConfig(gpu_memory_utilization=0.45, max_seq_length=8192,
+                                         vllm_args={"dtype": "bfloat16"}))
+    assert kept.vllm_kv_cache_bytes == bf16.vllm_kv_cache_bytes  # vllm_args' dtype is what vLLM holds
+
+
 def test_a_32b_colocated_run_is_refused_with_the_numbers_and_a_utilization_that_fits():
     plan = scale_run("qwen2.5-32b", 0.45)
     assert not plan.fits

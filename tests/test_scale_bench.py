@@ -28,3 +28,29 @@ def test_plain_then_overlapped_steps_on_one_model(tmp_path):
     assert [(p["kind"], p["steps"]) for p in result["phase_summary"]] == [("plain", 1), ("overlap", 2)]
     assert result["phase_summary"][0]["steady_step_s"] is None  # a phase's first step is not steady
     assert result["phase_summary"][1]["steady_step_s"] == result["steps"][2]["wall_step_s"]
+
+
+def test_ours_runs_both_workloads_without_an_error_row(tmp_path):
+    """The device run's script, on the CPU engine: every train call of the prefix and agent parts trains (a
+    TrainConfig the trainer refuses, or rollouts of an older policy step, would be recorded as an error row)."""
+    main(["ours", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens", "300",
+          "--turn-tokens", "100", "--gen", "16", "--groups", "2", "--group-size", "4", "--agent-steps", "1",
+          "--max-seq", "2048", "--micro-tokens", "2048"])
+    result = json.loads((tmp_path / "ours-tiny.json").read_text())
+    assert not result["errors"]
+    rows = result["prefix"]["share"] + result["prefix"]["no_share"] + result["agent"]["steps"]
+    assert len(rows) == 4 and all("error" not in r and r["trained"] for r in rows)
+    assert [r["step"] for r in result["prefix"]["share"] + result["prefix"]["no_share"]] == [1, 3, 2]
+    share, plain = result["prefix"]["share"][0], result["prefix"]["no_share"][0]
+    assert share["forward_tokens"] < share["sequence_tokens"] and plain["forward_tokens"] == plain["sequence_tokens"]
+
+
+def test_sharing_part_gives_the_same_loss_with_fewer_forward_tokens(tmp_path):
+    main(["sharing", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens", "300", "--gen", "16",
+          "--groups", "2", "--group-size", "4", "--micro-tokens", "2048"])
+    result = json.loads((tmp_path / "sharing-tiny.json").read_text())
+    share, plain, again = result["calls"]
+    assert (share["share_prefix"], plain["share_prefix"]) == (True, False)
+    assert share["forward_tokens"] == 2 * 300 + 8 * 16 and plain["forward_tokens"] == 8 * (300 + 16)
+    assert abs(share["loss"] - plain["loss"]) < 1e-5 and share["loss"] == pytest.approx(again["loss"], abs=1e-7)
+    assert share["shared_prefix_groups"] == 2 and plain["shared_prefix_groups"] == 0

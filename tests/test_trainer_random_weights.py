@@ -66,3 +66,23 @@ def test_random_weights_start_vllm_with_dummy_weights_and_a_seeded_model(tiny_di
     assert torch.equal(first(a), first(b)) and not torch.equal(first(a), first(c))  # built from `seed`
     with pytest.raises(OSError):  # without the option, the folder's missing weights are an error
         load(False, name="y")
+
+
+def test_model_config_dtype_sets_the_trainers_weights_and_vllms_dtype(tiny_dir, tmp_path):
+    import torch
+
+    def load(dtype, name, engine="transformers", vllm_args=None):
+        cfg = ModelConfig(random_weights=True, dtype=dtype, lora=LoRAConfig(rank=4),
+                          engine=EngineConfig(engine=engine, vllm_args=vllm_args or {}))
+        return LocalBackend(tmp_path)._load(TrainableModel(name, "p", str(tiny_dir), cfg), tmp_path / name)
+
+    weight = lambda run: run.peft_model.get_base_model().model.layers[0].mlp.up_proj.weight  # noqa: E731
+    assert weight(load("auto", "a")).dtype == torch.float32  # the CPU's default
+    assert weight(load("bfloat16", "b")).dtype == torch.bfloat16
+    argv = load("float32", "c", engine="vllm").engine.command()
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    argv = load("float32", "d", engine="vllm", vllm_args={"dtype": "half"}).engine.command()  # vllm_args wins
+    assert argv[argv.index("--dtype") + 1] == "half"
+    assert "--dtype" not in load("auto", "e", engine="vllm").engine.command()
+    with pytest.raises(ValueError):
+        ModelConfig(dtype="float8")

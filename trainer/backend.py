@@ -35,6 +35,7 @@ from ruler import tracing
 from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
 from trainer.engine import Engine, GeneratingEngine
+from trainer.memory import resolve_dtype
 from trainer.runlog import append_row, load_run_log
 from trainer.sequences import TrainingSequence, end_of_turn_ids
 from trainer.server import BackgroundServer, Served, create_server_app
@@ -250,7 +251,7 @@ class LocalBackend:
         plan, replan = _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
         torch.manual_seed(cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
-        dtype = torch.bfloat16 if cuda else torch.float32
+        dtype = getattr(torch, resolve_dtype(cfg.dtype, cuda))
         if cfg.random_weights:  # the architecture only: built on the device, no weights read
             from transformers import AutoConfig
 
@@ -303,6 +304,9 @@ class LocalBackend:
             engine_cfg = cfg.engine
             if cfg.random_weights:  # vLLM's own random weights of the same architecture
                 engine_cfg = engine_cfg.model_copy(update={"vllm_args": {"load_format": "dummy",
+                                                                         **engine_cfg.vllm_args}})
+            if cfg.dtype != "auto":  # the sampler in the trainer's precision, unless vllm_args says otherwise
+                engine_cfg = engine_cfg.model_copy(update={"vllm_args": {"dtype": cfg.dtype,
                                                                          **engine_cfg.vllm_args}})
             engine = VLLMServer(base, engine_cfg, served_name=model.name, lora_rank=cfg.lora.rank,
                                 log_dir=run_dir, chat_template_file=template_file, tool_parser=tool_parser,

@@ -283,6 +283,12 @@ class ModelConfig(_Strict):
         "Default None: on for models of 1B parameters or more on a GPU (activations of long agent sequences "
         "dominate memory there), off otherwise. Independent of the chunked logprobs, which always avoid the "
         "full [tokens x vocabulary] logits."))
+    dtype: Literal["auto", "bfloat16", "float32"] = pydantic.Field("auto", description=(
+        "The trainer's weights and compute. Default `auto`: bfloat16 on a GPU, float32 on the CPU. `float32` on a "
+        "GPU doubles the weights' memory and makes the trainer's recomputed logprobs agree with a float32 sampler "
+        "(the transformers engine samples with the trainer's own weights) instead of differing by bf16 rounding; "
+        "with vLLM it is also passed as vLLM's `dtype` unless `EngineConfig.vllm_args` sets one. The CPU server "
+        "of a dedicated transformers placement always runs in float32."))
     seed: int = pydantic.Field(0, description=(
         "Seed of torch's generator when the model is loaded: the LoRA A matrices' initialisation (B starts at "
         "zero) and, after it, dropout. Default 0; any int. Sampling seeds are per request (`seed` in a "

@@ -225,6 +225,16 @@ def activation_bytes(shape: Shape, tokens: int, *, checkpointing: bool, targets:
     return shape.layers * layer + transient + shared
 
 
+def resolve_dtype(dtype: str, cuda: bool) -> str:
+    """`ModelConfig.dtype` as the torch dtype's name the trainer loads: `auto` is bfloat16 on a GPU, float32 on
+    the CPU."""
+    if dtype == "auto":
+        return "bfloat16" if cuda else "float32"
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {dtype!r}")
+    return dtype
+
+
 def _int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -397,7 +407,7 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     if train is None:
         train = TrainConfig(**({"max_tokens_per_micro_batch": check.max_tokens_per_micro_batch}
                                if check.max_tokens_per_micro_batch else {}))
-    dtype = "bfloat16" if cuda else "float32"
+    dtype = resolve_dtype(model_config.dtype, cuda)
     b = _DTYPE_BYTES[dtype]
     params = shape.parameters()
     checkpointing = model_config.gradient_checkpointing
@@ -416,12 +426,15 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     colocated = engine == "vllm" and ecfg.placement == "colocated"
     vllm_share = vllm_needs = vllm_kv = vllm_weights = vllm_overhead = 0
     tp = 1
-    kv_per_token = shape.kv_bytes_per_token()
+    # vLLM's weights and KV cache in its own dtype: the trainer's when set, else vLLM's bf16 (`vllm_args` wins)
+    vllm_dtype = str(ecfg.vllm_args.get("dtype", dtype if model_config.dtype != "auto" else "bfloat16"))
+    vllm_b = _DTYPE_BYTES.get(vllm_dtype, 2)
+    kv_per_token = shape.kv_bytes_per_token(vllm_b)
     model_len = ecfg.max_model_len or seq
     if engine == "vllm":
         tp = len(ecfg.inference_gpus) if (ecfg.placement == "dedicated" and ecfg.inference_parallel == "tensor"
                                           and ecfg.inference_gpus) else 1
-        vllm_weights = math.ceil(params * 2 / tp)
+        vllm_weights = math.ceil(params * vllm_b / tp)
         vllm_overhead = VLLM_OVERHEAD_BYTES + int(VLLM_OVERHEAD_SHARE * vllm_weights)
         vllm_share = int(ecfg.gpu_memory_utilization * (device_bytes if colocated else inference_bytes))
         vllm_needs = vllm_weights + vllm_overhead + math.ceil(model_len * kv_per_token / tp)
