@@ -152,7 +152,8 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
                     "type": "json_schema", "json_schema": {"name": "tool_call", "schema": _text_schema()}})
                 rubric.prompt_tokens += reply.prompt_tokens
                 rubric.completion_tokens += reply.completion_tokens
-                messages.append({"role": "assistant", "content": reply.content})
+                # the served choice itself (its prompt and sampled token ids, logprobs): what the trainer trains on
+                messages.append(Choice.model_validate(reply.response.choices[0].model_dump()))
                 name, args, problem = _parse_text_call(reply.content)
                 if problem is None:
                     problem, result = _run(tools, name, args, rubric, right)
