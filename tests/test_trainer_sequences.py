@@ -389,3 +389,21 @@ def test_a_chatml_template_without_tools_gets_the_hermes_template_for_tool_reque
     assert prompt_ids(tokenizer, hi, chat_template=template) == prompt_ids(tokenizer, hi)
     assert "SmolLM" in tokenizer.decode(prompt_ids(tokenizer, hi))
     assert pick_chat_template(tokenizer, LLAMA31) == (LLAMA31, True)
+
+
+async def test_a_batch_whose_assistant_turns_are_all_plain_messages_is_refused(served):
+    client, tokenizer, _ = served
+    ask = {"role": "user", "content": "Hi"}
+    said = [{"role": "assistant", "content": text} for text in ("Hello.", "Hey!")]
+    group = TrajectoryGroup([Trajectory(messages_and_choices=[ask, m], reward=float(i)) for i, m in enumerate(said)])
+    with pytest.raises(MissingTokenIdsError, match="none of the 2 trajectories .* plain messages"):
+        prepare([group], tokenizer, TrainConfig(), 512)
+    # one served choice in the batch: that trajectory trains, the message-only one is counted as before
+    reply = await client.chat.completions.create(model="chatml", messages=[ask], max_tokens=4, seed=1)
+    served_group = TrajectoryGroup([Trajectory(messages_and_choices=[ask, reply.choices[0]], reward=1.0),
+                                    Trajectory(messages_and_choices=[ask, said[0]], reward=0.0)])
+    seqs, stats = prepare([served_group], tokenizer, TrainConfig(), 512)
+    assert len(seqs) == 1 and stats["skipped"] == {"no generated tokens": 1}
+    # a group without a learning signal is not a mistake: skipped, no error
+    flat = TrajectoryGroup([Trajectory(messages_and_choices=[ask, m], reward=1.0) for m in said])
+    assert prepare([flat], tokenizer, TrainConfig(), 512)[1]["skipped"] == {"group with all-equal rewards": 1}

@@ -20,6 +20,7 @@ from trainer.loss import policy_loss, token_weights
 from trainer.packing import MASKABLE_ATTENTION, Row, pack
 from trainer.sequences import (
     AbortedTurnError,
+    MissingTokenIdsError,
     SequenceReport,
     StalePolicyError,
     TrainingSequence,
@@ -88,10 +89,11 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
 
     Raises `TrajectoryError` for malformed trajectories (ruler's one validation, naming group, trajectory
     and field), and `MissingTokenIdsError` (naming the group and trajectory) for a generated turn without
-    served token ids, unless `config.allow_off_policy_text`. With `policy_step` (the step of the policy
-    being trained) every trained trajectory's oldest `policy_step` label must be within
-    `config.max_off_policy_steps` of it and not newer, else `StalePolicyError` naming group, trajectory,
-    its step and the bound (turns without a label are counted in `turns_without_policy_step`); the stats
+    served token ids, unless `config.allow_off_policy_text`, or when no trajectory with a learning signal holds a
+    generated turn at all (every assistant turn a plain message: a rollout that recorded text, not choices).
+    With `policy_step` (the step of the policy being trained) every trained trajectory's oldest `policy_step`
+    label must be within `config.max_off_policy_steps` of it and not newer, else `StalePolicyError` naming group,
+    trajectory, its step and the bound (turns without a label are counted in `turns_without_policy_step`); the stats
     then say `policy_lag_max` and `stale_trajectories` (trained trajectories sampled by an older step).
     """
     if policy_step is not None and (isinstance(policy_step, bool) or not isinstance(policy_step, int)
@@ -102,7 +104,7 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
     report = SequenceReport()
     rewards: list[float] = []
     seqs: list[TrainingSequence] = []
-    n_trajectories = 0
+    n_trajectories = candidates = 0  # trained; with a learning signal (non-zero advantage)
     for g, group in enumerate(groups):
         if not isinstance(group, TrajectoryGroup):
             raise TypeError(f"group {g} is a {type(group).__name__}, not a TrajectoryGroup")
@@ -155,11 +157,18 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                     continue
                 seq.advantage, seq.trajectory, seq.group, seq.position = float(adv), n_trajectories, g, t
                 kept.append(seq)
+            candidates += 1
             if not found:
                 skipped["no generated tokens"] += 1
             if kept:
                 n_trajectories += 1
                 seqs += kept
+    if candidates and skipped["no generated tokens"] == candidates:
+        raise MissingTokenIdsError(
+            f"none of the {candidates} trajectories with a learning signal holds a generated turn: their assistant "
+            "turns are plain messages (dicts), which are context, never trained. Record the Choice the model's "
+            "server returned (it carries the prompt and sampled token ids) in messages_and_choices, not a "
+            "message rebuilt from its text; nothing was applied")
     mean = sum(rewards) / len(rewards) if rewards else math.nan
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else math.nan
     return seqs, {"groups": len(groups), "trajectories": sum(len(list(g)) for g in groups), "reward_mean": mean,
