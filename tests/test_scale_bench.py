@@ -54,3 +54,19 @@ def test_sharing_part_gives_the_same_loss_with_fewer_forward_tokens(tmp_path):
     assert share["forward_tokens"] == 2 * 300 + 8 * 16 and plain["forward_tokens"] == 8 * (300 + 16)
     assert abs(share["loss"] - plain["loss"]) < 1e-5 and share["loss"] == pytest.approx(again["loss"], abs=1e-7)
     assert share["shared_prefix_groups"] == 2 and plain["shared_prefix_groups"] == 0
+
+
+def test_trls_agent_workload_runs_multi_turn_rollouts_through_its_rollout_func(tmp_path):
+    """The TRL side of #12's comparison, on the CPU (transformers generation instead of vLLM): three turns per
+    rollout, the tool results between them masked out of TRL's loss, every step trained."""
+    main(["trl", "--trl-workload", "agent", "--shape", "tiny", "--dry-run", "--out", str(tmp_path),
+          "--turn-tokens", "60", "--gen", "8", "--groups", "2", "--group-size", "4", "--turns", "3",
+          "--trl-steps", "2", "--trl-per-device", "2", "--max-seq", "1024"])
+    result = json.loads((tmp_path / "trl-agent-tiny.json").read_text())
+    assert not result["errors"] and len(result["step_s"]) == 2
+    assert len(result["trl_rollout_turn_s"]) == 2 * 3  # one generation call per turn and step
+    steps = [row for row in result["log"] if "loss" in row]
+    assert len(steps) == 2 and all(row["grad_norm"] > 0 for row in steps)
+    # TRL counts only the sampled tokens (env_mask 1): 3 turns x 8; the completions also hold the tool results
+    assert all(row["completions/mean_length"] == 24 for row in steps)
+    assert all(n > 24 + 2 * 60 for lengths in result["trl_completion_tokens"] for n in lengths)
