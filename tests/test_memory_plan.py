@@ -111,13 +111,25 @@ def test_a_32b_colocated_run_is_refused_with_the_numbers_and_a_utilization_that_
     weights = 32_763_876_352 * 2 / GIB  # 65.5 GB, one bf16 copy each side
     assert f"{weights:.1f} GiB" in text and f"{0.45 * H200 / GIB:.1f} GiB" in text  # 61.0 and 62.9
     assert "gpu_memory_utilization 0.45 gives vLLM 62.9 GiB" in text and "does NOT fit" in text
-    (change,) = plan.suggestions
+    change, offload = plan.suggestions
     low, high = map(float, re.search(r"between (\d\.\d\d) and (\d\.\d\d)", change).groups())
     assert 0.45 < low <= high < 0.55
     for util in (low, high):  # the window it names does fit; just outside it does not
         assert scale_run("qwen2.5-32b", util).fits
     assert not scale_run("qwen2.5-32b", round(high + 0.01, 2)).fits
     assert not scale_run("qwen2.5-32b", round(low - 0.01, 2)).fits
+    # or the trainer's copy leaves the GPU while vLLM serves: a much larger share for vLLM's KV cache
+    assert "offload_during_rollouts=True" in offload and f"{weights:.1f} GiB of weights" in offload
+    low2, high2 = map(float, re.search(r"between (\d\.\d\d) and (\d\.\d\d)", offload).groups())
+    assert low2 == low and high2 > 0.9
+    for util in (low2, high2):
+        assert scale_run("qwen2.5-32b", util, offload_during_rollouts=True).fits
+    assert not scale_run("qwen2.5-32b", round(high2 + 0.01, 2), offload_during_rollouts=True).fits
+    planned = scale_run("qwen2.5-32b", 0.85, offload_during_rollouts=True)
+    assert not any(k.startswith("base weights") for k in planned.rollout)  # in CPU memory while vLLM serves
+    assert planned.training["base weights (bfloat16)"] == 32_763_876_352 * 2  # back for the step
+    # ~29 of the 32 concurrent 7.7k-token rollouts, against ~3 with both copies on the GPU
+    assert planned.vllm_kv_tokens > 200_000 > 8 * scale_run("qwen2.5-32b", high).vllm_kv_tokens
     with pytest.raises(MemoryError, match="62.9 GiB") as raised:
         raise MemoryPlanError(plan)
     assert raised.value.plan is plan

@@ -175,6 +175,7 @@ class _Run:
     wandb_run: Any = None
     memory_plan: Any = None  # trainer.memory.MemoryPlan made at register (None: no plan)
     replan: Any = None  # TrainConfig -> MemoryPlan, the same plan for a step's TrainConfig
+    offload: Any = None  # trainer.offload.WeightOffload with ModelConfig.offload_during_rollouts
 
 
 class LocalBackend:
@@ -247,6 +248,13 @@ class LocalBackend:
             from trainer.vllm_server import vllm_available
 
             kind = "vllm" if vllm_available() else "transformers"
+        if cfg.offload_during_rollouts and (kind != "vllm" or cfg.engine.placement != "colocated"
+                                            or not cfg.engine.enable_sleep_mode):
+            raise ValueError("offload_during_rollouts frees the trainer's GPU memory for a colocated vLLM during "
+                             f"rollouts: it needs the vLLM engine (here {kind!r}), placement='colocated' (here "
+                             f"{cfg.engine.placement!r}) and enable_sleep_mode=True (here "
+                             f"{cfg.engine.enable_sleep_mode}), so that vLLM frees its memory while the weights "
+                             "come back for a step")
         device = self._trainer_device(cfg.engine, kind, cuda)
         plan, replan = _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
         torch.manual_seed(cfg.seed)
@@ -332,8 +340,15 @@ class LocalBackend:
         served = Served(model.name, engine if isinstance(engine, GeneratingEngine) else None, tokenizer,
                         cfg.engine.max_seq_length, step, chat_template=template, renders_tools=tools_ok,
                         tool_parser=tool_parser, reasoning_parser=reasoning_parser, end_of_turn=end_of_turn)
+        offload = None
+        if cfg.offload_during_rollouts:  # before vLLM starts: its start-up sizes the KV cache to the free memory
+            from trainer.offload import WeightOffload
+
+            offload = WeightOffload(peft_model)
+            log.info("%s: %.1f GiB of base weights moved to CPU memory in %.1f s (offload_during_rollouts)",
+                     model.name, offload.bytes / 2**30, offload.to_cpu())
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward,
-                    memory_plan=plan, replan=replan)
+                    memory_plan=plan, replan=replan, offload=offload)
 
     @staticmethod
     def _trainer_device(engine_cfg, kind: str, cuda: bool) -> str:
@@ -399,12 +414,17 @@ class LocalBackend:
         if sleeps:
             await run.engine.sleep()
         slept = time.perf_counter() - sleep_started
+        moved = 0.0
         try:
+            if run.offload is not None:  # the base weights back on the GPU vLLM's sleep just freed
+                moved += await asyncio.to_thread(run.offload.to_device)
             stats = await asyncio.to_thread(self._train_locked, run, seqs, config)
             step = run.served.step + 1
             where = await asyncio.to_thread(ckpt.save_checkpoint, run.run_dir, step, run.peft_model, run.optimizer,
                                             {"reward_mean": prep["reward_mean"], "loss": stats["loss"]})
         finally:
+            if run.offload is not None:  # and off it again before vLLM wakes
+                moved += await asyncio.to_thread(run.offload.to_cpu)
             wake_started = time.perf_counter()
             if sleeps:
                 await run.engine.wake()
@@ -412,6 +432,8 @@ class LocalBackend:
         swap_started = time.perf_counter()
         await run.engine.load_adapter(step, where)
         run.served.step = step
+        if run.offload is not None:
+            row["offload_s"] = moved
         row.update(trained=True, step=step, **stats, sleep_wake_s=slept,
                    adapter_swap_s=time.perf_counter() - swap_started, step_s=time.perf_counter() - started)
         append_row(run.run_dir, row, wandb_run=run.wandb_run)

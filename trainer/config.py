@@ -283,6 +283,12 @@ class ModelConfig(_Strict):
         "Default None: on for models of 1B parameters or more on a GPU (activations of long agent sequences "
         "dominate memory there), off otherwise. Independent of the chunked logprobs, which always avoid the "
         "full [tokens x vocabulary] logits."))
+    offload_during_rollouts: bool = pydantic.Field(False, description=(
+        "Keep the trainer's frozen base weights in CPU memory while a colocated vLLM serves rollouts, and on the "
+        "GPU only during training steps (`trainer.offload`): vLLM's share can then use that memory for its KV "
+        "cache. Needs the vLLM engine, `placement='colocated'` and `enable_sleep_mode` (vLLM must free its own "
+        "memory while the weights come back); costs two copies of the base weights over the bus per step and "
+        "the model's size in host memory. Default False (both copies stay on the GPU)."))
     dtype: Literal["auto", "bfloat16", "float32"] = pydantic.Field("auto", description=(
         "The trainer's weights and compute. Default `auto`: bfloat16 on a GPU, float32 on the CPU. `float32` on a "
         "GPU doubles the weights' memory and makes the trainer's recomputed logprobs agree with a float32 sampler "

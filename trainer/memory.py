@@ -29,6 +29,8 @@ Two phases, each a sum of named terms that must fit the device (`device_bytes`):
   (`EngineConfig.gpu_memory_utilization` x device: vLLM sizes its KV cache to fill it), plus memory other
   processes already use. vLLM's share must itself hold vLLM's copy of the weights, its overhead and the KV
   cache of one `max_model_len`-token sequence (vLLM refuses to start otherwise).
+  With `ModelConfig.offload_during_rollouts` the trainer's base weights are in CPU memory in this phase
+  (`trainer.offload`): not counted.
 - **training**: the trainer's resident state plus LoRA gradients and the activations of one forward/backward
   pass, plus what vLLM keeps while asleep. Assumption, from `trainer/vllm_server.py`: the colocated server
   sleeps at **level 1** around every step (`/sleep?level=1`): its weights are copied to CPU memory and its
@@ -440,11 +442,13 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
         vllm_needs = vllm_weights + vllm_overhead + math.ceil(model_len * kv_per_token / tp)
         vllm_kv = max(0, vllm_share - vllm_weights - vllm_overhead)
     asleep = VLLM_CONTEXT_BYTES + int(VLLM_SLEEP_SHARE * vllm_share)
+    offloaded = model_config.offload_during_rollouts and colocated
     vllm_in_training = (asleep if ecfg.enable_sleep_mode else vllm_share) if colocated else 0
 
     def trainer_terms(training: bool, t: int, ckpt: bool) -> dict[str, int]:
         terms = {"CUDA context": CUDA_CONTEXT_BYTES} if cuda else {}
-        terms[f"base weights ({dtype})"] = params * b
+        if training or not offloaded:  # offloaded: in CPU memory while vLLM serves
+            terms[f"base weights ({dtype})"] = params * b
         terms["LoRA parameters + AdamW state (fp32)"] = lora * 12
         if training:
             terms["LoRA gradients (fp32)"] = lora * 4
@@ -483,7 +487,8 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     rollout_bytes = sum(rollout.values())
     if rollout_bytes > device_bytes:
         problems.append(f"rollout needs {_gib(rollout_bytes)} of {device}: the trainer's "
-                        f"{_gib(trainer_resident)} (weights {_gib(params * b)}) stays beside vLLM's share of "
+                        f"{_gib(trainer_resident)}" + ("" if offloaded else f" (weights {_gib(params * b)})") +
+                        " stays beside vLLM's share of "
                         f"{_gib(vllm_share)}" if colocated else
                         f"rollout needs {_gib(rollout_bytes)} of {device}: the trainer's weights alone are "
                         f"{_gib(params * b)}")
@@ -496,7 +501,15 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
                                f">= {_gib(vllm_needs)}, the trainer keeps {_gib(trainer_resident)} beside it; at "
                                f"{high:.2f} vLLM's KV cache is ~{_gib(kv_left)} (~{kv_left // kv_per_token:,} "
                                "tokens of concurrent rollouts)")
-        else:
+        if not offloaded:
+            own = (CUDA_CONTEXT_BYTES if cuda else 0) + lora * 12  # what stays on the GPU, as in trainer_terms
+            resident_offloaded = own + int(margin * own) + in_use_bytes
+            free = math.floor((device_bytes - resident_offloaded) / device_bytes * 100) / 100
+            if low <= free:
+                suggestions.append(f"set ModelConfig.offload_during_rollouts=True (the trainer's {_gib(params * b)} "
+                                   "of weights in CPU memory while vLLM serves, back on the GPU for each step): then "
+                                   f"gpu_memory_utilization between {low:.2f} and {free:.2f}")
+        if low > high:
             suggestions.append(f"no gpu_memory_utilization fits both copies of the weights: vLLM needs "
                                f">= {_gib(vllm_needs)} and the trainer {_gib(trainer_resident)} of {device}; use "
                                "placement='dedicated' (vLLM on inference_gpus, the trainer on trainer_gpus), a "
