@@ -184,9 +184,10 @@ async def ours(args) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir)
     words = word_ids(tok)
     rng = random.Random(0)
-    out_json = args.out / f"ours-{args.shape}.json"
+    out_json = args.out / f"ours-{args.shape}{'-offload' if args.offload else ''}.json"
     result: dict = {"shape": args.shape, "config": SHAPES[args.shape], "params": param_count(SHAPES[args.shape]),
                     "lora": LORA, "gpu_memory_utilization": args.util, "allowed_words": len(words),
+                    "offload_during_rollouts": args.offload,
                     "dry_run": args.dry_run, "errors": []}
 
     def save():
@@ -194,6 +195,7 @@ async def ours(args) -> dict:
 
     engine = "transformers" if args.dry_run else "vllm"
     cfg = ModelConfig(lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), seed=0, random_weights=True,
+                      offload_during_rollouts=args.offload,
                       engine=EngineConfig(engine=engine, max_seq_length=args.max_seq, gpu_memory_utilization=args.util,
                                           max_num_seqs=64))
     fixed = {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
@@ -914,9 +916,11 @@ def report(out: Path) -> str:
                     lines.append(f"| agent step {i + 1} | {row['error'][:300]} |")
                     continue
                 pad = 0.0  # rows are batches of one: no padding token is ever run
-                lines.append(f"| agent step {i + 1}: wall s = rollout + train + sleep/wake + adapter | "
+                lines.append(f"| agent step {i + 1}: wall s = rollout + train + sleep/wake + adapter"
+                             f"{' + offload' if 'offload_s' in row else ''} | "
                              f"{row['wall_s']:.1f} = {row['rollout_wall_s']:.1f} + {row['train_s']:.1f} + "
-                             f"{row['sleep_wake_s']:.2f} + {row['adapter_swap_s']:.2f} (+ rest) |")
+                             f"{row['sleep_wake_s']:.2f} + {row['adapter_swap_s']:.2f}"
+                             f"{' + %.2f' % row['offload_s'] if 'offload_s' in row else ''} (+ rest) |")
                 lines.append(f"| agent step {i + 1}: rollout tok/s / train tok/s (sequence tokens) | "
                              f"{row['rollout_tokens_per_s']:.0f} / {row['train_tokens_per_s']:.0f} |")
                 lines.append(f"| agent step {i + 1}: sequences / sequence tokens / forward tokens / rows / "
@@ -973,6 +977,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--micro-tokens", type=int, default=16384, help="TrainConfig.max_tokens_per_micro_batch")
     ap.add_argument("--max-seq", type=int, default=10240)
     ap.add_argument("--util", type=float, default=None, help="vLLM gpu_memory_utilization (default per shape)")
+    ap.add_argument("--offload", action="store_true",
+                    help="ours: ModelConfig.offload_during_rollouts (the trainer's base weights in CPU memory while "
+                         "vLLM serves; give vLLM a larger --util)")
     ap.add_argument("--budget-s", type=float, default=520)
     ap.add_argument("--reserve-s", type=float, default=40, help="time kept for closing and writing")
     ap.add_argument("--dry-run", action="store_true", help="CPU engine, for checking the script")
