@@ -916,11 +916,11 @@ def report(out: Path) -> str:
                     lines.append(f"| agent step {i + 1} | {row['error'][:300]} |")
                     continue
                 pad = 0.0  # rows are batches of one: no padding token is ever run
+                offload = f" + {row['offload_s']:.2f}" if "offload_s" in row else ""
                 lines.append(f"| agent step {i + 1}: wall s = rollout + train + sleep/wake + adapter"
-                             f"{' + offload' if 'offload_s' in row else ''} | "
-                             f"{row['wall_s']:.1f} = {row['rollout_wall_s']:.1f} + {row['train_s']:.1f} + "
-                             f"{row['sleep_wake_s']:.2f} + {row['adapter_swap_s']:.2f}"
-                             f"{' + %.2f' % row['offload_s'] if 'offload_s' in row else ''} (+ rest) |")
+                             f"{' + offload' if offload else ''} | {row['wall_s']:.1f} = {row['rollout_wall_s']:.1f} + "
+                             f"{row['train_s']:.1f} + {row['sleep_wake_s']:.2f} + {row['adapter_swap_s']:.2f}{offload} "
+                             "(+ rest) |")
                 lines.append(f"| agent step {i + 1}: rollout tok/s / train tok/s (sequence tokens) | "
                              f"{row['rollout_tokens_per_s']:.0f} / {row['train_tokens_per_s']:.0f} |")
                 lines.append(f"| agent step {i + 1}: sequences / sequence tokens / forward tokens / rows / "

@@ -76,7 +76,9 @@ def test_model_config_dtype_sets_the_trainers_weights_and_vllms_dtype(tiny_dir, 
                           engine=EngineConfig(engine=engine, vllm_args=vllm_args or {}))
         return LocalBackend(tmp_path)._load(TrainableModel(name, "p", str(tiny_dir), cfg), tmp_path / name)
 
-    weight = lambda run: run.peft_model.get_base_model().model.layers[0].mlp.up_proj.weight  # noqa: E731
+    def weight(run):
+        return run.peft_model.get_base_model().model.layers[0].mlp.up_proj.weight
+
     assert weight(load("auto", "a")).dtype == torch.float32  # the CPU's default
     assert weight(load("bfloat16", "b")).dtype == torch.bfloat16
     argv = load("float32", "c", engine="vllm").engine.command()
