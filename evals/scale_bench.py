@@ -224,29 +224,30 @@ async def ours(args) -> dict:
                            for _ in range(args.groups)]
                 part: dict = {}
 
-                async def rollout() -> list:
-                    """The groups' rollouts by the current policy, timed (each train call gets fresh ones: the
-                    trainer refuses rollouts of an older policy step)."""
+                async def rollout(key: str = "rollout_s") -> list:
+                    """The groups' rollouts by the current policy, timed under `key` (each train call gets fresh
+                    ones: the trainer refuses rollouts of an older policy step)."""
                     t0 = time.perf_counter()
                     replies = await asyncio.gather(*(turn(p, n=args.group_size) for p in prompts))
                     dt = time.perf_counter() - t0
                     gen = sum(r.usage.completion_tokens for r in replies)
-                    part.setdefault("rollout_s", []).append(dt)
-                    part.setdefault("rollout_tokens_per_s", []).append(gen / dt)
+                    part.setdefault(key, []).append(dt)
+                    part.setdefault(key.replace("_s", "_tokens_per_s"), []).append(gen / dt)
                     part["prompt_tokens"] = [r.usage.prompt_tokens for r in replies]
                     part["sampled_tokens"] = gen
                     return [TrajectoryGroup([Trajectory(messages_and_choices=[*p, c], reward=w)
                                              for c, w in zip(r.choices, rewards(len(r.choices)))])
                             for p, r in zip(prompts, replies)]
 
-                await rollout()  # warm-up (the prompts' first prefill, CUDA graphs); timed and kept as the first
+                for _ in range(args.rollout_reps):  # the base model (no adapter yet), as `raw` serves it; the first
+                    await rollout()                 # includes warm-up (the prompts' first prefill, CUDA graphs)
                 result["prefix"] = part
                 save()
                 for share in (True, False, True):
                     if budget.left() < args.reserve_s:
                         result["errors"].append(f"prefix share={share}: skipped, budget")
                         break
-                    groups = await rollout()
+                    groups = await rollout("rollout_adapter_s")  # served with the latest adapter
                     key = "share" if share else "no_share"
                     try:
                         with PeakMemory() as m2:
@@ -898,7 +899,11 @@ def report(out: Path) -> str:
         p = a.get("prefix")
         if p:
             lines.append(f"| prefix: rollout s (4x8, {statistics.mean(p['prompt_tokens']):.0f}-token prompts, "
-                         f"{p['sampled_tokens']} sampled) | {' / '.join(f'{x:.2f}' for x in p['rollout_s'])} |")
+                         f"{p['sampled_tokens']} sampled), base model | "
+                         f"{' / '.join(f'{x:.2f}' for x in p['rollout_s'])} |")
+            if p.get("rollout_adapter_s"):
+                lines.append("| prefix: rollout s before each train call (with the latest adapter) | "
+                             f"{' / '.join(f'{x:.2f}' for x in p['rollout_adapter_s'])} |")
             for key in ("share", "no_share"):
                 for row in p.get(key, []):
                     if "error" in row:
@@ -933,6 +938,13 @@ def report(out: Path) -> str:
         r = json.loads(f.read_text())
         lines.append(f"\nraw vLLM {r['shape']}: " + ", ".join(f"{x['s']:.2f}s {x['tokens_per_s']:.0f} tok/s"
                                                              for x in r["runs"]))
+        ours_file = out / f"ours-{r['shape']}.json"
+        mine = json.loads(ours_file.read_text()).get("prefix", {}) if ours_file.is_file() else {}
+        if len(mine.get("rollout_tokens_per_s", [])) > 1 and len(r["runs"]) > 1:  # the first of each warms up
+            ours_best = max(mine["rollout_tokens_per_s"][1:])
+            raw_best = max(x["tokens_per_s"] for x in r["runs"][1:])
+            lines.append(f"rollout throughput, ours / raw vLLM (best after the first run of each): "
+                         f"{ours_best:.0f} / {raw_best:.0f} = {ours_best / raw_best:.2f}x")
     for f in sorted(out.glob("trl-*.json")):
         t = json.loads(f.read_text())
         lines.append(f"\nTRL {t['shape']} ({t.get('workload', 'prefix')} workload): steps {t.get('step_s')}, "
@@ -980,6 +992,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--offload", action="store_true",
                     help="ours: ModelConfig.offload_during_rollouts (the trainer's base weights in CPU memory while "
                          "vLLM serves; give vLLM a larger --util)")
+    ap.add_argument("--rollout-reps", type=int, default=3,
+                    help="ours, prefix part: rollouts of the base model before training (against `raw`'s 3 runs)")
     ap.add_argument("--budget-s", type=float, default=520)
     ap.add_argument("--reserve-s", type=float, default=40, help="time kept for closing and writing")
     ap.add_argument("--dry-run", action="store_true", help="CPU engine, for checking the script")
