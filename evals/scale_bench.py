@@ -707,12 +707,39 @@ def trl_agent_rollout(args, tok, words: list[int], rng: random.Random, result: d
 
 # --------------------------------------------------------------------------------------------- activations
 
-def activations(args) -> dict:
-    """One training pass's peak activation memory per (tokens, checkpointing), measured and planned."""
+def bare_model(args, part: str) -> dict:
+    """What `activations` and `sharing` measure on: the shape's architecture with random weights (seed 0, SDPA)
+    wrapped with the benchmark's LoRA, in bf16 on the GPU (float32 on the CPU with `--dry-run`), in train mode;
+    and the fields every such part records. Gradient checkpointing is left to the part."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainer.config import LoRAConfig, TrainConfig
+    from trainer.config import LoRAConfig
+
+    cuda = not args.dry_run
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit(f"{part} measures CUDA memory: run it on a GPU, or --dry-run on the CPU")
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    lora = LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"])
+    fields = {"part": part, "shape": args.shape, "device": device, "dtype": str(dtype),
+              "lora": {**LORA, "target_modules": lora.target_modules}, "dry_run": args.dry_run,
+              "torch": torch.__version__, **({"gpu": torch.cuda.get_device_name(0)} if cuda else {})}
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    with torch.device(device):
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**SHAPES[args.shape]), dtype=dtype,
+                                              attn_implementation="sdpa")
+    model = lora.wrap(hf, args.shape)
+    model.train()
+    fields["build_s"] = time.perf_counter() - started
+    return {"cuda": cuda, "lora": lora, "hf": hf, "model": model, "fields": fields}
+
+
+def activations(args) -> dict:
+    """One training pass's peak activation memory per (tokens, checkpointing), measured and planned."""
+    import torch
+
+    from trainer.config import TrainConfig
     from trainer.memory import GIB, activation_bytes, model_shape
     from trainer.sequences import TrainingSequence
     from trainer.training import accumulate_loss
@@ -721,25 +748,12 @@ def activations(args) -> dict:
         raise SystemExit("--act-tokens: comma-separated token counts, each >= 16")
     if not args.act_checkpointing or not set(args.act_checkpointing) <= {"off", "on"}:
         raise SystemExit("--act-checkpointing: off, on or off,on")
-    cuda = not args.dry_run
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("activations measures CUDA memory: run it on a GPU, or --dry-run on the CPU")
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    built = bare_model(args, "activations")
+    cuda, lora, hf, model = built["cuda"], built["lora"], built["hf"], built["model"]
     budget = Budget(args.budget_s - args.reserve_s)
-    lora = LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"])
     shape = model_shape(SHAPES[args.shape])
     path = args.out / f"activations-{args.shape}.json"
-    result: dict = {"part": "activations", "shape": args.shape, "device": device, "dtype": str(dtype),
-                    "lora": {**LORA, "target_modules": lora.target_modules}, "dry_run": args.dry_run,
-                    "torch": torch.__version__, "runs": [], "errors": []}
-    if cuda:
-        result["gpu"] = torch.cuda.get_device_name(0)
-    torch.manual_seed(0)
-    with torch.device(device):
-        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**SHAPES[args.shape]), dtype=dtype,
-                                              attn_implementation="sdpa")
-    model = lora.wrap(hf, args.shape)
-    model.train()
+    result: dict = {**built["fields"], "runs": [], "errors": []}
     rng = random.Random(0)
     for ckpt in sorted(dict.fromkeys(args.act_checkpointing), key=("off", "on").index):  # off first
         if ckpt == "on":
@@ -794,41 +808,26 @@ def sharing(args) -> dict:
     (`torch.cuda.max_memory_allocated`), rows, sequence and forward tokens, the loss. No optimizer step (it
     touches only the LoRA parameters)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainer.config import LoRAConfig, TrainConfig
+    from trainer.config import TrainConfig
     from trainer.memory import GIB, model_shape
     from trainer.sequences import TrainingSequence
     from trainer.training import accumulate_loss
 
-    cuda = not args.dry_run
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("sharing measures CUDA memory: run it on a GPU, or --dry-run on the CPU")
     if min(args.groups, args.group_size, args.prefix_tokens, args.gen) < 1:
         raise SystemExit("--groups, --group-size, --prefix-tokens and --gen must be >= 1")
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    budget = Budget(args.budget_s - args.reserve_s)
-    lora = LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"])
-    shape = model_shape(SHAPES[args.shape])
-    path = args.out / f"sharing-{args.shape}.json"
-    result: dict = {"part": "sharing", "shape": args.shape, "device": device, "dtype": str(dtype),
-                    "groups": args.groups, "group_size": args.group_size, "prefix_tokens": args.prefix_tokens,
-                    "gen": args.gen, "micro_tokens": args.micro_tokens, "dry_run": args.dry_run,
-                    "torch": torch.__version__, "calls": [], "errors": []}
-    if cuda:
-        result["gpu"] = torch.cuda.get_device_name(0)
-    torch.manual_seed(0)
-    started = time.perf_counter()
-    with torch.device(device):
-        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**SHAPES[args.shape]), dtype=dtype,
-                                              attn_implementation="sdpa")
+    built = bare_model(args, "sharing")
+    cuda, hf, model = built["cuda"], built["hf"], built["model"]
     checkpointing = cuda and sum(p.numel() for p in hf.parameters()) >= 1_000_000_000  # as the backend decides
     if checkpointing:
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         hf.enable_input_require_grads()
-    model = lora.wrap(hf, args.shape)
-    model.train()
-    result.update(build_s=time.perf_counter() - started, gradient_checkpointing=checkpointing)
+    budget = Budget(args.budget_s - args.reserve_s)
+    shape = model_shape(SHAPES[args.shape])
+    path = args.out / f"sharing-{args.shape}.json"
+    result: dict = {**built["fields"], "groups": args.groups, "group_size": args.group_size,
+                    "prefix_tokens": args.prefix_tokens, "gen": args.gen, "micro_tokens": args.micro_tokens,
+                    "gradient_checkpointing": checkpointing, "calls": [], "errors": []}
     rng = random.Random(0)
     old = -math.log(shape.vocab)  # about what a random model gives: ratios near 1
     seqs = []
