@@ -48,8 +48,6 @@ from ruler import TrajectoryGroup, gather_trajectory_groups, ruler_score_group
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from trainer.runlog import plot_train_report
 
-LAUNCHED = time.monotonic()
-
 try:
     from evals.art_e import harness
     from evals.art_e.agent import run_agent
@@ -145,6 +143,7 @@ async def evaluate(model: TrainableModel, scenarios, db: Path, args, label: str,
 
 
 async def main(argv=None) -> None:
+    launched = time.monotonic()  # --time-budget-s counts from here
     args = parse_args(argv)
     rng = random.Random(args.seed)
     if not args.db.is_file():
@@ -212,7 +211,7 @@ async def main(argv=None) -> None:
             before = await evaluate(model, test, args.db, args, "before", correctness)
             before.to_parquet(report_dir / "before.parquet", index=False)
         for step in range(start, args.steps):
-            if args.time_budget_s is not None and time.monotonic() - LAUNCHED > args.time_budget_s:
+            if args.time_budget_s is not None and time.monotonic() - launched > args.time_budget_s:
                 print(f"--time-budget-s {args.time_budget_s:g} spent: stopping after {step} of {args.steps} steps",
                       flush=True)
                 break
@@ -231,7 +230,8 @@ async def main(argv=None) -> None:
         after = await evaluate(model, test, args.db, args, "after", correctness)
         after.to_parquet(report_dir / "after.parquet", index=False)
         run_info = json.loads((report_dir / "run.json").read_text())
-        run_info.update(steps_run=steps_run, policy_step=await model.get_step(), seconds=round(time.monotonic() - LAUNCHED, 1))
+        run_info.update(steps_run=steps_run, policy_step=await model.get_step(),
+                        seconds=round(time.monotonic() - launched, 1))
         (report_dir / "run.json").write_text(json.dumps(run_info, indent=2))
     finally:
         await backend.close()

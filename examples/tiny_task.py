@@ -81,7 +81,8 @@ async def main() -> None:
                     help="TrainConfig.min_shared_prefix: the shortest shared prompt worth sharing (default 32)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                    help="ModelConfig.dtype: the trainer's precision (auto: bf16 on a GPU, fp32 on the CPU)")
+                    help="ModelConfig.dtype: the trainer's precision (auto: bf16 on a GPU, fp32 on the CPU); "
+                         "float32 on a GPU with --engine transformers (vLLM serves LoRA in bf16/fp16 only)")
     ap.add_argument("--no-sleep", action="store_true", help="keep vLLM awake during training steps (EngineConfig.enable_sleep_mode=False): it keeps its memory and serves the previous adapter meanwhile; for a GPU shared with other vLLM processes, whose start-up memory profiling a sleeping neighbour would upset")
     ap.add_argument("--name", default="one-word")
     ap.add_argument("--out", default="./runs")

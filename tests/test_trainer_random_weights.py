@@ -81,10 +81,14 @@ def test_model_config_dtype_sets_the_trainers_weights_and_vllms_dtype(tiny_dir, 
 
     assert weight(load("auto", "a")).dtype == torch.float32  # the CPU's default
     assert weight(load("bfloat16", "b")).dtype == torch.bfloat16
-    argv = load("float32", "c", engine="vllm").engine.command()
-    assert argv[argv.index("--dtype") + 1] == "float32"
-    argv = load("float32", "d", engine="vllm", vllm_args={"dtype": "half"}).engine.command()  # vllm_args wins
-    assert argv[argv.index("--dtype") + 1] == "half"
+    argv = load("bfloat16", "c", engine="vllm").engine.command()
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    run = load("float32", "d", engine="vllm", vllm_args={"dtype": "bfloat16"})  # vllm_args wins: fp32 beside bf16
+    argv = run.engine.command()
+    assert argv[argv.index("--dtype") + 1] == "bfloat16" and weight(run).dtype == torch.float32
     assert "--dtype" not in load("auto", "e", engine="vllm").engine.command()
+    for dtype, args in (("float32", None), ("auto", {"dtype": "float"})):  # vLLM's LoRA kernels refuse fp32
+        with pytest.raises(ValueError, match="LoRA adapters in bfloat16/float16 only"):
+            load(dtype, "f", engine="vllm", vllm_args=args)
     with pytest.raises(ValueError):
         ModelConfig(dtype="float8")

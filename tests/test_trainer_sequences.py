@@ -407,3 +407,16 @@ async def test_a_batch_whose_assistant_turns_are_all_plain_messages_is_refused(s
     # a group without a learning signal is not a mistake: skipped, no error
     flat = TrajectoryGroup([Trajectory(messages_and_choices=[ask, m], reward=1.0) for m in said])
     assert prepare([flat], tokenizer, TrainConfig(), 512)[1]["skipped"] == {"group with all-equal rewards": 1}
+
+
+async def test_an_aborted_trajectory_beside_a_message_only_one_is_not_called_a_batch_without_choices(served):
+    client, tokenizer, _ = served
+    ask = {"role": "user", "content": "Hi"}
+    reply = await client.chat.completions.create(model="chatml", messages=[ask], max_tokens=4, seed=2)
+    aborted = reply.choices[0]
+    aborted.finish_reason = "abort"
+    group = TrajectoryGroup([Trajectory(messages_and_choices=[ask, aborted], reward=1.0),
+                             Trajectory(messages_and_choices=[ask, {"role": "assistant", "content": "Hey"}],
+                                        reward=0.0)])
+    seqs, stats = prepare([group], tokenizer, TrainConfig(), 512)  # it held a served choice: no refusal
+    assert seqs == [] and stats["skipped"] == {"trajectory with an aborted turn": 1, "no generated tokens": 1}

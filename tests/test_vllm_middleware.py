@@ -115,3 +115,27 @@ async def test_every_choice_says_which_policy_step_sampled_it(client):
         assert await steps("other-model", n=1) == [None]
         await client.post("/v1/load_lora_adapter", json={"lora_name": "agent@4", "lora_path": "/missing"})
         assert await steps("agent", n=1) == [3]  # a failed load changes nothing
+
+
+async def test_choices_sampled_under_a_grammar_are_marked_constrained_and_train_on_the_trainers_logprobs(client):
+    """vLLM computes logprobs after the grammar's mask: the choices of a constrained request say so, and the
+    trainer reads no sampled logprobs from them (it takes its own before the update)."""
+    from openai.types.chat.chat_completion import Choice
+
+    from trainer.sequences import served_turn
+
+    msgs = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    cases = [({}, False), ({"response_format": {"type": "text"}}, False), ({"response_format": schema}, True),
+             ({"response_format": {"type": "json_object"}}, True), ({"structured_outputs": {"regex": "a+"}}, True),
+             ({"guided_json": {"type": "object"}}, True), ({"tools": tools, "tool_choice": "auto"}, False),
+             ({"tools": tools, "tool_choice": "required"}, True),
+             ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}}, True)]
+    async with client:
+        for extra, marked in cases:
+            r = await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs, **extra})
+            (raw,) = r.json()["choices"]
+            assert raw.get("constrained", False) is marked, extra
+            turn = served_turn(Choice.model_validate(raw))
+            assert turn.completion == [7, 8] and (turn.logprobs is None) is marked, extra

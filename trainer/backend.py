@@ -255,6 +255,10 @@ class LocalBackend:
                              f"{cfg.engine.placement!r}) and enable_sleep_mode=True (here "
                              f"{cfg.engine.enable_sleep_mode}), so that vLLM frees its memory while the weights "
                              "come back for a step")
+        if kind == "vllm" and str(cfg.engine.vllm_args.get("dtype", cfg.dtype)) in ("float32", "float"):
+            raise ValueError("vLLM serves LoRA adapters in bfloat16/float16 only (its LoRA kernels refuse float32): "
+                             "with engine='vllm' keep dtype 'auto' or 'bfloat16', or train in float32 beside a bf16 "
+                             "sampler with EngineConfig(vllm_args={'dtype': 'bfloat16'})")
         device = self._trainer_device(cfg.engine, kind, cuda)
         plan, replan = _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
         torch.manual_seed(cfg.seed)
@@ -316,6 +320,7 @@ class LocalBackend:
             if cfg.dtype != "auto":  # the sampler in the trainer's precision, unless vllm_args says otherwise
                 engine_cfg = engine_cfg.model_copy(update={"vllm_args": {"dtype": cfg.dtype,
                                                                          **engine_cfg.vllm_args}})
+
             engine = VLLMServer(base, engine_cfg, served_name=model.name, lora_rank=cfg.lora.rank,
                                 log_dir=run_dir, chat_template_file=template_file, tool_parser=tool_parser,
                                 reasoning_parser=reasoning_parser, host=self.host, tools_ok=tools_ok)
@@ -381,7 +386,9 @@ class LocalBackend:
 
     async def train(self, model, groups: list, config: TrainConfig, *,
                     on_step: Callable[[dict, list[TrainingSequence]], None] | None = None) -> dict:
-        """One step on `groups`; returns (and logs) the step's row. Nothing to learn from: no step taken.
+        """One step on `groups`; returns (and logs) the step's row. Nothing to learn from: no step taken. What
+        `trainer.training.prepare` raises (malformed, stale or untokenised trajectories, `MissingTokenIdsError`
+        for a batch without a served choice) is raised before anything is trained.
         `on_step(row, sequences)`, when given, is called once the row is logged, with the sequences the step
         trained on (each with its `advantage`, `group` and `position`; none when no step was taken); what it
         raises is logged, not raised, since the step is taken by then (model.train's tracing hook)."""

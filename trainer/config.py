@@ -292,16 +292,18 @@ class ModelConfig(_Strict):
     dtype: Literal["auto", "bfloat16", "float32"] = pydantic.Field("auto", description=(
         "The trainer's weights and compute. Default `auto`: bfloat16 on a GPU, float32 on the CPU. `float32` on a "
         "GPU doubles the weights' memory and makes the trainer's recomputed logprobs agree with a float32 sampler "
-        "(the transformers engine samples with the trainer's own weights) instead of differing by bf16 rounding; "
-        "with vLLM it is also passed as vLLM's `dtype` unless `EngineConfig.vllm_args` sets one. The CPU server "
-        "of a dedicated transformers placement always runs in float32."))
+        "(the transformers engine samples with the trainer's own weights) instead of differing by bf16 rounding. "
+        "With vLLM it is also passed as vLLM's `dtype` unless `EngineConfig.vllm_args` sets one; vLLM in float32 "
+        "is refused (its LoRA kernels take bf16/fp16 only): train in float32 beside a bf16 vLLM with "
+        "`vllm_args={'dtype': 'bfloat16'}`. The CPU server of a dedicated transformers placement always runs in "
+        "float32."))
     seed: int = pydantic.Field(0, description=(
         "Seed of torch's generator when the model is loaded: the LoRA A matrices' initialisation (B starts at "
         "zero) and, after it, dropout. Default 0; any int. Sampling seeds are per request (`seed` in a "
         "chat-completion request)."))
     random_weights: bool = pydantic.Field(False, description=(
         "Build the base model from its config.json with random weights instead of loading weights: the trainer "
-        "uses transformers `from_config` (bf16 on a GPU, created on the device, seeded by `seed`) and vLLM starts "
+        "uses transformers `from_config` (in `dtype`, created on the device, seeded by `seed`) and vLLM starts "
         "with `--load-format dummy` (its own random weights), so the base folder needs only config.json and the "
         "tokenizer. For speed and memory benchmarks of real architectures only: the two engines hold different "
         "weights, so importance ratios and rewards mean nothing. Default False."))

@@ -42,7 +42,8 @@ Two phases, each a sum of named terms that must fit the device (`device_bytes`):
 
 What the trainer materialises in one pass (`trainer/training.py`, `trainer/packing.py`): a row of at most
 `max(max_tokens_per_micro_batch, max_seq_length)` tokens (a sequence is never split; `prepare` truncates to
-`EngineConfig.max_seq_length`), batch of one, bf16 on a GPU (fp32 on the CPU), LoRA weights in fp32 (peft
+`EngineConfig.max_seq_length`), batch of one, in `ModelConfig.dtype` (bf16 on a GPU, fp32 on the CPU by default;
+the byte counts below say 2 for bf16), LoRA weights in fp32 (peft
 upcasts them), hence an fp32 copy of each adapted layer's input kept for the backward pass. With SDPA or eager
 attention the row's boolean [T x T] mask is passed as a 4-D attention mask: transformers then repeats the KV
 heads (no GQA kernel with a mask) and torch's SDPA turns the mask into an additive one of the activations'
@@ -232,7 +233,7 @@ def resolve_dtype(dtype: str, cuda: bool) -> str:
     the CPU."""
     if dtype == "auto":
         return "bfloat16" if cuda else "float32"
-    if dtype not in _DTYPE_BYTES:
+    if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {dtype!r}")
     return dtype
 
@@ -430,7 +431,7 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     tp = 1
     # vLLM's weights and KV cache in its own dtype: the trainer's when set, else vLLM's bf16 (`vllm_args` wins)
     vllm_dtype = str(ecfg.vllm_args.get("dtype", dtype if model_config.dtype != "auto" else "bfloat16"))
-    vllm_b = _DTYPE_BYTES.get(vllm_dtype, 2)
+    vllm_b = {**_DTYPE_BYTES, "float": 4, "half": 2}.get(vllm_dtype, 2)  # vLLM's names too
     kv_per_token = shape.kv_bytes_per_token(vllm_b)
     model_len = ecfg.max_model_len or seq
     if engine == "vllm":

@@ -115,7 +115,9 @@ class TrainableModel:
         returns the step's run-log row (`trained` is False, with the reasons in `skipped`, when no group had a
         learning signal). Bad trajectories (`TrajectoryError`) and a tracing misconfiguration (`MissingExtraError`)
         are raised before the step, as is a trajectory sampled by a policy step further behind than
-        `config.max_off_policy_steps` (`trainer.sequences.StalePolicyError`); once it is taken, tracing it
+        `config.max_off_policy_steps` (`trainer.sequences.StalePolicyError`), a choice without served token ids,
+        or a batch whose trajectories with a learning signal hold no served choice at all, only plain messages
+        (`trainer.sequences.MissingTokenIdsError`: ART skips such a batch silently); once it is taken, tracing it
         (`ruler.tracing`) never raises."""
         if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
             raise TypeError(f"groups must be a list of TrajectoryGroup, got {type(groups).__name__}")

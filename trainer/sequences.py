@@ -66,7 +66,7 @@ class SequenceReport:
     turns: int = 0
     context_breaks: int = 0          # turns whose prompt did not extend the previous turn: new sequence
     off_policy_turns: int = 0        # re-rendered text (allow_off_policy_text)
-    turns_without_logprobs: int = 0  # served ids but no sampled logprobs: ratio 1
+    turns_without_logprobs: int = 0  # served ids but no sampled logprobs, or constrained ones: ratio 1
     turns_without_policy_step: int = 0  # served turns that do not say which policy step sampled them
     truncated: int = 0               # sequences cut to max_seq_length (counted by `training.prepare`)
 
@@ -99,7 +99,10 @@ def _ints(value: Any) -> list[int] | None:
 
 
 def served_turn(choice: Choice) -> _Turn | None:
-    """(prompt ids, sampled ids, sampled logprobs) of a choice, or None when the server sent no ids."""
+    """(prompt ids, sampled ids, sampled logprobs) of a choice, or None when the server sent no ids. The
+    logprobs are None when the server sent none, or when it marks the choice `constrained` (sampled under a
+    grammar: vLLM's logprobs are then those of the masked distribution, not the policy's); training then uses
+    the trainer's own logprobs before the update as the old policy (ratio 1 on policy)."""
     prompt, completion = _ints(_extra(choice, "prompt_token_ids")), _ints(_extra(choice, "token_ids"))
     if prompt is None or completion is None:
         return None
@@ -113,6 +116,8 @@ def served_turn(choice: Choice) -> _Turn | None:
             lps = [float(x) for x in compact]
     if lps is not None:
         lps = [x if math.isfinite(x) else math.nan for x in lps]
+    if _extra(choice, "constrained") is True:  # sampled under a grammar: not the policy's own logprobs
+        lps = None
     step = _extra(choice, "policy_step")
     step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
     return _Turn(list(prompt), list(completion), lps, step)

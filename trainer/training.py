@@ -124,6 +124,7 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
         for t, (traj, adv) in enumerate(zip(trajs, group_advantages(values, scale=config.scales_advantages()))):
             if adv == 0:
                 continue
+            candidates += 1
             try:
                 found = training_sequences(traj, tokenizer, allow_off_policy_text=config.allow_off_policy_text,
                                            report=report, where=f"group {g} trajectory {t}",
@@ -157,7 +158,6 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                     continue
                 seq.advantage, seq.trajectory, seq.group, seq.position = float(adv), n_trajectories, g, t
                 kept.append(seq)
-            candidates += 1
             if not found:
                 skipped["no generated tokens"] += 1
             if kept:

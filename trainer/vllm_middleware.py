@@ -10,6 +10,10 @@ rollout carries what token-exact training needs without the rollout code asking 
   step of the adapter the request was routed to (`<name>@<step>`; the bare name before any adapter and
   `<name>@0` are the base model, step 0), which training checks against `TrainConfig.max_off_policy_steps`. `top_logprobs` without `logprobs` is
   refused (400), as vLLM itself would (it only sees the switched-on `logprobs`), and as the CPU server does.
+- a request whose sampling is constrained (`response_format` json_schema/json_object/structural tag,
+  `structured_outputs` or `guided_*`, `tool_choice` `required` or a named function) gets `constrained: true` on
+  each choice: vLLM computes its logprobs after the grammar's mask (a token the grammar forces has logprob 0), so
+  they are not the policy's; training then takes the trainer's own logprobs as the old policy for such turns.
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
 - `POST /v1/load_lora_adapter`: passed through; once vLLM has loaded `<name>@<step>`, the bare name means
@@ -104,7 +108,8 @@ class TrainingDataMiddleware:
         if body.get("stream"):
             return await self.app(scope, _replay(raw, receive), send)
         return await self.app(scope, _replay(raw, receive), _TrainingFields(send, compact_logprobs=not asked,
-                                                                            policy_step=self._step(body.get("model"))))
+                                                                            policy_step=self._step(body.get("model")),
+                                                                            constrained=constrained(body)))
 
     def _step(self, model) -> int | None:
         """The policy step a request routed to `model` is sampled by: `<served>@<k>` is step k, the bare served
@@ -154,15 +159,33 @@ def _replay(raw: bytes, receive):
     return replay
 
 
+_CONSTRAINING_FORMATS = ("json_schema", "json_object", "structural_tag", "grammar", "regex", "choice")
+_CONSTRAINING_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                        "guided_whitespace_pattern")
+
+
+def constrained(body: dict) -> bool:
+    """Whether a chat-completion request samples under a grammar (vLLM's structured outputs): a constraining
+    `response_format`, `structured_outputs`/`guided_*` fields, or `tool_choice` `required` or a named function."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in _CONSTRAINING_FORMATS:
+        return True
+    if any(body.get(key) not in (None, False, "", {}) for key in _CONSTRAINING_FIELDS):
+        return True
+    choice = body.get("tool_choice")
+    return bool(body.get("tools")) and (choice == "required" or isinstance(choice, dict))
+
+
 class _TrainingFields:
     """A `send` that buffers a JSON chat completion, copies its `prompt_token_ids` into each choice and, when
     the client did not ask for logprobs, hands them over as one compact `token_logprobs` list per choice
     instead of an object per token (a fraction of the bytes for clients to parse)."""
 
-    def __init__(self, send, *, compact_logprobs: bool, policy_step: int | None = None):
+    def __init__(self, send, *, compact_logprobs: bool, policy_step: int | None = None, constrained: bool = False):
         self.send = send
         self.compact = compact_logprobs
         self.policy_step = policy_step
+        self.constrained = constrained
         self.start = None
         self.chunks: list[bytes] = []
         self.passthrough = False
@@ -191,6 +214,8 @@ class _TrainingFields:
                     choice["prompt_token_ids"] = ids
                 if self.policy_step is not None:
                     choice["policy_step"] = self.policy_step
+                if self.constrained:
+                    choice["constrained"] = True
                 content = (choice.get("logprobs") or {}).get("content")
                 if self.compact and content is not None:
                     choice["token_logprobs"] = [entry["logprob"] for entry in content]
