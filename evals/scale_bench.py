@@ -552,6 +552,10 @@ def trl(args) -> dict:
       `trainer.vllm_generation.generate` on all 32 contexts (which wakes the sleeping engine, syncs the weights
       and sleeps it again, as TRL's own tool loop does); the completion is the turns' sampled tokens with the
       tool messages between them, the tool tokens masked out of the loss by `env_mask` and given logprob 0.
+      `max_completion_length` is one turn's `--gen` (TRL's generate helper uses it as each call's max_tokens), so
+      TRL's `dr_grpo` divides by it while `--turns` x `--gen` tokens train: its loss is that many times larger
+      than its normalisation intends (timing and memory are not affected). TRL's defaults stay as a user gets
+      them, in both workloads: its vLLM importance-sampling correction runs one more no-grad forward of the batch.
 
     The random model is built with `from_config` on the GPU and handed to the trainer as an object; TRL's
     vLLM engine starts with dummy weights (vllm.LLM is patched to add load_format="dummy", the one change)
