@@ -15,7 +15,8 @@ again on the same questions, and write the comparison.
 
 With native tool calls the untrained SmolLM2-135M made no tool call in 12 of 12 CPU rollouts at temperature 1,
 so ART's rubric gives every rollout the same -1.7 and GRPO has nothing to learn from; `--tool-mode text` asks
-for ART's JSON protocol under a JSON schema, which vLLM's server enforces (the CPU server refuses it).
+for ART's JSON protocol under a JSON schema, which vLLM's server and the CPU server enforce (such turns train
+on the trainer's own logprobs: the sampler's are those of the grammar-masked distribution).
 
 The report folder gets before.parquet and after.parquet (every test run, messages included; `ruler eval art-e
 --out DIR/before.parquet --show RUN_ID` prints one),
