@@ -15,8 +15,8 @@ again on the same questions, and write the comparison.
 
 With native tool calls the untrained SmolLM2-135M made no tool call in 12 of 12 CPU rollouts at temperature 1,
 so ART's rubric gives every rollout the same -1.7 and GRPO has nothing to learn from; `--tool-mode text` asks
-for ART's JSON protocol under a JSON schema, which vLLM's server and the CPU server enforce (such turns train
-on the trainer's own logprobs: the sampler's are those of the grammar-masked distribution).
+for ART's JSON protocol under a JSON schema, which vLLM's server and the CPU server enforce (on vLLM such turns
+train on the trainer's own logprobs: vLLM's are those of the grammar-masked distribution).
 
 The report folder gets before.parquet and after.parquet (every test run, messages included; `ruler eval art-e
 --out DIR/before.parquet --show RUN_ID` prints one),
@@ -178,8 +178,7 @@ async def main(argv=None) -> None:
     await model.register(backend)
     report_dir = args.report or model.run_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "run.json").write_text(json.dumps({k: str(v) if isinstance(v, Path) else v
-                                                     for k, v in vars(args).items()}, indent=2))
+    (report_dir / "run.json").write_text(json.dumps(vars(args), indent=2, default=str))  # paths as text
     question_mix(train + test).to_csv(report_dir / "questions.csv", index=False)
     correctness = spec_params(args.correctness_judge)
     ruler_judge, ruler_params = spec_params(args.judge)

@@ -6,8 +6,8 @@ The subset: tools (rendered by the chat template; calls parsed with a vLLM parse
 `llama3_json`), `tool_choice` `auto`/`none`/`required`/a named function (the last two by constrained
 decoding with xgrammar, Hermes format), `n`, `max_tokens`/`max_completion_tokens`, `temperature`,
 `top_p`, `seed`, `response_format` `json_schema`/`json_object` (constrained decoding with xgrammar, the
-logprobs still the unconstrained policy's; such choices, and those of a forced tool call, say `constrained:
-true`, as vLLM's through the trainer's middleware, and training takes its own logprobs for them), `logprobs`/`top_logprobs` (0-20 alternatives per token; as vLLM, `top_logprobs` > 0 needs
+logprobs still the unconstrained policy's, so unlike vLLM's, whose logprobs come after the grammar's mask and
+which the trainer's middleware marks `constrained`, they are trained on as they are), `logprobs`/`top_logprobs` (0-20 alternatives per token; as vLLM, `top_logprobs` > 0 needs
 `logprobs: true`), `return_tokens_as_token_ids`, `return_token_ids` and `chat_template_kwargs`. As on the GPU
 path, every non-streamed completion carries what training needs whatever the request asked: the response's
 and each choice's `prompt_token_ids`, each choice's `token_ids`, and the sampled tokens' logprobs (the
@@ -275,7 +275,6 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
                 "message": {"role": "assistant", "content": content, "tool_calls": calls, "reasoning": reasoning},
                 "logprobs": standard, "token_ids": s.token_ids, "prompt_token_ids": ids,
                 "policy_step": served.step if s.policy_step is None else s.policy_step,
-                **({"constrained": True} if forced or shaped is not None else {}),
                 **({} if req.logprobs else {"token_logprobs": s.logprobs})})
         completion = sum(len(s.token_ids) for s in samples)
         return _json({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",

@@ -13,7 +13,8 @@ rollout carries what token-exact training needs without the rollout code asking 
 - a request whose sampling is constrained (`response_format` json_schema/json_object/structural tag,
   `structured_outputs` or `guided_*`, `tool_choice` `required` or a named function) gets `constrained: true` on
   each choice: vLLM computes its logprobs after the grammar's mask (a token the grammar forces has logprob 0), so
-  they are not the policy's; training then takes the trainer's own logprobs as the old policy for such turns.
+  they are not the policy's; training then takes the trainer's own logprobs as the old policy for such turns
+  (the CPU server's logprobs under a grammar are the policy's: it does not mark them).
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
 - `POST /v1/load_lora_adapter`: passed through; once vLLM has loaded `<name>@<step>`, the bare name means
