@@ -739,6 +739,19 @@ def bare_model(args, part: str) -> dict:
     return {"cuda": cuda, "lora": lora, "hf": hf, "model": model, "fields": fields}
 
 
+def fresh_peak(cuda: bool) -> int:
+    """Before a measured pass: the allocator's cache emptied, the device synchronised and torch's peak reset;
+    returns what is allocated now (0 without CUDA)."""
+    if not cuda:
+        return 0
+    import torch
+
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
 def activations(args) -> dict:
     """One training pass's peak activation memory per (tokens, checkpointing), measured and planned."""
     import torch
@@ -774,11 +787,7 @@ def activations(args) -> dict:
                                    trained=[False] + [True] * (tokens - 1), old_logprobs=[0.0] * tokens,
                                    advantage=1.0)
             config = TrainConfig(max_tokens_per_micro_batch=tokens, share_prefix=False)
-            if cuda:
-                torch.cuda.empty_cache()
-                torch.cuda.synchronize()
-                before = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
+            before = fresh_peak(cuda)
             started = time.perf_counter()
             try:
                 _, stats = accumulate_loss(model, [seq], config)
@@ -847,11 +856,7 @@ def sharing(args) -> dict:
             result["errors"].append(f"share_prefix={share}: not started, --budget-s spent")
             break
         config = TrainConfig(max_tokens_per_micro_batch=args.micro_tokens, share_prefix=share)
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+        before = fresh_peak(cuda)
         t0 = time.perf_counter()
         call = {"share_prefix": share}
         try:
