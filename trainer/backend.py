@@ -35,7 +35,7 @@ from ruler import tracing
 from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
 from trainer.engine import Engine, GeneratingEngine
-from trainer.memory import resolve_dtype
+from trainer.memory import default_checkpointing, resolve_dtype, vllm_dtype
 from trainer.runlog import append_row, load_run_log
 from trainer.sequences import TrainingSequence, end_of_turn_ids
 from trainer.server import BackgroundServer, Served, create_server_app
@@ -255,7 +255,7 @@ class LocalBackend:
                              f"{cfg.engine.placement!r}) and enable_sleep_mode=True (here "
                              f"{cfg.engine.enable_sleep_mode}), so that vLLM frees its memory while the weights "
                              "come back for a step")
-        if kind == "vllm" and str(cfg.engine.vllm_args.get("dtype", cfg.dtype)) in ("float32", "float"):
+        if kind == "vllm" and vllm_dtype(cfg) in ("float32", "float"):
             raise ValueError("vLLM serves LoRA adapters in bfloat16/float16 only (its LoRA kernels refuse float32): "
                              "with engine='vllm' keep dtype 'auto' or 'bfloat16', or train in float32 beside a bf16 "
                              "sampler with EngineConfig(vllm_args={'dtype': 'bfloat16'})")
@@ -274,7 +274,7 @@ class LocalBackend:
             hf.to(device)
         checkpointing = cfg.gradient_checkpointing
         if checkpointing is None:  # on for 1B+ models on a GPU
-            checkpointing = cuda and sum(p.numel() for p in hf.parameters()) >= 1_000_000_000
+            checkpointing = default_checkpointing(sum(p.numel() for p in hf.parameters()), cuda)
         if checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             hf.enable_input_require_grads()
@@ -313,14 +313,10 @@ class LocalBackend:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 template_file = run_dir / "chat_template.jinja"
                 template_file.write_text(template)
-            engine_cfg = cfg.engine
-            if cfg.random_weights:  # vLLM's own random weights of the same architecture
-                engine_cfg = engine_cfg.model_copy(update={"vllm_args": {"load_format": "dummy",
-                                                                         **engine_cfg.vllm_args}})
-            if cfg.dtype != "auto":  # the sampler in the trainer's precision, unless vllm_args says otherwise
-                engine_cfg = engine_cfg.model_copy(update={"vllm_args": {"dtype": cfg.dtype,
-                                                                         **engine_cfg.vllm_args}})
-
+            # vLLM's own random weights of the same architecture; the trainer's dtype unless vllm_args sets one
+            defaults = {**({"load_format": "dummy"} if cfg.random_weights else {}),
+                        **({"dtype": vllm_dtype(cfg)} if vllm_dtype(cfg) else {})}
+            engine_cfg = cfg.engine.model_copy(update={"vllm_args": {**defaults, **cfg.engine.vllm_args}})
             engine = VLLMServer(base, engine_cfg, served_name=model.name, lora_rank=cfg.lora.rank,
                                 log_dir=run_dir, chat_template_file=template_file, tool_parser=tool_parser,
                                 reasoning_parser=reasoning_parser, host=self.host, tools_ok=tools_ok)

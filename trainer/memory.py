@@ -238,6 +238,20 @@ def resolve_dtype(dtype: str, cuda: bool) -> str:
     return dtype
 
 
+def vllm_dtype(model_config: ModelConfig) -> str | None:
+    """The dtype vLLM's server is started with: `EngineConfig.vllm_args['dtype']`, else `ModelConfig.dtype` when
+    it is set, else None (vLLM's own default: the model's bf16)."""
+    given = model_config.engine.vllm_args.get("dtype")
+    if given is not None:
+        return str(given)
+    return None if model_config.dtype == "auto" else model_config.dtype
+
+
+def default_checkpointing(parameters: int, cuda: bool) -> bool:
+    """`ModelConfig.gradient_checkpointing=None`: on for models of 1B parameters or more on a GPU."""
+    return cuda and parameters >= 1_000_000_000
+
+
 def _int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -415,7 +429,7 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     params = shape.parameters()
     checkpointing = model_config.gradient_checkpointing
     if checkpointing is None:  # as the backend decides
-        checkpointing = cuda and params >= 1_000_000_000
+        checkpointing = default_checkpointing(params, cuda)
     targets = list(model_config.lora.target_modules)
     lora = lora_parameters(shape, model_config.lora.rank, targets)
     mbt, seq = train.max_tokens_per_micro_batch, ecfg.max_seq_length
@@ -429,9 +443,8 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     colocated = engine == "vllm" and ecfg.placement == "colocated"
     vllm_share = vllm_needs = vllm_kv = vllm_weights = vllm_overhead = 0
     tp = 1
-    # vLLM's weights and KV cache in its own dtype: the trainer's when set, else vLLM's bf16 (`vllm_args` wins)
-    vllm_dtype = str(ecfg.vllm_args.get("dtype", dtype if model_config.dtype != "auto" else "bfloat16"))
-    vllm_b = {**_DTYPE_BYTES, "float": 4, "half": 2}.get(vllm_dtype, 2)  # vLLM's names too
+    # vLLM's weights and KV cache in its own dtype (vLLM's names too)
+    vllm_b = {**_DTYPE_BYTES, "float": 4, "half": 2}.get(vllm_dtype(model_config) or "bfloat16", 2)
     kv_per_token = shape.kv_bytes_per_token(vllm_b)
     model_len = ecfg.max_model_len or seq
     if engine == "vllm":
@@ -446,9 +459,9 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     offloaded = model_config.offload_during_rollouts and colocated
     vllm_in_training = (asleep if ecfg.enable_sleep_mode else vllm_share) if colocated else 0
 
-    def trainer_terms(training: bool, t: int, ckpt: bool) -> dict[str, int]:
+    def trainer_terms(training: bool, t: int, ckpt: bool, offload: bool = offloaded) -> dict[str, int]:
         terms = {"CUDA context": CUDA_CONTEXT_BYTES} if cuda else {}
-        if training or not offloaded:  # offloaded: in CPU memory while vLLM serves
+        if training or not offload:  # offloaded: in CPU memory while vLLM serves
             terms[f"base weights ({dtype})"] = params * b
         terms["LoRA parameters + AdamW state (fp32)"] = lora * 12
         if training:
@@ -503,8 +516,7 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
                                f"{high:.2f} vLLM's KV cache is ~{_gib(kv_left)} (~{kv_left // kv_per_token:,} "
                                "tokens of concurrent rollouts)")
         if not offloaded:
-            own = (CUDA_CONTEXT_BYTES if cuda else 0) + lora * 12  # what stays on the GPU, as in trainer_terms
-            resident_offloaded = own + int(margin * own) + in_use_bytes
+            resident_offloaded = sum(trainer_terms(False, tokens, checkpointing, offload=True).values()) + in_use_bytes
             free = math.floor((device_bytes - resident_offloaded) / device_bytes * 100) / 100
             if low <= free:
                 suggestions.append(f"set ModelConfig.offload_during_rollouts=True (the trainer's {_gib(params * b)} "

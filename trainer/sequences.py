@@ -98,6 +98,22 @@ def _ints(value: Any) -> list[int] | None:
     return None
 
 
+def _sampled_logprobs(choice: Choice, n: int) -> list[float] | None:
+    """The logprobs of a choice's `n` sampled tokens (standard `logprobs` or compact `token_logprobs`; a
+    non-finite one as NaN), or None when the server sent none for each token or marks the choice `constrained`."""
+    if _extra(choice, "constrained") is True:  # sampled under a grammar: not the policy's own logprobs
+        return None
+    content = getattr(choice.logprobs, "content", None) if choice.logprobs is not None else None
+    if content and len(content) == n:
+        lps = [float(item.logprob) for item in content]
+    else:
+        compact = _extra(choice, "token_logprobs")
+        if not (isinstance(compact, list) and len(compact) == n):
+            return None
+        lps = [float(x) for x in compact]
+    return [x if math.isfinite(x) else math.nan for x in lps]
+
+
 def served_turn(choice: Choice) -> _Turn | None:
     """(prompt ids, sampled ids, sampled logprobs) of a choice, or None when the server sent no ids. The
     logprobs are None when the server sent none, or when it marks the choice `constrained` (sampled under a
@@ -106,18 +122,7 @@ def served_turn(choice: Choice) -> _Turn | None:
     prompt, completion = _ints(_extra(choice, "prompt_token_ids")), _ints(_extra(choice, "token_ids"))
     if prompt is None or completion is None:
         return None
-    lps = None
-    content = getattr(choice.logprobs, "content", None) if choice.logprobs is not None else None
-    if content and len(content) == len(completion):
-        lps = [float(item.logprob) for item in content]
-    else:
-        compact = _extra(choice, "token_logprobs")
-        if isinstance(compact, list) and len(compact) == len(completion):
-            lps = [float(x) for x in compact]
-    if lps is not None:
-        lps = [x if math.isfinite(x) else math.nan for x in lps]
-    if _extra(choice, "constrained") is True:  # sampled under a grammar: not the policy's own logprobs
-        lps = None
+    lps = _sampled_logprobs(choice, len(completion))
     step = _extra(choice, "policy_step")
     step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
     return _Turn(list(prompt), list(completion), lps, step)
