@@ -172,6 +172,20 @@ class Budget:
 # --------------------------------------------------------------------------------------------- ours
 
 
+async def measured_train(model, groups, config) -> dict:
+    """`model.train(groups, config)`'s row with the memory of the call: the device's rise and absolute peak
+    (NVML; vLLM sleeps meanwhile) and this process's torch peak; an exception (an OOM is a result) as
+    `{"error": ...}`."""
+    try:
+        with PeakMemory() as mem:
+            row = await model.train(groups, config)
+    except Exception as exc:  # noqa: BLE001 - an OOM is a result
+        return {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    row.update(peak_gpu_gib_during=mem.gib, peak_gpu_gib_device_during=mem.peak / 2**30,
+               trainer_peak_allocated_gib=mem.torch_gib)
+    return row
+
+
 async def ours(args) -> dict:
     from transformers import AutoTokenizer
 
@@ -249,16 +263,8 @@ async def ours(args) -> dict:
                         break
                     groups = await rollout("rollout_adapter_s")  # served with the latest adapter
                     key = "share" if share else "no_share"
-                    try:
-                        with PeakMemory() as m2:
-                            row = await model.train(groups, TrainConfig(
-                                learning_rate=1e-5, share_prefix=share,
-                                max_tokens_per_micro_batch=args.micro_tokens))
-                        row["peak_gpu_gib_during"] = m2.gib
-                        row["peak_gpu_gib_device_during"] = m2.peak / 2**30  # absolute: vLLM sleeps meanwhile
-                        row["trainer_peak_allocated_gib"] = m2.torch_gib  # this process's torch, alone
-                    except Exception as exc:  # noqa: BLE001 - an OOM is a result
-                        row = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+                    row = await measured_train(model, groups, TrainConfig(
+                        learning_rate=1e-5, share_prefix=share, max_tokens_per_micro_batch=args.micro_tokens))
                     part.setdefault(key, []).append({k: v for k, v in row.items() if not isinstance(v, dict)})
                     save()
                     print(f"prefix share={share}: {json.dumps(part[key][-1], default=str)[:600]}", flush=True)
@@ -294,16 +300,8 @@ async def ours(args) -> dict:
                                                    rewards(args.group_size))]) for g in range(args.groups)]
                     sampled = sum(len(c.model_extra["token_ids"]) for items in trajs for c in items
                                   if not isinstance(c, dict))
-                    try:
-                        with PeakMemory() as m2:
-                            row = await model.train(groups, TrainConfig(
-                                learning_rate=1e-5,
-                                max_tokens_per_micro_batch=args.micro_tokens))
-                        row["peak_gpu_gib_during"] = m2.gib
-                        row["peak_gpu_gib_device_during"] = m2.peak / 2**30  # absolute: vLLM sleeps meanwhile
-                        row["trainer_peak_allocated_gib"] = m2.torch_gib  # this process's torch, alone
-                    except Exception as exc:  # noqa: BLE001 - an OOM is a result
-                        row = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+                    row = await measured_train(model, groups, TrainConfig(
+                        learning_rate=1e-5, max_tokens_per_micro_batch=args.micro_tokens))
                     row = {k: v for k, v in row.items() if not isinstance(v, dict)}
                     row.update(wall_s=time.perf_counter() - t0, rollout_wall_s=rollout_s, sampled_tokens=sampled,
                                rollout_tokens_per_s=sampled / rollout_s)
@@ -706,9 +704,6 @@ def trl_agent_rollout(args, tok, words: list[int], rng: random.Random, result: d
     return rollout
 
 
-# --------------------------------------------------------------------------------------------- report
-
-
 # --------------------------------------------------------------------------------------------- activations
 
 def bare_model(args, part: str) -> dict:
@@ -823,7 +818,7 @@ def sharing(args) -> dict:
     import torch
 
     from trainer.config import TrainConfig
-    from trainer.memory import GIB, model_shape
+    from trainer.memory import GIB, default_checkpointing, model_shape
     from trainer.sequences import TrainingSequence
     from trainer.training import accumulate_loss
 
@@ -831,7 +826,7 @@ def sharing(args) -> dict:
         raise SystemExit("--groups, --group-size, --prefix-tokens and --gen must be >= 1")
     built = bare_model(args, "sharing")
     cuda, hf, model = built["cuda"], built["hf"], built["model"]
-    checkpointing = cuda and sum(p.numel() for p in hf.parameters()) >= 1_000_000_000  # as the backend decides
+    checkpointing = default_checkpointing(sum(p.numel() for p in hf.parameters()), cuda)  # as the backend does
     if checkpointing:
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         hf.enable_input_require_grads()
@@ -886,6 +881,7 @@ def sharing(args) -> dict:
     return result
 
 
+# --------------------------------------------------------------------------------------------- report
 def _peak(row: dict) -> str:
     """The device's peak during a train call; runs before this field existed only recorded the rise above the
     call's start (vLLM awake), which sleeping vLLM hides: shown as not measured."""

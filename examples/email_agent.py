@@ -178,7 +178,8 @@ async def main(argv=None) -> None:
     await model.register(backend)
     report_dir = args.report or model.run_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "run.json").write_text(json.dumps(vars(args), indent=2, default=str))  # paths as text
+    run_info = dict(vars(args))  # written now, and again with the steps run once they are done
+    (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))  # paths as text
     question_mix(train + test).to_csv(report_dir / "questions.csv", index=False)
     correctness = spec_params(args.correctness_judge)
     ruler_judge, ruler_params = spec_params(args.judge)
@@ -229,10 +230,9 @@ async def main(argv=None) -> None:
                   f"{row['sequences']} sequences", flush=True)
         after = await evaluate(model, test, args.db, args, "after", correctness)
         after.to_parquet(report_dir / "after.parquet", index=False)
-        run_info = json.loads((report_dir / "run.json").read_text())
         run_info.update(steps_run=steps_run, policy_step=await model.get_step(),
                         seconds=round(time.monotonic() - launched, 1))
-        (report_dir / "run.json").write_text(json.dumps(run_info, indent=2))
+        (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
     finally:
         await backend.close()
 
