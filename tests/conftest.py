@@ -81,3 +81,40 @@ def inbox_db(tmp_path_factory):
     return db, report
 
 
+
+
+@pytest.fixture
+def tiny_dir(tmp_path):
+    """A model folder of the scale benchmark's `tiny` shape: its config.json and SmolLM2's tokenizer, no weights."""
+    from evals.scale_bench import make_model_dir
+
+    return make_model_dir("tiny", tmp_path / "tiny")
+
+
+@pytest.fixture
+def tiny_trainable(tiny_dir, tmp_path):
+    """(model, backend): a TrainableModel of the tiny shape with random weights on the transformers engine, LoRA
+    r4, and the LocalBackend to register it with (the test registers it and closes the backend)."""
+    from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
+
+    cfg = ModelConfig(random_weights=True, lora=LoRAConfig(rank=4, alpha=8),
+                      engine=EngineConfig(engine="transformers", max_seq_length=256))
+    return TrainableModel("tiny", "p", str(tiny_dir), cfg), LocalBackend(tmp_path / "runs")
+
+
+@pytest.fixture
+def one_varied_step():
+    """An async function: one training step of a registered model on one group of four of its own replies,
+    rewarded 0, 1, 2, 3 (every one with an advantage); returns the step's row."""
+    from ruler import Trajectory, TrajectoryGroup
+    from trainer import TrainConfig
+
+    async def step(model) -> dict:
+        msgs = [{"role": "user", "content": "Say something."}]
+        reply = await model.openai_client().chat.completions.create(model=model.name, messages=msgs, n=4,
+                                                                    max_tokens=6, temperature=1.0)
+        group = TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, c], reward=float(i))
+                                 for i, c in enumerate(reply.choices)])
+        return await model.train([group], TrainConfig(learning_rate=1e-3))
+
+    return step

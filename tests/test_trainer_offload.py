@@ -7,18 +7,10 @@ CPU itself, so these check the bookkeeping and the step's wiring, not a transfer
 import pytest
 import torch
 
-from ruler import Trajectory, TrajectoryGroup
-from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel, TrainConfig
+from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
 from trainer.offload import WeightOffload
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def tiny_dir(tmp_path):
-    from evals.scale_bench import make_model_dir
-
-    return make_model_dir("tiny", tmp_path / "tiny")
 
 
 def test_the_frozen_weights_move_and_come_back_as_the_same_parameters(tiny_dir):
@@ -50,26 +42,18 @@ def test_the_frozen_weights_move_and_come_back_as_the_same_parameters(tiny_dir):
         WeightOffload(torch.nn.Linear(2, 2))
 
 
-async def test_a_step_brings_the_weights_back_and_sends_them_off_again(tiny_dir, tmp_path):
-    cfg = ModelConfig(random_weights=True, lora=LoRAConfig(rank=4, alpha=8),
-                      engine=EngineConfig(engine="transformers", max_seq_length=256))
-    model = TrainableModel("o", "p", str(tiny_dir), cfg)
-    backend = LocalBackend(tmp_path / "runs")
+async def test_a_step_brings_the_weights_back_and_sends_them_off_again(tiny_trainable, one_varied_step):
+    model, backend = tiny_trainable
     await model.register(backend)
     try:
-        run = backend._runs["o"]
+        run = backend._runs[model.name]
         run.offload = WeightOffload(run.peft_model)  # the vLLM engine's arrangement, on the CPU engine
         run.offload.to_cpu()
         moves = []
         for name in ("to_device", "to_cpu"):
             method = getattr(run.offload, name)
             setattr(run.offload, name, lambda method=method, name=name: (moves.append(name), method())[1])
-        msgs = [{"role": "user", "content": "Say something."}]
-        reply = await model.openai_client().chat.completions.create(model=model.name, messages=msgs, n=4,
-                                                                    max_tokens=6, temperature=1.0)
-        group = TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, c], reward=float(i))
-                                 for i, c in enumerate(reply.choices)])
-        row = await model.train([group], TrainConfig(learning_rate=1e-3))
+        row = await one_varied_step(model)
         assert row["trained"] and row["grad_norm"] > 0 and row["offload_s"] >= 0
         assert moves == ["to_device", "to_cpu"] and not run.offload.on_device  # back, trained, off again
     finally:

@@ -4,17 +4,9 @@ dummy`)."""
 
 import pytest
 
-from ruler import Trajectory, TrajectoryGroup
-from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel, TrainConfig
+from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def tiny_dir(tmp_path):
-    from evals.scale_bench import make_model_dir
-
-    return make_model_dir("tiny", tmp_path / "tiny")
 
 
 def test_the_model_folder_holds_no_weights_and_its_ids_fit(tiny_dir):
@@ -28,22 +20,13 @@ def test_the_model_folder_holds_no_weights_and_its_ids_fit(tiny_dir):
         make_model_dir("qwen9-1t", tiny_dir.parent / "x")
 
 
-async def test_random_weights_build_from_the_config_train_and_serve(tiny_dir, tmp_path):
-    cfg = ModelConfig(random_weights=True, lora=LoRAConfig(rank=4, alpha=8),
-                      engine=EngineConfig(engine="transformers", max_seq_length=256))
-    model = TrainableModel("r", "p", str(tiny_dir), cfg)
-    backend = LocalBackend(tmp_path / "runs")
+async def test_random_weights_build_from_the_config_train_and_serve(tiny_trainable, one_varied_step):
+    model, backend = tiny_trainable
     await model.register(backend)
     try:
-        run = backend._runs["r"]
-        base = run.peft_model.get_base_model()
+        base = backend._runs[model.name].peft_model.get_base_model()
         assert base.config.hidden_size == 32 and base.config.num_hidden_layers == 2
-        msgs = [{"role": "user", "content": "Say something."}]
-        reply = await model.openai_client().chat.completions.create(model=model.name, messages=msgs, n=4,
-                                                                    max_tokens=6, temperature=1.0)
-        group = TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, c], reward=float(i))
-                                 for i, c in enumerate(reply.choices)])
-        row = await model.train([group], TrainConfig(learning_rate=1e-3))
+        row = await one_varied_step(model)  # served by the CPU server, then trained
         assert row["trained"] and row["step"] == 1 and row["grad_norm"] > 0
     finally:
         await backend.close()
