@@ -66,8 +66,9 @@ except ModuleNotFoundError as exc:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reward", default="art", choices=["art", "ruler"], help="ART's rubric, or RULER's ranking")
-    ap.add_argument("--judge", default=None, help="RULER judge, a litellm model or MODEL@http://host/v1 "
-                    "(--reward ruler; default: RULER's default judge)")
+    ap.add_argument("--judge", default=None, help="RULER judge, a litellm model or MODEL@http://host/v1, or 'self': "
+                    "the policy's own vLLM server with its untrained weights (step 0; --engine vllm; no second "
+                    "server, and a judge as weak as the untrained policy) (--reward ruler; default: RULER's default judge)")
     ap.add_argument("--judge-max-prompt-tokens", type=int, default=None, help="--reward ruler: the judge prompt's "
                     "token budget (RULER cuts and splits groups to fit); give it for a served judge whose context "
                     "litellm does not know, e.g. 6000 for SmolLM2's 8192")
@@ -113,6 +114,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--time-budget-s must be > 0")
     if args.judge and args.reward != "ruler":
         ap.error("--judge is the RULER judge: use it with --reward ruler")
+    if args.judge == "self" and args.engine != "vllm":  # the CPU server serves only the latest adapter, not step 0
+        ap.error("--judge self needs --engine vllm: only vLLM keeps serving the untrained weights (step 0) beside "
+                 "the trained adapter")
     if args.judge_max_prompt_tokens is not None and (args.reward != "ruler" or args.judge_max_prompt_tokens < 256):
         ap.error("--judge-max-prompt-tokens goes with --reward ruler and is >= 256")
     if args.correctness_judge:
@@ -182,7 +186,11 @@ async def main(argv=None) -> None:
     (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))  # paths as text
     question_mix(train + test).to_csv(report_dir / "questions.csv", index=False)
     correctness = spec_params(args.correctness_judge)
-    ruler_judge, ruler_params = spec_params(args.judge)
+    if args.judge == "self":  # the base weights on the policy's own server: step 0 stays served however far it trains
+        ruler_judge = f"hosted_vllm/{model.get_inference_name(0)}"
+        ruler_params = {"api_base": model.inference_base_url, "api_key": model.inference_api_key}
+    else:
+        ruler_judge, ruler_params = spec_params(args.judge)
 
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
         if not group.trajectories:  # every rollout raised (they are counted against --max-exceptions)

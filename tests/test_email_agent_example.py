@@ -19,7 +19,8 @@ def load_example():
 def test_bad_arguments_are_refused():
     example = load_example()
     for argv in (["--time-budget-s", "0"], ["--steps", "-1"], ["--reward", "art", "--judge", "x/y"],
-                 ["--reward", "ruler", "--judge-max-prompt-tokens", "10"]):
+                 ["--reward", "ruler", "--judge-max-prompt-tokens", "10"],
+                 ["--reward", "ruler", "--judge", "self", "--engine", "transformers"]):
         with pytest.raises(SystemExit):
             example.parse_args(argv)
 
