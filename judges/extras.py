@@ -18,7 +18,7 @@ from judges.errors import JudgeConfigError
 EXTRAS: dict[str, tuple[str, ...]] = {
     "embedded": ("torch", "transformers", "accelerate", "gguf", "xgrammar"),
     "serve": ("fastapi", "uvicorn", "prometheus_client"),
-    "train": ("torch", "transformers", "peft", "accelerate", "fastapi", "uvicorn", "pandas", "matplotlib"),
+    "train": ("torch", "transformers", "peft", "accelerate", "fastapi", "uvicorn", "pandas", "matplotlib", "psutil"),
     "gpu": ("vllm",),
     "eval": ("pandas", "pyarrow", "matplotlib", "scipy", "dateutil"),
     "tracing": ("langfuse",),

@@ -485,3 +485,68 @@ def test_the_lora_terms_equal_a_real_adamw_state_after_one_step():
     assert plan.training["LoRA gradients (fp32)"] == grads
     # AdamW's per-parameter `step` counters are the only bytes the plan leaves out: 4 bytes per tensor
     assert 0 <= params + grads + state - planned <= 8 * len(trainable) < 4096
+
+
+def test_the_host_must_hold_the_weight_copies_the_run_keeps_in_cpu_memory():
+    """vLLM's weights while it sleeps at level 1, and with offload_during_rollouts the trainer's pinned copy: at
+    32B 2 x 61.0 GiB, more than a 128 GiB host (120 GiB available) can give; refused with the numbers."""
+    weights = 32_763_876_352 * 2
+    offload = ModelConfig(lora=LORA16, offload_during_rollouts=True,
+                          engine=EngineConfig(gpu_memory_utilization=0.85, max_seq_length=8192))
+    plan = plan_memory(offload, SHAPES["qwen2.5-32b"], device_bytes=H200, host_bytes=120 * GIB,
+                       train=TrainConfig(max_tokens_per_micro_batch=16384))
+    assert plan.host == {"vLLM's weights while asleep (level 1)": weights,
+                         "the trainer's base weights (bfloat16, offload_during_rollouts)": weights}
+    assert not plan.fits and plan.host_bytes == 120 * GIB
+    problem = next(p for p in plan.problems if p.startswith("CPU memory"))
+    assert gib_numbers(problem) == [122.1, 61.0, 61.0, 120.0]
+    assert any("offload_during_rollouts=False" in s and "61.0 GiB" in s for s in plan.suggestions)
+    assert "  CPU memory 122.1 GiB = " in plan.message() and "does NOT fit" in plan.message()
+    roomy = plan_memory(offload, SHAPES["qwen2.5-32b"], device_bytes=H200, host_bytes=123 * GIB,
+                        train=TrainConfig(max_tokens_per_micro_batch=16384))
+    assert roomy.fits and "CPU memory 122.1 GiB of 123.0 GiB available" in roomy.summary()
+    unchecked = plan_memory(offload, SHAPES["qwen2.5-32b"], device_bytes=H200,
+                            train=TrainConfig(max_tokens_per_micro_batch=16384))
+    assert unchecked.fits and unchecked.host_bytes == 0 and sum(unchecked.host.values()) == 2 * weights
+
+    # without offloading, only vLLM's sleeping copy; without sleep mode or vLLM, nothing on the host
+    seven = scale_run("qwen2.5-7b", 0.45)
+    assert list(seven.host.values()) == [7_615_616_512 * 2]
+    small_host = plan_memory(ModelConfig(lora=LORA16, engine=EngineConfig(gpu_memory_utilization=0.45,
+                                                                          max_seq_length=8192)),
+                             SHAPES["qwen2.5-7b"], device_bytes=H200, host_bytes=10 * GIB,
+                             train=TrainConfig(max_tokens_per_micro_batch=16384))
+    assert not small_host.fits and any("enable_sleep_mode=False" in s for s in small_host.suggestions)
+    awake = EngineConfig(gpu_memory_utilization=0.45, max_seq_length=8192, enable_sleep_mode=False)
+    assert plan_memory(ModelConfig(lora=LORA16, engine=awake), SHAPES["qwen2.5-7b"], device_bytes=H200,
+                       host_bytes=GIB).host == {}
+    assert plan_memory(ModelConfig(), SHAPES["tiny"], device_bytes=8 * GIB, cuda=False, host_bytes=GIB).host == {}
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="host_bytes"):
+            plan_memory(ModelConfig(), SHAPES["tiny"], device_bytes=8 * GIB, host_bytes=bad)
+
+
+@pytest.mark.slow
+async def test_register_checks_the_host_before_loading_anything(tmp_path, monkeypatch):
+    """`memory_check.host_gib` (else what psutil reports available) bounds the host copies: vLLM's sleeping copy
+    of SmolLM2 (0.25 GiB in bf16) does not fit 0.1 GiB, and register refuses before reading the tokenizer."""
+    import transformers
+
+    loaded = []
+
+    def loader(*args, **kwargs):
+        loaded.append(args)
+        raise AssertionError("loaded before the memory plan refused")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", loader)
+    backend = LocalBackend(tmp_path)
+    try:
+        model = TrainableModel("hosted", "p", BASE, ModelConfig(engine=EngineConfig(engine="vllm"),
+                                                                memory_check={"device_gib": 64, "host_gib": 0.1}))
+        with pytest.raises(MemoryPlanError, match=r"CPU memory: .* more than the 0\.1 GiB available") as raised:
+            await model.register(backend)
+        assert loaded == [] and raised.value.plan.host_bytes == int(0.1 * GIB)
+    finally:
+        await backend.close()
+    with pytest.raises(pydantic.ValidationError, match="host_gib"):
+        MemoryCheckConfig(host_gib=0)

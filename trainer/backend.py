@@ -113,9 +113,16 @@ def _check_memory(cfg, base: str, kind: str, device: str):
             inference_total = torch.cuda.mem_get_info(cfg.engine.inference_gpus[0])[1]
     hf_config: dict = {}
 
+    if check.host_gib is not None:
+        host = int(check.host_gib * GIB)
+    else:
+        import psutil
+
+        host = psutil.virtual_memory().available
+
     def replan(train=None):
         return plan_memory(cfg, hf_config, device_bytes=total, in_use_bytes=in_use, cuda=on_cuda, engine=kind,
-                           base=base, inference_device_bytes=inference_total, train=train)
+                           base=base, inference_device_bytes=inference_total, train=train, host_bytes=host)
 
     try:
         hf_config.update(AutoConfig.from_pretrained(base).to_dict())

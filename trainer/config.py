@@ -258,6 +258,10 @@ class MemoryCheckConfig(_Strict):
         "GPU, or to leave room for something else. Default None: the device's total memory "
         "(`torch.cuda.mem_get_info`), minus what other processes already use; > 0. Set, the plan also runs on "
         "the CPU (fp32 weights there)."))
+    host_gib: float | None = pydantic.Field(None, gt=0, description=(
+        "Plan as if this many GiB (2^30 bytes) of CPU memory were free for the weight copies the run keeps on "
+        "the host (vLLM's while it sleeps at level 1; the trainer's with `offload_during_rollouts`). Default "
+        "None: what the OS reports available at register (psutil). > 0."))
     max_tokens_per_micro_batch: int | None = pydantic.Field(None, ge=16, description=(
         "The `TrainConfig.max_tokens_per_micro_batch` the plan assumes, in tokens (register does not know the "
         "TrainConfig of later steps): set it to what the steps will use. A step whose "

@@ -39,6 +39,11 @@ Two phases, each a sum of named terms that must fit the device (`device_bytes`):
   at 7B, 76.5 of 76.9 GiB at 14B). Without sleep mode vLLM keeps its whole share while training. A
   dedicated placement keeps vLLM off the trainer's device (its share is checked against the inference device's
   own size: `inference_device_bytes`, at register `torch.cuda.mem_get_info` of the first inference GPU).
+- **CPU memory** (`host_bytes`, at register the memory the OS reports available): the weight copies the run
+  keeps on the host, both at once while a step trains: vLLM's weights while it sleeps at level 1 (vLLM keeps
+  them in pinned memory), and with `offload_during_rollouts` the trainer's base weights (a pinned buffer
+  allocated once and kept). At the 32B shape that is 2 x 61 GiB; the processes' own memory (Python, torch,
+  CUDA libraries) is not counted.
 
 What the trainer materialises in one pass (`trainer/training.py`, `trainer/packing.py`): a row of at most
 `max(max_tokens_per_micro_batch, max_seq_length)` tokens (a sequence is never split; `prepare` truncates to
@@ -306,7 +311,9 @@ class MemoryPlan:
 
     `rollout` and `training` map a term's name to bytes; each phase fits when its sum is <= `device_bytes`.
     `vllm_needs_bytes` (vLLM's weights + overhead + one `max_model_len`-token sequence of KV cache) must fit in
-    `vllm_share_bytes` when vLLM runs (0 and 0 otherwise). `suggestions` is empty when the plan fits."""
+    `vllm_share_bytes` when vLLM runs (0 and 0 otherwise). `host` names the weight copies kept in CPU memory
+    (vLLM's while it sleeps at level 1, the trainer's with `offload_during_rollouts`); they must fit in
+    `host_bytes` when that was given (0: the host was not checked). `suggestions` is empty when the plan fits."""
     device_bytes: int
     base: str
     parameters: int
@@ -331,6 +338,8 @@ class MemoryPlan:
     vllm_kv_tokens: int
     problems: list[str] = field(default_factory=list)
     suggestions: list[str] = field(default_factory=list)
+    host: dict[str, int] = field(default_factory=dict)
+    host_bytes: int = 0
 
     @property
     def rollout_bytes(self) -> int:
@@ -354,12 +363,15 @@ class MemoryPlan:
                 f"rollout {_gib(self.rollout_bytes)}, training {_gib(self.training_bytes)} of "
                 f"{_gib(self.device_bytes)}; {_count(self.parameters)} parameters in {self.dtype}, passes of "
                 f"{self.tokens_per_pass} tokens, gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}"
-                f"{vllm}")
+                f"{vllm}" + (f"; CPU memory {_gib(sum(self.host.values()))} of {_gib(self.host_bytes)} available"
+                             if self.host and self.host_bytes else ""))
 
     def message(self) -> str:
         """Everything: the summary, each phase's terms, what does not fit and what to change."""
         lines = [self.summary() + (": fits" if self.fits else ": does NOT fit")]
-        for phase, terms in (("rollout", self.rollout), ("training", self.training)):
+        for phase, terms in (("rollout", self.rollout), ("training", self.training), ("CPU memory", self.host)):
+            if not terms:
+                continue
             parts = ", ".join(f"{name} {_gib(n)}" for name, n in terms.items() if n)
             lines.append(f"  {phase} {_gib(sum(terms.values()))} = {parts}")
         lines += [f"  problem: {p}" for p in self.problems]
@@ -372,7 +384,8 @@ class MemoryPlan:
 def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, device_bytes: int,
                 train: TrainConfig | None = None, cuda: bool = True, engine: str | None = None,
                 attention: str | None = None, in_use_bytes: int = 0, margin: float | None = None,
-                base: str = "the model", inference_device_bytes: int | None = None) -> MemoryPlan:
+                base: str = "the model", inference_device_bytes: int | None = None,
+                host_bytes: int | None = None) -> MemoryPlan:
     """The `MemoryPlan` of training `model_config` on the model of `hf_config` (its config.json as a dict) on a
     device of `device_bytes` bytes. Pure: reads nothing, needs no GPU.
 
@@ -385,7 +398,9 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     `in_use_bytes`: memory other processes already hold on the device. `margin`: the fraction of the
     trainer's terms added for what is not modelled; default `model_config.memory_check.margin`. `base` names
     the model in messages. `inference_device_bytes`: with `placement='dedicated'` and vLLM, the size of each
-    inference GPU (vLLM's share is `gpu_memory_utilization` of it); default `device_bytes`. Bad input is a
+    inference GPU (vLLM's share is `gpu_memory_utilization` of it); default `device_bytes`. `host_bytes`: the CPU
+    memory free for the run's weight copies (at register, what the OS reports available); None: not checked.
+    Bad input is a
     TypeError or ValueError naming it; a model whose weights are quantised or offloaded (`weight_shrinking`) is a
     ValueError naming the setting (the plan models bf16 weights only)."""
     if not isinstance(model_config, ModelConfig):
@@ -399,6 +414,7 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     device_bytes = _int("device_bytes", device_bytes, 1)
     inference_bytes = device_bytes if inference_device_bytes is None else _int(
         "inference_device_bytes", inference_device_bytes, 1)
+    host_bytes = 0 if host_bytes is None else _int("host_bytes", host_bytes, 1)
     in_use_bytes = _int("in_use_bytes", in_use_bytes, 0)
     if in_use_bytes >= device_bytes:
         raise ValueError(f"in_use_bytes ({in_use_bytes}) must be below device_bytes ({device_bytes})")
@@ -543,6 +559,23 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
         suggestions.append(f"the trainer's resident state ({_gib(trainer_resident)}) exceeds {device}: use a "
                            "larger device or a smaller model")
 
+    host: dict[str, int] = {}
+    if colocated and ecfg.enable_sleep_mode:
+        host["vLLM's weights while asleep (level 1)"] = vllm_weights
+    if offloaded:
+        host[f"the trainer's base weights ({dtype}, offload_during_rollouts)"] = params * b
+    if host_bytes and sum(host.values()) > host_bytes:
+        parts = " + ".join(f"{name} {_gib(n)}" for name, n in host.items())
+        problems.append(f"CPU memory: the weight copies kept on the host need {_gib(sum(host.values()))} "
+                        f"({parts}), more than the {_gib(host_bytes)} available")
+        if offloaded:
+            suggestions.append("set ModelConfig.offload_during_rollouts=False (the host then keeps vLLM's copy "
+                               f"only, {_gib(vllm_weights)}; both copies stay on the GPU while vLLM serves), or "
+                               "free host memory")
+        else:
+            suggestions.append("set EngineConfig.enable_sleep_mode=False (vLLM keeps its weights on the GPU "
+                               "while training), use placement='dedicated', or free host memory")
+
     training_bytes = sum(training.values())
     if training_bytes > device_bytes:
         act = activations(tokens, checkpointing)
@@ -594,4 +627,5 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
         training=training, activations_bytes=activations(tokens, checkpointing),
         activations_checkpointed_bytes=activations(tokens, True), activations_full_bytes=activations(tokens, False),
         vllm_share_bytes=vllm_share, vllm_needs_bytes=vllm_needs, vllm_kv_cache_bytes=vllm_kv,
-        vllm_kv_tokens=vllm_kv // kv_per_token if vllm_kv else 0, problems=problems, suggestions=suggestions)
+        vllm_kv_tokens=vllm_kv // kv_per_token if vllm_kv else 0, problems=problems, suggestions=suggestions,
+        host=host, host_bytes=host_bytes)
