@@ -1,6 +1,8 @@
 """Packed rows with shared prefixes give the loss and LoRA gradients of running every sequence alone (fp32,
-a tiny random Llama): long, short and no shared prefix, multi-turn trajectories, mixed group sizes, every
-loss; and the fallbacks are taken and counted where they must be."""
+a tiny random Llama): long, short and no shared prefix, multi-turn trajectories (coinciding early turns
+shared), an early outlier, mixed group sizes, every loss, split rows, small logprob chunks, checkpointing,
+eager attention (against the model's own unmasked forward); sliding-window models fall back to their own masks;
+the fallbacks are taken and counted where they must be."""
 
 import math
 import random
@@ -8,11 +10,11 @@ import random
 import pytest
 import torch
 
-from trainer.config import TrainConfig
-from trainer.packing import common_untrained_prefix, pack
-from trainer.sequences import TrainingSequence
 from tests.helpers import tiny_lora_model
 from trainer import training
+from trainer.config import TrainConfig
+from trainer.packing import common_prefix, pack
+from trainer.sequences import TrainingSequence
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +100,10 @@ def test_the_fallbacks_are_taken_and_counted(model, monkeypatch):
     # a prefix below the minimum is not shared, and counted
     _, report = pack(seqs, capacity=4096, min_prefix=41)
     assert report.shared_groups == 0 and report.no_shared_prefix == 4
-    # the shared prefix stops at the first trained token of any sequence
+    # the shared prefix runs through trained tokens too (coinciding turns are shared)
     a = TrainingSequence([1, 2, 3, 4], [False, False, True, True], [math.nan] * 4)
     b = TrainingSequence([1, 2, 3, 5], [False, False, False, True], [math.nan] * 4)
-    assert common_untrained_prefix([a, b]) == 2
+    assert common_prefix([a, b]) == 3
 
 
 @pytest.mark.parametrize("budget", [50, None])
@@ -145,3 +147,144 @@ def test_truncated_importance_sampling_weights_the_policy_term_by_the_sampler_mi
     assert stats["ratio_dev_max"] < 1e-4  # the PPO ratio is taken against the trainer itself
     plain, _, _ = loss_and_grads(model, shifted, TrainConfig(loss="dapo"))
     assert plain != pytest.approx(loss, abs=1e-3)  # without the correction the sampled logprobs are the old policy
+
+
+def coinciding_turns(rng):
+    """A group whose trajectories share their prompt AND a first assistant turn and tool result (trained tokens
+    in the common prefix), then diverge; one trajectory repeats another exactly (an empty suffix); one more
+    diverges right after the prompt (an outlier that would shrink the whole group's common prefix)."""
+    tok = lambda n: [rng.randrange(97) for _ in range(n)]
+    prompt, turn, tool = tok(12), tok(8), tok(10)
+    first = prompt + turn + tool  # 30 tokens: 12 untrained, 8 trained, 10 untrained
+    trained_first = [False] * 12 + [True] * 8 + [False] * 10
+    seqs = []
+    for t, n in enumerate((6, 9, 9)):
+        ending = tok(n) if t < 2 else seqs[1].token_ids[30:]  # trajectory 2 = trajectory 1, token for token
+        tokens = first + ending
+        trained = trained_first + [True] * n
+        old = [rng.uniform(-4, -0.5) if f and rng.random() < 0.7 else math.nan for f in trained]
+        seqs.append(TrainingSequence(tokens, trained, old, advantage=(-1.0, 0.4, 0.6)[t], trajectory=t, group=0))
+    outlier = prompt + tok(14)
+    seqs.append(TrainingSequence(outlier, [False] * 12 + [True] * 14, [math.nan] * 26, advantage=0.7, trajectory=3,
+                                 group=0))
+    return seqs
+
+
+def test_coinciding_early_turns_are_shared_and_an_outlier_does_not_shrink_the_group(model):
+    seqs = coinciding_turns(random.Random(3))
+    rows, report = pack(seqs, capacity=4096, min_prefix=8)
+    # the three that coincide share all 30 tokens of prompt, turn and tool result (2 x 30 saved), the outlier
+    # runs alone: better than the prompt's 12 shared by all four (3 x 12) or trajectories 1 and 2 alone sharing
+    # their 39 identical tokens (1 x 39; one level of sharing, no nested prefixes)
+    assert report.shared_groups == 1 and report.rows == 1
+    assert report.sequence_tokens - report.forward_tokens == 2 * 30 > max(3 * 12, 39)
+    assert report.saving == pytest.approx(1 - report.forward_tokens / report.sequence_tokens)
+    trained = sorted((i, k) for r in rows for i, k in zip(r.sequence_of, r.token_index))
+    assert trained == sorted((i, k) for i, s in enumerate(seqs) for k in range(1, len(s.token_ids)) if s.trained[k])
+    for kind in ("grpo", "dr_grpo", "dapo"):
+        alone = TrainConfig(loss=kind, max_tokens_per_micro_batch=16, share_prefix=False)
+        shared = TrainConfig(loss=kind, max_tokens_per_micro_batch=4096, min_shared_prefix=8)
+        loss_a, grads_a, _ = loss_and_grads(model, seqs, alone)
+        loss_b, grads_b, stats = loss_and_grads(model, seqs, shared)
+        assert stats["forward_tokens"] == report.forward_tokens and stats["shared_prefix_saving"] == report.saving
+        assert loss_b == pytest.approx(loss_a, abs=1e-5)
+        assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
+
+
+@pytest.mark.parametrize("budget,chunk,checkpointing", [(60, 3, False), (4096, 5, True)])
+def test_split_rows_small_logprob_chunks_and_checkpointing_keep_the_one_by_one_result(model, budget, chunk,
+                                                                                       checkpointing):
+    seqs = batch() + [TrainingSequence(s.token_ids, s.trained, s.old_logprobs, advantage=s.advantage,
+                                       trajectory=9 + s.trajectory, group=4) for s in coinciding_turns(random.Random(5))]
+    base = model.get_base_model()
+    loss_a, grads_a, _ = loss_and_grads(model, seqs, TrainConfig(max_tokens_per_micro_batch=16, share_prefix=False))
+    if checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        loss_b, grads_b, stats = loss_and_grads(model, seqs, TrainConfig(
+            max_tokens_per_micro_batch=budget, logprob_chunk_size=chunk, min_shared_prefix=8))
+    finally:
+        base.gradient_checkpointing_disable()
+    assert stats["rows"] > (1 if budget == 60 else 0) and stats["forward_tokens"] < stats["sequence_tokens"]
+    assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
+
+
+def tiny(config_class, **extra):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    cfg = config_class(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=512, **extra)
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_config(cfg).float()
+    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    for name, p in peft.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.05)
+    return peft
+
+
+def no_mask_reference(model, seqs, monkeypatch, config):
+    """The loss and gradients with no 4-D mask at all: one sequence per row, the model's own masks."""
+    with monkeypatch.context() as m:
+        m.setattr(training, "attention_takes_masks", lambda _: False)
+        return loss_and_grads(model, seqs, config)
+
+
+def test_eager_attention_gets_an_additive_mask_and_matches_the_models_own_forward(monkeypatch):
+    from transformers import LlamaConfig
+
+    eager = tiny(LlamaConfig, attn_implementation="eager")
+    assert training.attention_takes_masks(eager)
+    assert training.verify_logprob_path(eager) < 1e-5  # against the model's own forward, no mask
+    seqs = batch()
+    loss_a, grads_a, _ = no_mask_reference(eager, seqs, monkeypatch, TrainConfig())
+    loss_b, grads_b, stats = loss_and_grads(eager, seqs, TrainConfig(min_shared_prefix=20))
+    assert stats["rows"] == 1 and stats["shared_prefix_groups"] == 2 and stats["unmaskable_fallback"] == 0
+    assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
+
+
+def test_sliding_window_models_fall_back_to_their_own_masks_and_it_is_counted(monkeypatch):
+    from transformers import LlamaConfig, Qwen2Config
+
+    windowed = tiny(Qwen2Config, attn_implementation="sdpa", use_sliding_window=True, sliding_window=8,
+                    max_window_layers=0)
+    assert training.windowed_attention(windowed.get_base_model().config) == "layer types ['sliding_attention']"
+    assert not training.attention_takes_masks(windowed)
+    seqs = batch()
+    # a 4-D mask would let every token see past the 8-token window: the logprobs differ from the model's own
+    rows, _ = pack(seqs[:1], capacity=4096)
+    with torch.no_grad():
+        forced = training._row_logprobs(windowed, rows[0], 64, full_forward=False, masked=True)
+        own = training._row_logprobs(windowed, rows[0], 64, full_forward=False, masked=False)
+    assert (forced - own).abs().max().item() > 1e-3
+    loss_a, grads_a, _ = no_mask_reference(windowed, seqs, monkeypatch, TrainConfig())
+    loss_b, grads_b, stats = loss_and_grads(windowed, seqs, TrainConfig(min_shared_prefix=20))
+    assert stats["unmaskable_fallback"] == len(seqs) and stats["rows"] == len(seqs)
+    assert stats["forward_tokens"] == stats["sequence_tokens"] and stats["shared_prefix_saving"] == 0
+    assert loss_b == pytest.approx(loss_a, abs=1e-6)
+    assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-6
+    # the decision on other configs: Qwen2 with its window off and Llama take masks; flash attention does not
+    plain_qwen = Qwen2Config(num_hidden_layers=2)
+    assert training.windowed_attention(plain_qwen) is None
+    assert training.windowed_attention(LlamaConfig(num_hidden_layers=2)) is None
+
+    class Holder:
+        def __init__(self, config):
+            self.config = config
+
+    flash = LlamaConfig(num_hidden_layers=2)
+    flash._attn_implementation = "flash_attention_2"
+    assert not training.attention_takes_masks(Holder(flash))
+    sdpa = LlamaConfig(num_hidden_layers=2)
+    sdpa._attn_implementation = "sdpa"
+    assert training.attention_takes_masks(Holder(sdpa))
+
+
+def test_pack_refuses_a_minimum_prefix_below_one_token():
+    for bad in (0, -3, 1.5, True):
+        with pytest.raises(ValueError, match="min_prefix"):
+            pack(batch(), capacity=100, min_prefix=bad)

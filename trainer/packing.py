@@ -8,12 +8,18 @@ attention mask lets each token see the earlier tokens of its own block and, for 
 position ids continue from the prefix. Forward outputs are therefore those of the sequences run one by one
 (Prefix Grouper, Liu et al. 2025, arXiv 2506.05433), and so are the loss and its gradients.
 
-Each trained token is read at the position that predicts it: inside its block, or — for the first token of
-a suffix — the prefix's last position. The shared prefix stops at the first trained token of any sequence
-of the group, so every trained token lies in a suffix and is scored once per trajectory.
+Each trained token is read at the position that predicts it: inside its block, or — for a token of the
+shared prefix or the first token of a suffix — the prefix's position before it. The shared prefix is the
+group's longest common token prefix, trained tokens included: multi-turn trajectories whose early turns
+coincide share those turns too, and each trajectory's trained tokens there are read (and scored, with its own
+advantage and sampled logprobs) at the one shared position. A group whose sequences share more in subsets
+than all together (one sequence that diverges early, e.g. after a context break) is split into the subsets
+that save the most tokens (`best_sharing`).
 
-The mask is a boolean [T × T] given to the model as a 4-D attention mask (SDPA and eager attention take it).
-Attention implementations that cannot take one (e.g. flash_attention_2) get one sequence per row, counted.
+The mask is a boolean [T × T] given to the model as a 4-D attention mask (SDPA takes it as it is, eager
+attention as an additive one: `trainer.training`). Models whose attention cannot take one (flash_attention_2,
+or layers with a sliding window or chunked attention, whose own masks a 4-D mask would replace) get one
+sequence per row, counted.
 """
 
 from __future__ import annotations
@@ -50,12 +56,12 @@ class Row:
         return block
 
     def add_trained(self, seq: TrainingSequence, index: int, offset: int, prefix_len: int = 0,
-                    prefix_end: int = -1) -> None:
+                    prefix_start: int = -1) -> None:
         """Record `seq`'s trained tokens; its tokens from `prefix_len` on start at row position `offset`
-        (those before are the shared prefix ending at row position `prefix_end`)."""
-        for k in range(max(1, prefix_len), len(seq.token_ids)):
+        (those before are the shared prefix, starting at row position `prefix_start`)."""
+        for k in range(1, len(seq.token_ids)):
             if seq.trained[k]:
-                self.predict_at.append(prefix_end if k == prefix_len and prefix_len else offset + k - 1 - prefix_len)
+                self.predict_at.append(prefix_start + k - 1 if k <= prefix_len else offset + k - 1 - prefix_len)
                 self.targets.append(seq.token_ids[k])
                 self.sequence_of.append(index)
                 self.token_index.append(k)
@@ -83,24 +89,57 @@ class PackReport:
     rows: int = 0
     shared_groups: int = 0         # shared prefixes (a group's sequences that begin alike), each computed once
     no_shared_prefix: int = 0      # groups of 2+ sequences with nothing shared: no common prefix of the minimum
-    unmaskable_fallback: int = 0   # sequences given a row each: the attention implementation takes no mask
+    unmaskable_fallback: int = 0   # sequences given a row each: the model's attention takes no 4-D mask
+
+    @property
+    def saving(self) -> float:
+        """The fraction of the sequences' tokens not run forward thanks to shared prefixes (0 when none)."""
+        return 1 - self.forward_tokens / self.sequence_tokens if self.sequence_tokens else 0.0
 
 
-def common_untrained_prefix(seqs: list[TrainingSequence]) -> int:
-    """Length of the longest common token prefix of `seqs` that holds no trained token."""
-    first = seqs[0]
+def common_prefix(seqs: list[TrainingSequence]) -> int:
+    """Length of the longest common token prefix of `seqs` (trained tokens included)."""
+    first = seqs[0].token_ids
     n = min(len(s.token_ids) for s in seqs)
     k = 0
-    while k < n and not any(s.trained[k] for s in seqs) and all(s.token_ids[k] == first.token_ids[k] for s in seqs):
+    while k < n and all(s.token_ids[k] == first[k] for s in seqs):
         k += 1
     return k
 
 
+def best_sharing(seqs: list[TrainingSequence], members: list[int], min_prefix: int) -> tuple[int, list]:
+    """(tokens saved, units) of the one-level sharing of `members` that saves the most forward tokens: all of
+    them behind their common prefix, or — recursively — the subsets that continue alike after it (the
+    sequences split by the token that follows the common prefix). A unit is `(prefix length, [indices])`,
+    prefix 0 for a sequence run alone; a prefix shorter than `min_prefix` is not shared."""
+    if len(members) < 2:
+        return 0, [(0, list(members))]
+    prefix = common_prefix([seqs[i] for i in members])
+    whole = (len(members) - 1) * prefix if prefix >= min_prefix else 0
+    after: dict[object, list[int]] = {}
+    for i in members:  # each subset's common prefix is longer than this one (a sequence ending here is alone)
+        tokens = seqs[i].token_ids
+        after.setdefault(tokens[prefix] if len(tokens) > prefix else ("ends", i), []).append(i)
+    saved, units = 0, []
+    for subset in after.values():
+        part_saved, part_units = best_sharing(seqs, subset, min_prefix)
+        saved += part_saved
+        units += part_units
+    if saved > whole:
+        return saved, units
+    if whole == 0:
+        return 0, [(0, [i]) for i in members]
+    return whole, [(prefix, list(members))]
+
+
 def pack(seqs: list[TrainingSequence], *, capacity: int, share_prefix: bool = True, min_prefix: int = 32,
          maskable: bool = True) -> tuple[list[Row], PackReport]:
-    """Rows of at most `capacity` tokens (a longer unit gets a row of its own), largest first."""
-    if capacity < 1:
-        raise ValueError("capacity must be >= 1 token")
+    """Rows of at most `capacity` tokens (a longer unit gets a row of its own), largest first; a group's
+    sequences that share at least `min_prefix` leading tokens run that prefix once."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be an int >= 1 token, got {capacity!r}")
+    if isinstance(min_prefix, bool) or not isinstance(min_prefix, int) or min_prefix < 1:
+        raise ValueError(f"min_prefix must be an int >= 1 token, got {min_prefix!r}")
     report = PackReport(sequence_tokens=sum(len(s.token_ids) for s in seqs))
     if not maskable:  # one plain sequence per row: the model's own causal mask is right for it
         rows = []
@@ -127,23 +166,23 @@ def pack(seqs: list[TrainingSequence], *, capacity: int, share_prefix: bool = Tr
             buckets.setdefault(key if len(key) == min_prefix else (i,), []).append(i)
         shared = False
         for bucket in buckets.values():
-            prefix = common_untrained_prefix([seqs[i] for i in bucket]) if len(bucket) > 1 else 0
-            if prefix < min_prefix:
-                units += [(0, [i]) for i in bucket]
-                continue
-            shared = True
-            report.shared_groups += 1
-            # split the suffixes so that each tree fits (the prefix is repeated in each part)
-            part: list[int] = []
-            size = prefix
-            for i in sorted(bucket, key=lambda j: -len(seqs[j].token_ids)):
-                extra = len(seqs[i].token_ids) - prefix
-                if part and size + extra > capacity:
-                    units.append((prefix, part))
-                    part, size = [], prefix
-                part.append(i)
-                size += extra
-            units.append((prefix, part))
+            for prefix, sharing in best_sharing(seqs, bucket, min_prefix)[1]:
+                if not prefix:
+                    units.append((0, sharing))
+                    continue
+                shared = True
+                report.shared_groups += 1
+                # split the suffixes so that each tree fits (the prefix is repeated in each part)
+                part: list[int] = []
+                size = prefix
+                for i in sorted(sharing, key=lambda j: -len(seqs[j].token_ids)):
+                    extra = len(seqs[i].token_ids) - prefix
+                    if part and size + extra > capacity:
+                        units.append((prefix, part))
+                        part, size = [], prefix
+                    part.append(i)
+                    size += extra
+                units.append((prefix, part))
         if share_prefix and len(members) > 1 and not shared:
             report.no_shared_prefix += 1
 
@@ -169,7 +208,7 @@ def pack(seqs: list[TrainingSequence], *, capacity: int, share_prefix: bool = Tr
             for i in members:
                 offset = len(row)
                 row.add_block(seqs[i].token_ids[prefix:], prefix, parent)
-                row.add_trained(seqs[i], i, offset, prefix_len=prefix, prefix_end=start + prefix - 1)
+                row.add_trained(seqs[i], i, offset, prefix_len=prefix, prefix_start=start)
         else:
             (i,) = members
             offset = len(row)

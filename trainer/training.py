@@ -62,8 +62,10 @@ def _chunk_logprobs(lm_head, hidden, targets, transform=None):
 
 
 def verify_logprob_path(model, *, length: int = 24) -> float:
-    """Max |chunked − model forward| logprob on a fixed input (eval mode, no grad). The backend uses the
-    chunked path only when this is within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
+    """Max |our path − the model's own forward| logprob on a fixed input (eval mode, no grad): the packed row
+    with its 4-D mask (where the model takes one) and chunked logprobs, against the model called with no mask
+    at all (its own causal, and sliding-window, masks). The backend uses the chunked path only when this is
+    within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
     import torch
 
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -76,7 +78,7 @@ def verify_logprob_path(model, *, length: int = 24) -> float:
     try:
         with torch.no_grad():
             ours = _row_logprobs(model, rows[0], 7, full_forward=False, masked=masked)
-            theirs = _row_logprobs(model, rows[0], 7, full_forward=True, masked=masked)
+            theirs = _row_logprobs(model, rows[0], 7, full_forward=True, masked=False)
     finally:
         model.train(was_training)
     return float((ours - theirs).abs().max())
@@ -187,8 +189,14 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
 
     device = next(model.parameters()).device
     ids = torch.tensor([row.token_ids], device=device)
+    mask = None
+    if masked:
+        mask = row.attention_mask().to(device)[None, None]
+        if _attention_implementation(model) == "eager":  # eager adds the mask to the scores: 0 or -inf-like
+            dtype = _base(model).get_input_embeddings().weight.dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
     inputs = {"input_ids": ids, "position_ids": torch.tensor([row.position_ids], device=device),
-              "attention_mask": row.attention_mask().to(device)[None, None] if masked else None}
+              "attention_mask": mask}
     predict = torch.tensor(row.predict_at, device=device)
     targets = torch.tensor(row.targets, device=device)
     if full_forward:
@@ -208,9 +216,34 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
     return torch.cat(parts)
 
 
+def _base(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _attention_implementation(model) -> str:
+    return getattr(_base(model).config, "_attn_implementation", None) or "eager"
+
+
+def windowed_attention(config) -> str | None:
+    """Why a 4-D mask cannot stand in for this model's own masks, or None: some layers attend within a sliding
+    window or in chunks (transformers builds those masks itself; a given 4-D mask replaces them)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types and any(t != "full_attention" for t in types):
+        return f"layer types {sorted(set(types))}"
+    window = getattr(text, "sliding_window", None)
+    if window and getattr(text, "use_sliding_window", True) and not types:
+        return f"sliding_window {window}"
+    if getattr(text, "attention_chunk_size", None):
+        return f"attention_chunk_size {text.attention_chunk_size}"
+    return None
+
+
 def attention_takes_masks(model) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(base.config, "_attn_implementation", "eager") in MASKABLE_ATTENTION
+    """Whether packed rows (a 4-D mask) are exact for `model`: SDPA and eager attention, on models without
+    sliding-window or chunked layers; otherwise each sequence gets a row of its own with the model's own masks."""
+    return (_attention_implementation(model) in MASKABLE_ATTENTION
+            and windowed_attention(_base(model).config) is None)
 
 
 def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
@@ -280,6 +313,7 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                           "sampler_truncated": int(stats["sampler_truncated"])}
                          if config.sampler_correction == "tis" else {}),
                       "sequence_tokens": packed.sequence_tokens, "forward_tokens": packed.forward_tokens,
+                      "shared_prefix_saving": packed.saving,
                       "rows": packed.rows, "shared_prefix_groups": packed.shared_groups,
                       "unshared_groups": packed.no_shared_prefix, "unmaskable_fallback": packed.unmaskable_fallback}
 
