@@ -18,13 +18,12 @@ from openai.types.chat.chat_completion import Choice
 from ray.util.placement_group import placement_group_table
 
 from judges.extras import MissingExtraError
+from tests.test_trainer_pipeline import BASE, STALE_KW, rollouts
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from trainer import checkpoints as ckpt
 from trainer.pipeline import train_pipelined
 from trainer.ray_placement import PlacementTimeoutError, RayServer, inference_bundle, require_ray
 from trainer.vllm_server import VLLMServer
-
-from tests.test_trainer_pipeline import BASE, STALE_KW, rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,6 +158,34 @@ async def test_without_ray_the_error_names_the_extra(monkeypatch, tmp_path):
 def test_the_trainer_imports_ray_only_when_a_server_is_placed():
     code = "import sys, trainer, trainer.backend, trainer.ray_placement; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_a_local_cluster_started_here_gets_the_gpus_the_trainer_does_not_use(tmp_path):
+    # its own process: a cluster this test starts, not the module's; GPU ids are only names to Ray here
+    code = """
+import os, ray
+from trainer.ray_placement import connect, disconnect
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+assert connect([1]) is True and ray.is_initialized()
+assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6,7", os.environ["CUDA_VISIBLE_DEVICES"]  # restored
+print("gpus", ray.cluster_resources().get("GPU"))
+pg = placement_group([{"GPU": 2, "CPU": 1}], strategy="STRICT_PACK")
+assert pg.wait(60)
+seen = ray.get(ray.remote(lambda: os.environ["CUDA_VISIBLE_DEVICES"]).options(
+    num_cpus=1, num_gpus=2, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote())
+print("seen", ",".join(sorted(seen.split(","))))
+disconnect()
+print("after", ray.is_initialized())
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "5,6,7"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         check=False, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # this process's GPU 1 (id 6) is the trainer's: Ray was shown 5 and 7 only, and the actor got both
+    said = [line for line in out.stdout.splitlines() if line.startswith(("gpus ", "seen ", "after "))]
+    assert said == ["gpus 2.0", "seen 5,7", "after False"], out.stdout

@@ -255,8 +255,9 @@ class RayServer(ServerProcess):
 
             try:
                 await self.actor.stop.remote()
-            except Exception as exc:  # a dead actor: its child went with its process group, or is logged here
-                log.warning("the Ray inference actor of %s did not stop cleanly: %s", self.served_name, exc)
+            except ray.exceptions.RayActorError as exc:  # the actor died: its child may outlive it
+                log.warning("the Ray inference actor of %s died before stopping its server (%s); see %s",
+                            self.served_name, exc, getattr(self, "log_file", "its log"))
             ray.kill(self.actor, no_restart=True)
             self.actor = None
         if self.placement_group is not None:
