@@ -3,7 +3,8 @@
 `pip install ruler-rl` gives RULER with any litellm judge, the cache and retries. Everything heavier is an
 extra: `embedded` (the offline judge), `serve` (the judging service), `train` (the GRPO/LoRA trainer),
 `gpu` (vLLM), `eval` (the evaluations, which run from a checkout), `tracing` (Langfuse, `ruler.tracing`),
-`mcp` (MCP·RL: the MCP SDK), `agents` (recording LangGraph and OpenAI Agents SDK agents: `trainer.record`).
+`mcp` (MCP·RL: the MCP SDK), `agents` (recording LangGraph and OpenAI Agents SDK agents: `trainer.record`),
+`ray` (the dedicated inference server placed by Ray: `trainer.ray_placement`).
 Code that needs an extra calls `require(extra, what)` before importing it, so the user reads which
 `pip install` to run instead of a `ModuleNotFoundError` for a module they never asked for.
 """
@@ -24,6 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "tracing": ("langfuse",),
     "mcp": ("mcp",),
     "agents": ("langgraph", "langchain_openai", "agents"),
+    "ray": ("ray",),
 }
 
 

@@ -14,7 +14,9 @@ without is served by the CPU server; `can_sleep` says whether to sleep it around
 Placement (`EngineConfig.placement`): `colocated` shares one device between the engine and the trainer;
 `dedicated` gives vLLM's server `inference_gpus` and trains on the first of `trainer_gpus` with no sleep/wake,
 so the server keeps answering (with the previous adapter) while a step trains; with the transformers engine
-`dedicated` runs the CPU server in a child process of its own (`trainer/engine_process.py`). Either way each
+`dedicated` runs the CPU server in a child process of its own (`trainer/engine_process.py`). With
+`EngineConfig.launcher="ray"` the dedicated server is started by a Ray actor on a placement group instead of
+as this process's child (`trainer/ray_placement.py`); the trainer stays here. Either way each
 served choice says which policy step sampled it (`policy_step`), and `train` refuses trajectories older than
 `TrainConfig.max_off_policy_steps` (`trainer.sequences.StalePolicyError`).
 """
@@ -27,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +113,9 @@ def _check_memory(cfg, base: str, kind: str, device: str):
         # asking created this process's context; its allocator's cached blocks are its own to reuse
         in_use = memory_in_use(free, total, torch.cuda.memory_reserved(dev), torch.cuda.memory_allocated(dev))
         if kind == "vllm" and cfg.engine.placement == "dedicated" and cfg.engine.inference_gpus:
-            inference_total = torch.cuda.mem_get_info(cfg.engine.inference_gpus[0])[1]
+            # placed by Ray, the inference GPU is not known here: planned as one of the trainer's size
+            inference_total = (total if cfg.engine.launcher == "ray"
+                               else torch.cuda.mem_get_info(cfg.engine.inference_gpus[0])[1])
     hf_config: dict = {}
 
     if check.host_gib is not None:
@@ -324,9 +329,10 @@ class LocalBackend:
             defaults = {**({"load_format": "dummy"} if cfg.random_weights else {}),
                         **({"dtype": vllm_dtype(cfg)} if vllm_dtype(cfg) else {})}
             engine_cfg = cfg.engine.model_copy(update={"vllm_args": {**defaults, **cfg.engine.vllm_args}})
-            engine = VLLMServer(base, engine_cfg, served_name=model.name, lora_rank=cfg.lora.rank,
-                                log_dir=run_dir, chat_template_file=template_file, tool_parser=tool_parser,
-                                reasoning_parser=reasoning_parser, host=self.host, tools_ok=tools_ok)
+            make = partial(VLLMServer, base, engine_cfg, served_name=model.name, lora_rank=cfg.lora.rank,
+                           log_dir=run_dir, chat_template_file=template_file, tool_parser=tool_parser,
+                           reasoning_parser=reasoning_parser, tools_ok=tools_ok)
+            engine = self._launch(make, engine_cfg, model.name, run_dir)
         else:
             from trainer.chat import TOOL_PARSERS
             from trainer.engine_transformers import TransformersEngine
@@ -337,11 +343,11 @@ class LocalBackend:
             if cfg.engine.placement == "dedicated":  # the CPU server in a child process of its own
                 from trainer.engine_process import TransformersServerProcess
 
-                engine = TransformersServerProcess(
-                    base, cfg.engine, served_name=model.name, lora=cfg.lora, log_dir=run_dir,
-                    chat_template=template, renders_tools=tools_ok, tool_parser=tool_parser,
-                    reasoning_parser=reasoning_parser, end_of_turn=end_of_turn, host=self.host,
-                    random_weights=cfg.random_weights, seed=cfg.seed)
+                make = partial(TransformersServerProcess, base, cfg.engine, served_name=model.name, lora=cfg.lora,
+                               log_dir=run_dir, chat_template=template, renders_tools=tools_ok,
+                               tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+                               end_of_turn=end_of_turn, random_weights=cfg.random_weights, seed=cfg.seed)
+                engine = self._launch(make, cfg.engine, model.name, run_dir)
             else:
                 engine = TransformersEngine(peft_model, tokenizer, lock, stop_token_ids=end_of_turn)
                 engine.policy_step = step
@@ -358,6 +364,17 @@ class LocalBackend:
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward,
                     memory_plan=plan, replan=replan, offload=offload)
 
+    def _launch(self, make, engine_cfg, name: str, run_dir: Path):
+        """The dedicated server `make(host=...)` builds: a child process of this one on the backend's host
+        (`launcher='local'`), or one a Ray actor starts on the node Ray places it (`launcher='ray'`,
+        `trainer.ray_placement.RayServer`: Ray is imported only then)."""
+        if engine_cfg.launcher == "ray":
+            from trainer.ray_placement import RayServer, require_ray
+
+            require_ray()  # MissingExtraError naming the extra before the server is built
+            return RayServer(make, engine_cfg, served_name=name, log_dir=run_dir)
+        return make(host=self.host)
+
     @staticmethod
     def _trainer_device(engine_cfg, kind: str, cuda: bool) -> str:
         """The trainer's torch device: `cuda:<first trainer GPU>` for a dedicated vLLM placement (its GPUs checked
@@ -372,7 +389,9 @@ class LocalBackend:
 
         from trainer.vllm_server import check_gpus
 
-        check_gpus(engine_cfg, torch.cuda.device_count() if cuda else 0)
+        # with Ray the inference GPUs are Ray's to pick (on any node): only the trainer's must be here
+        local = engine_cfg.model_copy(update={"inference_gpus": []}) if engine_cfg.launcher == "ray" else engine_cfg
+        check_gpus(local, torch.cuda.device_count() if cuda else 0)
         if len(engine_cfg.trainer_gpus) > 1:
             log.warning("trainer_gpus=%s: this version trains on the first only (cuda:%d); sharding the trainer "
                         "(torch FSDP) is the README's Scale plan", engine_cfg.trainer_gpus, engine_cfg.trainer_gpus[0])

@@ -188,6 +188,21 @@ class EngineConfig(_Strict):
         "(`--tensor-parallel-size N`, for a model one GPU cannot hold or serve fast enough), `data` runs one "
         "engine replica per GPU behind one server (`--data-parallel-size N`, for throughput of a model that "
         "fits one GPU). Default `tensor`."))
+    launcher: Literal["local", "ray"] = pydantic.Field("local", description=(
+        "`placement='dedicated'` only: who starts the dedicated inference server. Default `local`: a child "
+        "process of this one (`CUDA_VISIBLE_DEVICES` from `inference_gpus`). `ray`: a Ray actor "
+        "(`trainer.ray_placement`) scheduled through a STRICT_PACK placement group of one bundle "
+        "(`{'GPU': len(inference_gpus), 'CPU': 1}` with vLLM, `{'CPU': 1}` for the transformers engine's CPU "
+        "form) starts the server as its child on whichever node Ray places it; Ray sets its "
+        "`CUDA_VISIBLE_DEVICES`, so `inference_gpus` gives only the count and Ray picks which GPUs (a local "
+        "cluster this process starts is shown only the GPUs not in `trainer_gpus`). It connects to a running "
+        "cluster (`ray.is_initialized()` or `RAY_ADDRESS`), else starts a local one. The trainer stays in this "
+        "process on `trainer_gpus`; FSDP trainer workers as Ray actors are the README's Scale plan, not built. "
+        "Needs `pip install 'ruler-rl[ray]'`."))
+    placement_timeout_s: float = pydantic.Field(120, gt=0, description=(
+        "`launcher='ray'` only: how long the placement group may wait for the cluster to have room for its "
+        "bundle, in seconds. Default 120; > 0. Past it, register fails naming the bundle and the cluster's "
+        "resources (an infeasible bundle would otherwise wait forever)."))
 
     @pydantic.field_validator("inference_gpus", "trainer_gpus")
     @classmethod
@@ -201,6 +216,11 @@ class EngineConfig(_Strict):
     @pydantic.model_validator(mode="after")
     def _placement(self) -> EngineConfig:
         lists = [n for n in ("inference_gpus", "trainer_gpus") if getattr(self, n)]
+        if self.launcher != "local" and self.placement != "dedicated":
+            raise ValueError(f"launcher={self.launcher!r} launches the dedicated inference server: it needs "
+                             f"placement='dedicated' (got placement={self.placement!r})")
+        if self.launcher == "local" and "placement_timeout_s" in self._changed(["placement_timeout_s"]):
+            raise ValueError("placement_timeout_s only acts with launcher='ray'")
         if self.placement == "colocated":
             if lists:
                 raise ValueError(f"{' and '.join(lists)} only act with placement='dedicated'; colocated "
