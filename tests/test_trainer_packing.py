@@ -288,3 +288,64 @@ def test_pack_refuses_a_minimum_prefix_below_one_token():
     for bad in (0, -3, 1.5, True):
         with pytest.raises(ValueError, match="min_prefix"):
             pack(batch(), capacity=100, min_prefix=bad)
+
+
+def test_the_packed_row_check_catches_a_broken_mask_and_training_can_do_without_masks(model, monkeypatch):
+    """`verify_packed_rows` compares a row with a shared prefix against each sequence's own unmasked forward:
+    ~0 on the tiny model, large when the mask lets suffixes see each other; `masks=False` then trains one
+    sequence per row (counted) with the one-by-one result."""
+    from trainer.packing import Row
+
+    assert training.verify_packed_rows(model) < 1e-5
+    real = Row.attention_mask
+
+    def leaky(row):  # plain causal over the whole row: every suffix sees the suffixes before it
+        mask = real(row)
+        return torch.ones_like(mask).tril()
+
+    with monkeypatch.context() as m:
+        m.setattr(Row, "attention_mask", leaky)
+        assert training.verify_packed_rows(model) > 1e-3
+    seqs = batch()
+    loss_a, grads_a, _ = loss_and_grads(model, seqs, TrainConfig(max_tokens_per_micro_batch=16, share_prefix=False))
+    model.zero_grad(set_to_none=True)
+    loss_b, stats = training.accumulate_loss(model, seqs, TrainConfig(min_shared_prefix=20), masks=False)
+    grads_b = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert stats["unmaskable_fallback"] == len(seqs) and stats["shared_prefix_groups"] == 0
+    assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
+
+
+def test_identical_and_nested_sequences_share_with_empty_suffixes(model):
+    """Two identical trajectories (the whole sequence shared: both suffix blocks empty), and with them one that is
+    a strict prefix of theirs (the shared prefix is all of it: its suffix block empty); every trained token is
+    still read once per sequence, with the one-by-one loss and gradients."""
+    rng = random.Random(7)
+    tokens = [rng.randrange(97) for _ in range(40)]
+    twins = [TrainingSequence(list(tokens), [False] * 10 + [True] * 30, [math.nan] * 40, advantage=a, trajectory=t,
+                              group=0) for t, a in enumerate((0.5, -0.5))]
+    nested = TrainingSequence(tokens[:25], [False] * 10 + [True] * 15, [math.nan] * 25, advantage=0.9, trajectory=2,
+                              group=0)
+    # (sequences, forward tokens): the twins once; with the nested one, 25 shared by three (2 x 25 saved) beats
+    # the twins' 40 shared by two
+    for seqs, forward in ((twins, 40), (twins + [nested], 25 + 15 + 15)):
+        _, report = pack(seqs, capacity=4096, min_prefix=8)
+        assert report.forward_tokens == forward and report.shared_groups == 1 and report.rows == 1
+        loss_a, grads_a, _ = loss_and_grads(model, seqs, TrainConfig(max_tokens_per_micro_batch=16,
+                                                                     share_prefix=False))
+        loss_b, grads_b, stats = loss_and_grads(model, seqs, TrainConfig(min_shared_prefix=8))
+        assert stats["forward_tokens"] == forward and stats["trained_tokens"] == sum(sum(q.trained) for q in seqs)
+        assert loss_b == pytest.approx(loss_a, abs=1e-5)
+        assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
+
+
+def test_a_shared_unit_split_into_single_sequences_shares_nothing_and_is_not_counted():
+    rng = random.Random(9)
+    head = [rng.randrange(97) for _ in range(30)]
+    seqs = [TrainingSequence(head + [rng.randrange(97) for _ in range(20)], [False] * 30 + [True] * 20,
+                             [math.nan] * 50, group=0) for _ in range(3)]
+    _, report = pack(seqs, capacity=60, min_prefix=8)  # 30 + 20 + 20 > 60: one sequence per part
+    assert report.shared_groups == 0 and report.no_shared_prefix == 1
+    assert report.forward_tokens == report.sequence_tokens == 150
+    _, roomy = pack(seqs, capacity=70, min_prefix=8)  # 30 + 2 x 20 fits: two share, the third alone
+    assert roomy.shared_groups == 1 and roomy.forward_tokens == 150 - 30

@@ -42,7 +42,7 @@ from trainer.memory import default_checkpointing, resolve_dtype, vllm_dtype
 from trainer.runlog import append_row, load_run_log
 from trainer.sequences import TrainingSequence, end_of_turn_ids
 from trainer.server import BackgroundServer, Served, create_server_app
-from trainer.training import prepare, train_step, verify_logprob_path
+from trainer.training import prepare, train_step, verify_logprob_path, verify_packed_rows
 
 log = logging.getLogger("ruler.trainer")
 
@@ -183,6 +183,7 @@ class _Run:
     served: Served
     lock: threading.Lock
     full_forward: bool = False
+    masks: bool = True  # packed rows (4-D masks) proven equal to the model's own forward (verify_packed_rows)
     last_train_end: float = field(default_factory=time.perf_counter)
     wandb_run: Any = None
     memory_plan: Any = None  # trainer.memory.MemoryPlan made at register (None: no plan)
@@ -317,6 +318,14 @@ class LocalBackend:
         if full_forward:
             log.warning("%s: chunked logprobs differ from the model's own forward by %.2g; training uses the "
                         "model's full forward (more memory)", base, deviation)
+        # packed rows against each sequence alone: in float32 only, where they agree to ~1e-5; in half precision
+        # rounding alone moves a logprob by 0.1-0.25 (SmolLM2 in bf16 against float32), as much as a mask fault
+        packed_deviation = verify_packed_rows(peft_model) if hf.dtype == torch.float32 else 0.0
+        masks = packed_deviation <= 1e-3
+        if not masks:
+            log.warning("%s: packed rows (a 4-D mask, shared prefixes) differ from each sequence's own forward by "
+                        "%.2g; training gives every sequence a forward pass of its own (no sharing)", base,
+                        packed_deviation)
         if kind == "vllm":
             from trainer.vllm_server import VLLMServer
 
@@ -362,7 +371,7 @@ class LocalBackend:
             log.info("%s: %.1f GiB of base weights moved to CPU memory in %.1f s (offload_during_rollouts)",
                      model.name, offload.bytes / 2**30, offload.to_cpu())
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward,
-                    memory_plan=plan, replan=replan, offload=offload)
+                    masks=masks, memory_plan=plan, replan=replan, offload=offload)
 
     def _launch(self, make, engine_cfg, name: str, run_dir: Path):
         """The dedicated server `make(host=...)` builds: a child process of this one on the backend's host
@@ -475,7 +484,8 @@ class LocalBackend:
 
         with run.lock:
             try:
-                stats = train_step(run.peft_model, run.optimizer, seqs, config, full_forward=run.full_forward)
+                stats = train_step(run.peft_model, run.optimizer, seqs, config, full_forward=run.full_forward,
+                                   masks=run.masks)
                 if isinstance(run.engine, GeneratingEngine):  # it generates with these weights from now on
                     run.engine.policy_step = run.served.step + 1
                 if torch.cuda.is_available():  # hand the activations' cached blocks back before vLLM wakes

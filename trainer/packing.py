@@ -97,11 +97,12 @@ class PackReport:
         return 1 - self.forward_tokens / self.sequence_tokens if self.sequence_tokens else 0.0
 
 
-def common_prefix(seqs: list[TrainingSequence]) -> int:
-    """Length of the longest common token prefix of `seqs` (trained tokens included)."""
+def common_prefix(seqs: list[TrainingSequence], start: int = 0) -> int:
+    """Length of the longest common token prefix of `seqs` (trained tokens included), comparing from token
+    `start` on (the caller knows the tokens before it are common)."""
     first = seqs[0].token_ids
     n = min(len(s.token_ids) for s in seqs)
-    k = 0
+    k = min(start, n)
     while k < n and all(s.token_ids[k] == first[k] for s in seqs):
         k += 1
     return k
@@ -111,25 +112,44 @@ def best_sharing(seqs: list[TrainingSequence], members: list[int], min_prefix: i
     """(tokens saved, units) of the one-level sharing of `members` that saves the most forward tokens: all of
     them behind their common prefix, or — recursively — the subsets that continue alike after it (the
     sequences split by the token that follows the common prefix). A unit is `(prefix length, [indices])`,
-    prefix 0 for a sequence run alone; a prefix shorter than `min_prefix` is not shared."""
-    if len(members) < 2:
-        return 0, [(0, list(members))]
-    prefix = common_prefix([seqs[i] for i in members])
-    whole = (len(members) - 1) * prefix if prefix >= min_prefix else 0
-    after: dict[object, list[int]] = {}
-    for i in members:  # each subset's common prefix is longer than this one (a sequence ending here is alone)
-        tokens = seqs[i].token_ids
-        after.setdefault(tokens[prefix] if len(tokens) > prefix else ("ends", i), []).append(i)
-    saved, units = 0, []
-    for subset in after.values():
-        part_saved, part_units = best_sharing(seqs, subset, min_prefix)
-        saved += part_saved
-        units += part_units
-    if saved > whole:
-        return saved, units
-    if whole == 0:
-        return 0, [(0, [i]) for i in members]
-    return whole, [(prefix, list(members))]
+    prefix 0 for a sequence run alone; a prefix shorter than `min_prefix` is not shared. The tree of subsets is
+    walked with a stack of its own (no recursion limit), each level comparing tokens from where its parent
+    stopped."""
+    nodes: list[dict] = [{"members": list(members), "start": 0}]
+    order, stack = [], [0]
+    while stack:  # top-down: each node's common prefix and its subsets
+        n = stack.pop()
+        order.append(n)
+        node = nodes[n]
+        if len(node["members"]) < 2:
+            continue
+        prefix = node["prefix"] = common_prefix([seqs[i] for i in node["members"]], node["start"])
+        after: dict[object, list[int]] = {}
+        for i in node["members"]:  # a sequence ending at the common prefix is alone
+            tokens = seqs[i].token_ids
+            after.setdefault(tokens[prefix] if len(tokens) > prefix else ("ends", i), []).append(i)
+        node["kids"] = []
+        for subset in after.values():
+            nodes.append({"members": subset, "start": prefix + 1})
+            node["kids"].append(len(nodes) - 1)
+            stack.append(len(nodes) - 1)
+    for n in reversed(order):  # bottom-up: the better of sharing here and the subsets' best
+        node = nodes[n]
+        if len(node["members"]) < 2:
+            node["best"] = (0, [(0, list(node["members"]))])
+            continue
+        whole = (len(node["members"]) - 1) * node["prefix"] if node["prefix"] >= min_prefix else 0
+        saved, units = 0, []
+        for kid in node["kids"]:
+            saved += nodes[kid]["best"][0]
+            units += nodes[kid]["best"][1]
+        if saved > whole:
+            node["best"] = (saved, units)
+        elif whole == 0:
+            node["best"] = (0, [(0, [i]) for i in node["members"]])
+        else:
+            node["best"] = (whole, [(node["prefix"], list(node["members"]))])
+    return nodes[0]["best"]
 
 
 def pack(seqs: list[TrainingSequence], *, capacity: int, share_prefix: bool = True, min_prefix: int = 32,
@@ -170,19 +190,24 @@ def pack(seqs: list[TrainingSequence], *, capacity: int, share_prefix: bool = Tr
                 if not prefix:
                     units.append((0, sharing))
                     continue
-                shared = True
-                report.shared_groups += 1
-                # split the suffixes so that each tree fits (the prefix is repeated in each part)
+                # split the suffixes so that each tree fits (the prefix is repeated in each part); a part of
+                # one sequence shares nothing: it runs as a plain sequence (sharing needs a capacity of at
+                # least the prefix and two suffixes)
+                parts: list[list[int]] = []
                 part: list[int] = []
                 size = prefix
                 for i in sorted(sharing, key=lambda j: -len(seqs[j].token_ids)):
                     extra = len(seqs[i].token_ids) - prefix
                     if part and size + extra > capacity:
-                        units.append((prefix, part))
+                        parts.append(part)
                         part, size = [], prefix
                     part.append(i)
                     size += extra
-                units.append((prefix, part))
+                parts.append(part)
+                if any(len(p) > 1 for p in parts):
+                    shared = True
+                    report.shared_groups += 1
+                units += [(prefix, p) if len(p) > 1 else (0, p) for p in parts]
         if share_prefix and len(members) > 1 and not shared:
             report.no_shared_prefix += 1
 

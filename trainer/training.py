@@ -84,6 +84,41 @@ def verify_logprob_path(model, *, length: int = 24) -> float:
     return float((ours - theirs).abs().max())
 
 
+def verify_packed_rows(model, *, prefix: int = 12, suffix: int = 9) -> float:
+    """Max |packed − alone| logprob (eval mode, no grad, the model's full forward both ways): two sequences
+    sharing a `prefix`-token prefix and a third sequence packed into one row with its 4-D mask, against each
+    sequence run alone with no mask (the model's own masks). 0.0 when the model takes no 4-D mask (rows then
+    hold one sequence each). The backend runs it on float32 models and packs rows only when it is within 1e-3;
+    otherwise every sequence gets a row of its own. In half precision rounding alone moves a logprob by as much
+    as a mask fault would (0.1-0.25 on SmolLM2 in bf16), so the check is not made there: the mask rules
+    (`attention_takes_masks`) and the float32 tests stand for it."""
+    import torch
+
+    if not attention_takes_masks(model):
+        return 0.0
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = [(t * 7919 + 11) % vocab for t in range(prefix + 3 * suffix)]
+    parts = [ids[:prefix] + ids[prefix:prefix + suffix], ids[:prefix] + ids[prefix + suffix:prefix + 2 * suffix],
+             ids[prefix + 2 * suffix:]]
+    seqs = [TrainingSequence(tokens, [False] * 3 + [True] * (len(tokens) - 3), [math.nan] * len(tokens),
+                             group=int(i == 2)) for i, tokens in enumerate(parts)]
+    rows, report = pack(seqs, capacity=len(ids) + prefix, min_prefix=4)
+    if report.rows != 1 or report.shared_groups != 1:
+        raise RuntimeError(f"verify_packed_rows packed {report}, not one row with one shared prefix")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            packed = _row_logprobs(model, rows[0], 64, full_forward=True, masked=True)
+            alone = [_row_logprobs(model, pack([seq], capacity=len(seq.token_ids))[0][0], 64, full_forward=True,
+                                   masked=False) for seq in seqs]
+    finally:
+        model.train(was_training)
+    # each sequence's trained tokens are its tokens 3.. : alone[i][k - 3] is token k's logprob run alone
+    reference = torch.stack([alone[i][k - 3] for i, k in zip(rows[0].sequence_of, rows[0].token_index)])
+    return float((packed - reference).abs().max())
+
+
 def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_seq_length: int, *,
             chat_template: str | None = None, end_of_turn: list[int] | None = None,
             policy_step: int | None = None):
@@ -194,7 +229,12 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
         mask = row.attention_mask().to(device)[None, None]
         if _attention_implementation(model) == "eager":  # eager adds the mask to the scores: 0 or -inf-like
             dtype = _base(model).get_input_embeddings().weight.dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+            cached = getattr(row, "_additive", None)  # a row is run up to three times (old, reference, new)
+            if cached is None or cached.dtype != dtype or cached.device != mask.device:
+                cached = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask,
+                                                                                          torch.finfo(dtype).min)
+                row._additive = cached
+            mask = cached
     inputs = {"input_ids": ids, "position_ids": torch.tensor([row.position_ids], device=device),
               "attention_mask": mask}
     predict = torch.tensor(row.predict_at, device=device)
@@ -247,15 +287,16 @@ def attention_takes_masks(model) -> bool:
 
 
 def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
-                    full_forward: bool = False) -> tuple[float, dict]:
+                    full_forward: bool = False, masks: bool = True) -> tuple[float, dict]:
     """Pack `seqs` into rows (`trainer.packing`), run each row forward and backward, and return the summed
-    loss and the stats; gradients are left on the parameters (no optimizer step).
+    loss and the stats; gradients are left on the parameters (no optimizer step). `masks=False` gives every
+    sequence a row of its own whatever the model takes (the backend's choice when `verify_packed_rows` failed).
 
     Losses normalise per trajectory (a trajectory split into several sequences still counts once): the
     `grpo` mean is over all of a trajectory's trained tokens; the batch has `n` trajectories."""
     import torch
 
-    masked = attention_takes_masks(model)
+    masked = masks and attention_takes_masks(model)
     rows, packed = pack(seqs, capacity=config.max_tokens_per_micro_batch, share_prefix=config.share_prefix,
                         min_prefix=config.min_shared_prefix, maskable=masked)
     per_traj: Counter = Counter()
@@ -319,13 +360,13 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
 
 
 def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *,
-               full_forward: bool = False) -> dict:
+               full_forward: bool = False, masks: bool = True) -> dict:
     """`accumulate_loss` over packed rows, clip, step. Returns the step's training stats."""
     import torch
 
     started = time.perf_counter()
     model.train()
-    loss_sum, stats = accumulate_loss(model, seqs, config, full_forward=full_forward)
+    loss_sum, stats = accumulate_loss(model, seqs, config, full_forward=full_forward, masks=masks)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
     if not math.isfinite(grad_norm):
