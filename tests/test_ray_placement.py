@@ -14,14 +14,11 @@ from pathlib import Path
 import pydantic
 import pytest
 import ray
-from openai.types.chat.chat_completion import Choice
 from ray.util.placement_group import placement_group_table
 
 from judges.extras import MissingExtraError
-from tests.test_trainer_pipeline import BASE, STALE_KW, rollouts
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-from trainer import checkpoints as ckpt
-from trainer.pipeline import train_pipelined
+from tests.test_trainer_pipeline import BASE, rollouts, two_pipelined_steps
+from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
 from trainer.ray_placement import PlacementTimeoutError, RayServer, inference_bundle, require_ray
 from trainer.vllm_server import VLLMServer
 
@@ -69,20 +66,7 @@ async def test_the_pipeline_runs_with_the_dedicated_server_in_a_ray_actor(tmp_pa
         assert info["host"] == ray.util.get_node_ip_address()
         assert model.inference_base_url == engine.base_url == f"http://{info['host']}:{info['port']}/v1"
         assert await engine.alive()
-        gathered = {}
-
-        async def gather(step):
-            gathered[step] = await rollouts(model, seed=step)
-            return [gathered[step]]
-
-        rows = await train_pipelined(model, gather, steps=2, config=TrainConfig(learning_rate=1e-3, **STALE_KW))
-        labels = {k: {c.model_extra["policy_step"] for t in g for c in t.messages_and_choices
-                      if isinstance(c, Choice)} for k, g in gathered.items()}
-        # step 1's rollouts were sampled while step 0 trained: by policy 0, one step off when step 2 trains
-        assert labels == {0: {0}, 1: {0}}
-        assert [r["step"] for r in rows] == [1, 2] and all(r["trained"] for r in rows)
-        assert (rows[1]["policy_lag_max"], rows[1]["stale_trajectories"]) == (1, 4)
-        assert await model.get_step() == 2 and ckpt.latest_checkpoint(model.run_dir) == 2
+        await two_pipelined_steps(model)  # step 1's rollouts sampled by policy 0 while step 0 trained
         # the adapter load went over HTTP to the actor's server: fresh rollouts carry step 2
         fresh = await rollouts(model, seed=7)
         assert {t.messages_and_choices[-1].model_extra["policy_step"] for t in fresh} == {2}

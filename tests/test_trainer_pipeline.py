@@ -99,6 +99,27 @@ async def rollouts(model, seed: int) -> TrajectoryGroup:
                             for i, c in enumerate(reply.choices)])
 
 
+async def two_pipelined_steps(model) -> dict[int, TrajectoryGroup]:
+    """Two steps of `train_pipelined` on `model`'s dedicated server, checked: step 0's rollouts by the base
+    policy, step 1's sampled while step 0 trained (still policy 0, one step off when step 2 trains). Returns the
+    rollouts gathered for each step."""
+    gathered: dict[int, TrajectoryGroup] = {}
+
+    async def gather(step):
+        gathered[step] = await rollouts(model, seed=step)
+        return [gathered[step]]
+
+    rows = await train_pipelined(model, gather, steps=2, config=TrainConfig(learning_rate=1e-3, **STALE_KW))
+    labels = {k: {c.model_extra["policy_step"] for t in g for c in t.messages_and_choices
+                  if isinstance(c, Choice)} for k, g in gathered.items()}
+    assert labels == {0: {0}, 1: {0}}
+    assert [r["step"] for r in rows] == [1, 2] and all(r["trained"] for r in rows)
+    assert (rows[0]["policy_lag_max"], rows[0]["stale_trajectories"]) == (0, 0)
+    assert (rows[1]["policy_lag_max"], rows[1]["stale_trajectories"]) == (1, 4)
+    assert await model.get_step() == 2 and ckpt.latest_checkpoint(model.run_dir) == 2
+    return gathered
+
+
 @pytest.mark.slow
 async def test_dedicated_cpu_placement_overlaps_rollouts_with_training_one_step_off_policy(tmp_path):
     cfg = ModelConfig(engine=EngineConfig(engine="transformers", placement="dedicated", max_seq_length=256))
@@ -110,21 +131,7 @@ async def test_dedicated_cpu_placement_overlaps_rollouts_with_training_one_step_
         # rollouts are answered by a second process, not by this one's CPU server
         assert backend._server is None and engine.proc.pid != os.getpid() and engine.proc.poll() is None
         assert model.inference_base_url == engine.base_url and not engine.can_sleep
-        gathered: dict[int, TrajectoryGroup] = {}
-
-        async def gather(step):
-            gathered[step] = await rollouts(model, seed=step)
-            return [gathered[step]]
-
-        rows = await train_pipelined(model, gather, steps=2, config=TrainConfig(learning_rate=1e-3, **STALE_KW))
-        labels = {k: {c.model_extra["policy_step"] for t in g for c in t.messages_and_choices
-                      if isinstance(c, Choice)} for k, g in gathered.items()}
-        # step 0's rollouts by the base policy; step 1's were sampled while step 0 trained: still policy 0
-        assert labels == {0: {0}, 1: {0}}
-        assert [r["step"] for r in rows] == [1, 2] and all(r["trained"] for r in rows)
-        assert (rows[0]["policy_lag_max"], rows[0]["stale_trajectories"]) == (0, 0)
-        assert (rows[1]["policy_lag_max"], rows[1]["stale_trajectories"]) == (1, 4)
-        assert await model.get_step() == 2 and ckpt.latest_checkpoint(model.run_dir) == 2
+        gathered = await two_pipelined_steps(model)
 
         # two steps old now: refused, whatever the bound, and nothing is applied
         for config in (TrainConfig(), TrainConfig(learning_rate=1e-3, **STALE_KW)):
