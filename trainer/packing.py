@@ -143,10 +143,9 @@ def best_sharing(seqs: list[TrainingSequence], members: list[int], min_prefix: i
         for kid in node["kids"]:
             saved += nodes[kid]["best"][0]
             units += nodes[kid]["best"][1]
-        if saved > whole:
+        # nothing shared here (whole 0): the subsets' units, which are single sequences when they save 0 too
+        if saved > whole or whole == 0:
             node["best"] = (saved, units)
-        elif whole == 0:
-            node["best"] = (0, [(0, [i]) for i in node["members"]])
         else:
             node["best"] = (whole, [(node["prefix"], list(node["members"]))])
     return nodes[0]["best"]

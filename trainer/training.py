@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from contextlib import contextmanager
 
 from ruler.advantages import group_advantages, group_has_signal
 from ruler.trajectory import Problem, TrajectoryError, TrajectoryGroup, validate_trajectories
@@ -61,26 +62,32 @@ def _chunk_logprobs(lm_head, hidden, targets, transform=None):
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
+@contextmanager
+def _probing(model):
+    """Eval mode and no grad for a check on `model`, its training mode restored after; yields the deterministic
+    token ids the checks use, `ids(n)`: n ids spread over the vocabulary."""
+    import torch
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield lambda n: [(t * 7919 + 11) % vocab for t in range(n)]
+    finally:
+        model.train(was_training)
+
+
 def verify_logprob_path(model, *, length: int = 24) -> float:
     """Max |our path − the model's own forward| logprob on a fixed input (eval mode, no grad): the packed row
     with its 4-D mask (where the model takes one) and chunked logprobs, against the model called with no mask
     at all (its own causal, and sliding-window, masks). The backend uses the chunked path only when this is
     within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
-    import torch
-
-    vocab = model.get_output_embeddings().weight.shape[0]
-    ids = [(t * 7919 + 11) % vocab for t in range(length)]
-    seq = TrainingSequence(ids, [False] + [True] * (length - 1), [math.nan] * length)
-    rows, _ = pack([seq], capacity=length)
-    masked = attention_takes_masks(model)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            ours = _row_logprobs(model, rows[0], 7, full_forward=False, masked=masked)
-            theirs = _row_logprobs(model, rows[0], 7, full_forward=True, masked=False)
-    finally:
-        model.train(was_training)
+    with _probing(model) as ids:
+        seq = TrainingSequence(ids(length), [False] + [True] * (length - 1), [math.nan] * length)
+        row = pack([seq], capacity=length)[0][0]
+        ours = _row_logprobs(model, row, 7, full_forward=False, masked=attention_takes_masks(model))
+        theirs = _row_logprobs(model, row, 7, full_forward=True, masked=False)
     return float((ours - theirs).abs().max())
 
 
@@ -96,24 +103,18 @@ def verify_packed_rows(model, *, prefix: int = 12, suffix: int = 9) -> float:
 
     if not attention_takes_masks(model):
         return 0.0
-    vocab = model.get_output_embeddings().weight.shape[0]
-    ids = [(t * 7919 + 11) % vocab for t in range(prefix + 3 * suffix)]
-    parts = [ids[:prefix] + ids[prefix:prefix + suffix], ids[:prefix] + ids[prefix + suffix:prefix + 2 * suffix],
-             ids[prefix + 2 * suffix:]]
-    seqs = [TrainingSequence(tokens, [False] * 3 + [True] * (len(tokens) - 3), [math.nan] * len(tokens),
-                             group=int(i == 2)) for i, tokens in enumerate(parts)]
-    rows, report = pack(seqs, capacity=len(ids) + prefix, min_prefix=4)
-    if report.rows != 1 or report.shared_groups != 1:
-        raise RuntimeError(f"verify_packed_rows packed {report}, not one row with one shared prefix")
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            packed = _row_logprobs(model, rows[0], 64, full_forward=True, masked=True)
-            alone = [_row_logprobs(model, pack([seq], capacity=len(seq.token_ids))[0][0], 64, full_forward=True,
-                                   masked=False) for seq in seqs]
-    finally:
-        model.train(was_training)
+    with _probing(model) as ids:
+        tokens = ids(prefix + 3 * suffix)
+        parts = [tokens[:prefix] + tokens[prefix:prefix + suffix],
+                 tokens[:prefix] + tokens[prefix + suffix:prefix + 2 * suffix], tokens[prefix + 2 * suffix:]]
+        seqs = [TrainingSequence(part, [False] * 3 + [True] * (len(part) - 3), [math.nan] * len(part),
+                                 group=int(i == 2)) for i, part in enumerate(parts)]
+        rows, report = pack(seqs, capacity=len(tokens) + prefix, min_prefix=4)
+        if report.rows != 1 or report.shared_groups != 1:
+            raise RuntimeError(f"verify_packed_rows packed {report}, not one row with one shared prefix")
+        packed = _row_logprobs(model, rows[0], 64, full_forward=True, masked=True)
+        alone = [_row_logprobs(model, pack([seq], capacity=len(seq.token_ids))[0][0], 64, full_forward=True,
+                               masked=False) for seq in seqs]
     # each sequence's trained tokens are its tokens 3.. : alone[i][k - 3] is token k's logprob run alone
     reference = torch.stack([alone[i][k - 3] for i, k in zip(rows[0].sequence_of, rows[0].token_index)])
     return float((packed - reference).abs().max())
