@@ -233,7 +233,7 @@ async def ours(args) -> dict:
 
         try:
             # --- #18: the shared-prefix workload, trained with and without sharing
-            if "prefix" in args.parts:
+            if "prefix" in args.parts or "rollout" in args.parts:  # `rollout`: the base-model rollouts only
                 prompts = [[{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}]
                            for _ in range(args.groups)]
                 part: dict = {}
@@ -257,7 +257,7 @@ async def ours(args) -> dict:
                     await rollout()                 # includes warm-up (the prompts' first prefill, CUDA graphs)
                 result["prefix"] = part
                 save()
-                for share in (True, False, True):
+                for share in (True, False, True) if "prefix" in args.parts else ():
                     if budget.left() < args.reserve_s:
                         result["errors"].append(f"prefix share={share}: skipped, budget")
                         break
@@ -526,7 +526,7 @@ def raw(args) -> dict:
     params = SamplingParams(n=args.group_size, max_tokens=args.gen, min_tokens=args.gen, ignore_eos=True,
                             temperature=1.0, logprobs=0, allowed_token_ids=words)
     runs = []
-    for _ in range(3):
+    for _ in range(args.rollout_reps):
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         dt = time.perf_counter() - t0
@@ -949,6 +949,11 @@ def report(out: Path) -> str:
             raw_best = max(x["tokens_per_s"] for x in r["runs"][1:])
             lines.append(f"rollout throughput, ours / raw vLLM (best after the first run of each): "
                          f"{ours_best:.0f} / {raw_best:.0f} = {ours_best / raw_best:.2f}x")
+            ours_med = statistics.median(mine["rollout_tokens_per_s"][1:])
+            raw_med = statistics.median(x["tokens_per_s"] for x in r["runs"][1:])
+            lines.append(f"rollout throughput, ours / raw vLLM (median after the first run of each; "
+                         f"{len(mine['rollout_tokens_per_s']) - 1} and {len(r['runs']) - 1} runs): "
+                         f"{ours_med:.0f} / {raw_med:.0f} = {ours_med / raw_med:.2f}x")
     for f in sorted(out.glob("trl-*.json")):
         t = json.loads(f.read_text())
         lines.append(f"\nTRL {t['shape']} ({t.get('workload', 'prefix')} workload): steps {t.get('step_s')}, "
@@ -997,7 +1002,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="ours: ModelConfig.offload_during_rollouts (the trainer's base weights in CPU memory while "
                          "vLLM serves; give vLLM a larger --util)")
     ap.add_argument("--rollout-reps", type=int, default=3,
-                    help="ours, prefix part: rollouts of the base model before training (against `raw`'s 3 runs)")
+                    help="ours, prefix or rollout part: rollouts of the base model before training; raw: its runs")
     ap.add_argument("--budget-s", type=float, default=520)
     ap.add_argument("--reserve-s", type=float, default=40, help="time kept for closing and writing")
     ap.add_argument("--dry-run", action="store_true", help="CPU engine, for checking the script")

@@ -47,6 +47,17 @@ def test_ours_runs_both_workloads_without_an_error_row(tmp_path):
     assert share["forward_tokens"] < share["sequence_tokens"] and plain["forward_tokens"] == plain["sequence_tokens"]
 
 
+def test_rollout_part_only_samples_the_base_model(tmp_path):
+    """`--parts rollout` (against `raw`): the requested number of base-model rollouts, no train call."""
+    main(["ours", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--parts", "rollout", "--rollout-reps", "4",
+          "--prefix-tokens", "200", "--gen", "8", "--groups", "2", "--group-size", "2", "--max-seq", "1024",
+          "--micro-tokens", "1024"])
+    result = json.loads((tmp_path / "ours-tiny.json").read_text())
+    assert not result["errors"] and "agent" not in result
+    assert len(result["prefix"]["rollout_s"]) == 4 and len(result["prefix"]["rollout_tokens_per_s"]) == 4
+    assert not {"share", "no_share", "rollout_adapter_s"} & set(result["prefix"])
+
+
 def test_sharing_part_gives_the_same_loss_with_fewer_forward_tokens(tmp_path):
     main(["sharing", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens", "300", "--gen", "16",
           "--groups", "2", "--group-size", "4", "--micro-tokens", "2048"])
