@@ -16,6 +16,8 @@
     # the memory planner's calibration (trainer/memory.py): one pass's peak, planned against measured
     python evals/scale_bench.py activations --shape qwen2.5-7b --out DIR --act-tokens 4096,8192,16384,32768
     python evals/scale_bench.py activations --shape tiny --dry-run --out DIR                     # CPU check
+    # where a training pass's time goes: one causal sequence against packed ones, checkpointing off/on
+    python evals/scale_bench.py profile --shape qwen2.5-7b --out DIR --act-tokens 8192,16384 --prof-sequences 1,2
 
 A model folder holds the shape's `config.json` (numbers of the public Hugging Face configs, `SHAPES`),
 SmolLM2-135M-Instruct's tokenizer (49,152 ids, all inside each shape's vocabulary) and a
@@ -881,6 +883,125 @@ def sharing(args) -> dict:
     return result
 
 
+# --------------------------------------------------------------------------------------------- profile
+# kernel (GPU) or operator (CPU) names by kind, for the profile part's split of a pass's time
+_MATMUL_NAMES = ("gemm", "nvjet", "cublas", "cutlass", "xmma", "aten::mm", "aten::addmm", "aten::bmm",
+                 "aten::matmul", "aten::linear")
+_ATTENTION_NAMES = ("flash", "fmha", "attention", "mem_eff", "efficient_attention")
+
+
+def time_by_kind(events: list[tuple[str, float]]) -> dict:
+    """(name, seconds) pairs as seconds per kind: `attention` (a name with flash/fmha/attention/mem_eff), `matmul`
+    (gemm/cuBLAS/cutlass kernels, aten mm/addmm/bmm/matmul/linear), `other` (elementwise, reductions, copies,
+    norms, softmax, ...); names matched case-insensitively, attention first (its kernels hold 'gemm' parts)."""
+    kinds = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for name, seconds in events:
+        if not isinstance(name, str) or isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(f"events are (name, seconds) pairs, got {(name, seconds)!r}")
+        low = name.lower()
+        kind = "attention" if any(k in low for k in _ATTENTION_NAMES) else \
+            "matmul" if any(k in low for k in _MATMUL_NAMES) else "other"
+        kinds[kind] += float(seconds)
+    return kinds
+
+
+def profile(args) -> dict:
+    """Where one training pass's time goes (#12): for each `--act-tokens` T, `--prof-sequences` k and
+    `--act-checkpointing` setting, one row of T random tokens made of k sequences of T/k tokens (k = 1: one causal
+    sequence, no mask; k > 1: packed, the trainer's 4-D block mask) through the trainer's `accumulate_loss`
+    (forward and backward, LoRA r16 on all seven linear layers, chunked logprobs; no optimizer step). A warm-up
+    pass, then `--prof-reps` timed passes (median seconds, tokens/s), then one pass under torch.profiler: the
+    device time by kind (`time_by_kind`: matrix multiplies, attention, the rest), what the device was busy for
+    against the pass's wall time, and the 15 kernels with the most device time. `profile-<shape>.json`. With
+    `--dry-run` (the tiny shape, fp32 on the CPU) the operators' CPU self time stands in for kernels: a check of
+    the script, no measurement."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from trainer.config import TrainConfig
+    from trainer.memory import model_shape
+    from trainer.sequences import TrainingSequence
+    from trainer.training import accumulate_loss
+
+    if not args.act_tokens or any(t < 16 for t in args.act_tokens):
+        raise SystemExit("--act-tokens: comma-separated token counts, each >= 16")
+    if not args.prof_sequences or any(k < 1 for k in args.prof_sequences) or args.prof_reps < 1:
+        raise SystemExit("--prof-sequences: comma-separated counts >= 1; --prof-reps >= 1")
+    if not args.act_checkpointing or not set(args.act_checkpointing) <= {"off", "on"}:
+        raise SystemExit("--act-checkpointing: off, on or off,on")
+    built = bare_model(args, "profile")
+    cuda, hf, model = built["cuda"], built["hf"], built["model"]
+    shape = model_shape(SHAPES[args.shape])
+    budget = Budget(args.budget_s - args.reserve_s)
+    path = args.out / f"profile-{args.shape}.json"
+    result: dict = {**built["fields"], "runs": [], "errors": []}
+    rng = random.Random(0)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def one_pass(seqs, config) -> float:
+        t0 = time.perf_counter()
+        try:
+            _, stats = accumulate_loss(model, seqs, config)
+            sync()
+        finally:
+            model.zero_grad(set_to_none=True)
+        run.update(rows=stats["rows"], forward_tokens=stats["forward_tokens"])
+        return time.perf_counter() - t0
+
+    for ckpt in sorted(dict.fromkeys(args.act_checkpointing), key=("off", "on").index):
+        if ckpt == "on":
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf.enable_input_require_grads()
+        for tokens in sorted(args.act_tokens):
+            for k in sorted(dict.fromkeys(args.prof_sequences)):
+                if budget.left() <= 0:
+                    result["errors"].append(f"{tokens} tokens x {k}, checkpointing {ckpt}: not started, budget")
+                    break
+                each = tokens // k
+                if each < 2:
+                    result["errors"].append(f"{tokens} tokens cannot be {k} sequences of 2 or more")
+                    continue
+                seqs = [TrainingSequence(token_ids=[rng.randrange(shape.vocab) for _ in range(each)],
+                                         trained=[False] + [True] * (each - 1), old_logprobs=[0.0] * each,
+                                         advantage=1.0, trajectory=j, group=j, position=0) for j in range(k)]
+                config = TrainConfig(max_tokens_per_micro_batch=each * k, share_prefix=False)
+                run = {"tokens": each * k, "sequences": k, "checkpointing": ckpt == "on"}
+                try:
+                    run["warmup_s"] = one_pass(seqs, config)
+                    times = [one_pass(seqs, config) for _ in range(args.prof_reps)]
+                    with torch_profile(activities=activities) as prof:
+                        profiled = one_pass(seqs, config)
+                except torch.OutOfMemoryError as exc:
+                    result["errors"].append(f"{tokens} x {k}, checkpointing {ckpt}: out of memory ({exc})"[:500])
+                    continue
+                events = []
+                for e in prof.key_averages():
+                    if cuda:  # kernels: the device's own time; operators' rows would count it twice
+                        device = getattr(e, "self_device_time_total", None)
+                        if device is None:
+                            device = getattr(e, "self_cuda_time_total", 0.0)
+                        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and device > 0:
+                            events.append((e.key, device / 1e6, e.count))
+                    elif e.key.startswith("aten::") and e.self_cpu_time_total > 0:
+                        events.append((e.key, e.self_cpu_time_total / 1e6, e.count))
+                busy = sum(sec for _, sec, _ in events)
+                run.update(s=statistics.median(times), s_runs=times, tokens_per_s=each * k / statistics.median(times),
+                           profiled_s=profiled, device_busy_s=busy, busy_fraction=busy / profiled if profiled else None,
+                           by_kind_s=time_by_kind([(n, sec) for n, sec, _ in events]),
+                           top=[{"name": n[:120], "s": sec, "calls": c}
+                                for n, sec, c in sorted(events, key=lambda x: -x[1])[:15]])
+                result["runs"].append(run)
+                path.write_text(json.dumps(result, indent=1))
+                print(json.dumps({kk: v for kk, v in run.items() if kk != "top"}), flush=True)
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
 # --------------------------------------------------------------------------------------------- report
 def _peak(row: dict) -> str:
     """The device's peak during a train call; runs before this field existed only recorded the rise above the
@@ -976,7 +1097,8 @@ def parse_phases(value: str) -> list[tuple[str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline", "activations", "sharing"])
+    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline", "activations", "sharing",
+                                     "profile"])
     ap.add_argument("--shape", default="qwen2.5-7b", choices=sorted(SHAPES))
     ap.add_argument("--out", type=Path, default=Path("out/scale"))
     ap.add_argument("--models", type=Path, default=Path("/tmp/scale-models"))
@@ -1023,7 +1145,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--act-tokens", type=lambda v: [int(x) for x in v.split(",") if x.strip()],
                     default=[4096, 8192, 16384], help="activations: tokens of one micro-batch, e.g. 4096,8192")
     ap.add_argument("--act-checkpointing", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
-                    default=["off", "on"], help="activations: off, on or off,on (gradient checkpointing)")
+                    default=["off", "on"], help="activations, profile: off, on or off,on (gradient checkpointing)")
+    ap.add_argument("--prof-sequences", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[1, 2],
+                    help="profile: the sequences each row of --act-tokens tokens is made of, e.g. 1,2")
+    ap.add_argument("--prof-reps", type=int, default=2, help="profile: timed passes after the warm-up")
     args = ap.parse_args(argv)
     args.util_given = args.util is not None
     if args.util is None:
@@ -1046,10 +1171,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.dry_run and args.shape != "tiny":
             raise SystemExit("--dry-run runs on the CPU: use --shape tiny")
         result = activations(args)
-    elif args.part == "sharing":
+    elif args.part in ("sharing", "profile"):
         if args.dry_run and args.shape != "tiny":
             raise SystemExit("--dry-run runs on the CPU: use --shape tiny")
-        result = sharing(args)
+        result = sharing(args) if args.part == "sharing" else profile(args)
     else:
         result = asyncio.run(ours(args)) if args.part == "ours" else raw(args) if args.part == "raw" else trl(args)
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=1, default=str))

@@ -83,3 +83,30 @@ def test_trls_agent_workload_runs_multi_turn_rollouts_through_its_rollout_func(t
     # TRL counts only the sampled tokens (env_mask 1): 3 turns x 8; the completions also hold the tool results
     assert all(row["completions/mean_length"] == 24 for row in steps)
     assert all(n > 24 + 2 * 60 for lengths in result["trl_completion_tokens"] for n in lengths)
+
+
+def test_time_by_kind_splits_kernels_into_matmul_attention_and_the_rest():
+    from evals.scale_bench import time_by_kind
+
+    kinds = time_by_kind([("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 2.0), ("nvjet_tst_192x192_64x3_2x1_v_bz", 1.0),
+                          ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", 0.5),
+                          ("fmha_cutlassB_bf16_aligned_64x64_k128_sm80", 0.25), ("aten::mm", 0.125),
+                          ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", 0.0625)])
+    assert kinds == {"matmul": 3.125, "attention": 0.75, "other": 0.0625}
+    with pytest.raises(TypeError, match="pairs"):
+        time_by_kind([("aten::mm", "1 ms")])
+
+
+def test_profile_part_times_one_sequence_and_a_packed_row(tmp_path):
+    main(["profile", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--act-tokens", "64",
+          "--prof-sequences", "1,2", "--act-checkpointing", "on", "--prof-reps", "1"])
+    result = json.loads((tmp_path / "profile-tiny.json").read_text())
+    assert result["errors"] == []
+    one, two = result["runs"]
+    assert (one["sequences"], two["sequences"]) == (1, 2)
+    assert one["rows"] == two["rows"] == 1 and one["forward_tokens"] == two["forward_tokens"] == 64  # packed: one row
+    for run in (one, two):
+        assert run["s"] > 0 and run["tokens_per_s"] == pytest.approx(64 / run["s"])
+        assert sum(run["by_kind_s"].values()) == pytest.approx(run["device_busy_s"])
+        assert run["by_kind_s"]["matmul"] > 0  # the linear layers' aten::mm/addmm on the CPU
+        assert any(t["name"] in ("aten::mm", "aten::addmm", "aten::bmm") for t in run["top"])
