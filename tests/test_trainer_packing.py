@@ -256,10 +256,11 @@ def test_sliding_window_models_fall_back_to_their_own_masks_and_it_is_counted(mo
     assert not training.attention_takes_masks(windowed)
     seqs = batch()
     # a 4-D mask would let every token see past the 8-token window: the logprobs differ from the model's own
-    rows, _ = pack(seqs[:1], capacity=4096)
+    row = pack(seqs[:1], capacity=4096)[0][0]
+    inputs = {"input_ids": torch.tensor([row.token_ids]), "position_ids": torch.tensor([row.position_ids])}
     with torch.no_grad():
-        forced = training._row_logprobs(windowed, rows[0], 64, full_forward=False, masked=True)
-        own = training._row_logprobs(windowed, rows[0], 64, full_forward=False, masked=False)
+        forced = windowed(**inputs, attention_mask=row.attention_mask()[None, None]).logits
+        own = windowed(**inputs).logits
     assert (forced - own).abs().max().item() > 1e-3
     loss_a, grads_a, _ = no_mask_reference(windowed, seqs, monkeypatch, TrainConfig())
     loss_b, grads_b, stats = loss_and_grads(windowed, seqs, TrainConfig(min_shared_prefix=20))
@@ -349,3 +350,32 @@ def test_a_shared_unit_split_into_single_sequences_shares_nothing_and_is_not_cou
     assert report.forward_tokens == report.sequence_tokens == 150
     _, roomy = pack(seqs, capacity=70, min_prefix=8)  # 30 + 2 x 20 fits: two share, the third alone
     assert roomy.shared_groups == 1 and roomy.forward_tokens == 150 - 30
+
+
+def test_a_row_of_one_sequence_gets_no_mask_and_packed_rows_keep_theirs(model, monkeypatch):
+    """One-sequence rows run on the model's own causal mask (SDPA's causal kernels); rows with several blocks
+    build their 4-D mask; both give the reference loss and gradients."""
+    from trainer.packing import Row
+
+    built = {}  # row -> its blocks, for each row whose mask was built (a row runs up to three times)
+    original = Row.attention_mask
+
+    def spy(self):
+        built[id(self)] = len(self.parents)
+        return original(self)
+
+    monkeypatch.setattr(Row, "attention_mask", spy)
+    seqs = batch()
+    loss_a, grads_a, _ = no_mask_reference(model, seqs, monkeypatch, TrainConfig())
+    assert built == {}  # the reference: every sequence alone, and never a mask
+    longest = max(len(s.token_ids) for s in seqs)
+    loss_b, grads_b, stats = loss_and_grads(model, seqs, TrainConfig(max_tokens_per_micro_batch=longest,
+                                                                     share_prefix=False))
+    assert stats["rows"] > 1
+    packed_rows = len(built)
+    assert 0 < packed_rows < stats["rows"]  # rows holding one sequence built no mask; the others did
+    assert all(blocks > 1 for blocks in built.values())
+    assert loss_b == pytest.approx(loss_a, abs=1e-5)
+    assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
+    row = pack([seqs[0]], capacity=len(seqs[0].token_ids))[0][0]
+    assert not row.needs_mask()

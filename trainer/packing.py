@@ -17,7 +17,8 @@ than all together (one sequence that diverges early, e.g. after a context break)
 that save the most tokens (`best_sharing`).
 
 The mask is a boolean [T × T] given to the model as a 4-D attention mask (SDPA takes it as it is, eager
-attention as an additive one: `trainer.training`). Models whose attention cannot take one (flash_attention_2,
+attention as an additive one: `trainer.training`); a row of one sequence gets none (`Row.needs_mask`): the
+model's own causal mask is the same, and SDPA then runs its causal kernels. Models whose attention cannot take one (flash_attention_2,
 or layers with a sliding window or chunked attention, whose own masks a 4-D mask would replace) get one
 sequence per row, counted.
 """
@@ -65,6 +66,12 @@ class Row:
                 self.targets.append(seq.token_ids[k])
                 self.sequence_of.append(index)
                 self.token_index.append(k)
+
+    def needs_mask(self) -> bool:
+        """Whether the row needs its 4-D mask: more than one block (packed sequences, or a shared prefix and its
+        suffixes). A row of one block is one sequence, for which the model's own causal mask is the same mask:
+        it gets none, so SDPA can take its causal kernels (flash; no [T x T] mask on the device)."""
+        return len(self.parents) > 1 or any(p != -1 for p in self.parents)
 
     def attention_mask(self):
         """[T, T] bool: query t sees key s when both are in one block and s <= t, or s is in t's parent.

@@ -79,9 +79,9 @@ def _probing(model):
 
 
 def verify_logprob_path(model, *, length: int = 24) -> float:
-    """Max |our path − the model's own forward| logprob on a fixed input (eval mode, no grad): the packed row
-    with its 4-D mask (where the model takes one) and chunked logprobs, against the model called with no mask
-    at all (its own causal, and sliding-window, masks). The backend uses the chunked path only when this is
+    """Max |our path − the model's own forward| logprob on a fixed input (eval mode, no grad): a row of one
+    sequence (no 4-D mask: `Row.needs_mask`) with chunked logprobs, against the model's full forward with no mask
+    at all (its own causal, and sliding-window, masks); packed rows are `verify_packed_rows`'s. The backend uses the chunked path only when this is
     within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
     with _probing(model) as ids:
         seq = TrainingSequence(ids(length), [False] + [True] * (length - 1), [math.nan] * length)
@@ -226,7 +226,7 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
     device = next(model.parameters()).device
     ids = torch.tensor([row.token_ids], device=device)
     mask = None
-    if masked:
+    if masked and row.needs_mask():  # one sequence: the model's own causal mask (SDPA's causal kernels)
         mask = row.attention_mask().to(device)[None, None]
         if _attention_implementation(model) == "eager":  # eager adds the mask to the scores: 0 or -inf-like
             dtype = _base(model).get_input_embeddings().weight.dtype
