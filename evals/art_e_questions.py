@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from evals.art_e.annotated import load_annotated
+from evals.art_e.annotated import drop_seen_in, load_annotated
 from evals.art_e.inbox import ENRON_DIR, build_inbox_db, mailbox_owners
 from evals.art_e.questions import GenerationReport, generate_scenarios, question_mix
 
@@ -43,6 +43,9 @@ def main(argv=None) -> None:
         copy = Path(tmp) / "annotated.db"
         shutil.copy(args.db, copy)
         annotated, _, skipped = load_annotated(ENRON_DIR / "enron_annotated.json", copy)
+        annotated, seen = drop_seen_in(annotated, copy, {s.inbox_address for s in scenarios if s.split == "train"})
+        if seen:
+            skipped["its email is in a training inbox too"] += seen
     mix = question_mix(scenarios + annotated)
     lines += ["## Inboxes and splits", "", "| mailbox | inbox (address) | split | questions |", "|---|---|---|---|"]
     for name, address in owners.items():

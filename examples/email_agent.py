@@ -52,7 +52,7 @@ from trainer.runlog import plot_train_report
 try:
     from evals.art_e import harness
     from evals.art_e.agent import run_agent
-    from evals.art_e.annotated import load_annotated
+    from evals.art_e.annotated import drop_seen_in, load_annotated
     from evals.art_e.inbox import ENRON_DIR, build_inbox_db
     from evals.art_e.questions import generate_scenarios, question_mix
     from evals.art_e.rewards import grade
@@ -161,6 +161,10 @@ async def main(argv=None) -> None:
         print(f"annotated questions: {len(annotated)} kept, skipped {dict(skipped)}", flush=True)
     scenarios = generate_scenarios(args.db, per_inbox=args.per_inbox, test_inboxes=args.test_inboxes, seed=args.seed)
     train = [s for s in scenarios if s.split == "train"]
+    if annotated:  # held out means unseen: an annotated email also filed in a training inbox is dropped
+        annotated, seen = drop_seen_in(annotated, args.db, {s.inbox_address for s in train})
+        if seen:
+            print(f"annotated questions: {seen} dropped, their email is in a training inbox too", flush=True)
     test = (annotated if args.eval_set != "generated" else []) + \
            ([s for s in scenarios if s.split == "test"] if args.eval_set != "annotated" else [])
     if not train or not test:

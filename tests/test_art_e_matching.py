@@ -31,6 +31,12 @@ RIGHT = [
     ("It is at Camp Pine Tree.", "Camp Pine Tree"),
     ("The PRC meeting is on June 15th", "June 15th"),
     ("27,500 MMBtu per day", "27,500 MMBtu/d"),
+    ("$1.44 million", "$1.44m"),                            # a lowercase scale letter
+    ("January 18, 2001", "January 18"),                     # a year after the day is not a second day
+    ("Jan. 18 - 10 am", "January 18 at 10 AM"),             # nor is a time after a dash
+    ("Sally Beck (sally.beck@enron.com)", "Sally Beck"),     # the same person twice
+    ("Sally Beck, VP of Operations", "Sally Beck"),          # a list item that is no other candidate
+    ("Sally Beck and John Doe", "John Doe and Sally Beck"),  # a reference that is itself a list
 ]
 
 WRONG = [
@@ -64,6 +70,14 @@ WRONG = [
     ("$6.2", "$6.2 million"),
     ("the budget review", "the Q4 budget review"),
     ("x35801", "x35800"),
+    ("January 18, 19, 20", "January 18"),                   # candidate lists without a hedge word
+    ("January 18 and 19", "January 18"),
+    ("Jan 18-19", "January 18"),
+    ("18 and 19 January", "January 18"),
+    ("John Doe and Sally Beck", "Sally Beck"),
+    ("Camp Pine Tree, Camp Oak", "Camp Pine Tree"),
+    ("sally.beck@enron.com, john.doe@enron.com", "Sally Beck"),
+    ("Sally Beck; Mike Carson", "Sally Beck"),
 ]
 
 

@@ -128,7 +128,7 @@ def test_the_mix_is_reported(generated):
 
 
 def test_human_written_annotated_set_keeps_only_questions_that_identify_their_email(inbox_db, tmp_path):
-    from evals.art_e.annotated import load_annotated
+    from evals.art_e.annotated import IDENTIFY_MAX, _question_words, drop_seen_in, load_annotated
     from evals.art_e.inbox import ENRON_DIR as ENRON
 
     db = tmp_path / "annotated.db"
@@ -141,6 +141,20 @@ def test_human_written_annotated_set_keeps_only_questions_that_identify_their_em
     for s in scenarios:
         tools = InboxTools(db, s.inbox_address, s.query_date)
         assert tools.read_email(s.message_ids[0]) is not None and s.how_realistic == 1.0 and s.split == "test"
+        # it identifies its email: its words fit at most IDENTIFY_MAX emails of the inbox
+        assert len(tools.search_emails(_question_words(s.question), max_results=10)) <= IDENTIFY_MAX
+        tools.close()
+    # held out from training on Sally Beck's inbox: those whose email she also holds are dropped, the rest kept
+    kept, dropped = drop_seen_in(scenarios, db, {SALLY})
+    assert dropped >= 1 and len(kept) == len(scenarios) - dropped
+    sally = InboxTools(db, SALLY, "2003-01-01")
+    try:
+        for s in scenarios:
+            in_sallys = any(sally.read_email(m) is not None for m in s.message_ids)
+            assert in_sallys == (s not in kept), s.id
+    finally:
+        sally.close()
+    assert drop_seen_in(scenarios, db, set()) == (scenarios, 0)
     with pytest.raises(ValueError, match="SQuAD"):
         (tmp_path / "bad.json").write_text('{"nope": 1}')
         load_annotated(tmp_path / "bad.json", db)
@@ -197,3 +211,13 @@ def test_bad_scenario_files_name_line_and_field(tmp_path, change, says):
         load_scenarios(path)
     with pytest.raises(FileNotFoundError):
         load_scenarios(tmp_path / "missing.jsonl")
+
+
+def test_dollar_figures_keep_their_scale_letter():
+    """"$1.44m" is a figure of $1,440,000: the generator's reference keeps the "m" (it once wrote "$1.44")."""
+    from evals.art_e.questions import FIGURE
+
+    for text, figure in (("the budget was $1.44m for 2001", "$1.44m"), ("a $2.5bn deal", "$2.5bn"),
+                         ("paid $40K up front", "$40K"), ("$300 million in bonds", "$300 million"),
+                         ("it cost $5 by Friday", "$5")):
+        assert FIGURE.search(text).group(0) == figure

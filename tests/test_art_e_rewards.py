@@ -171,6 +171,13 @@ async def test_a_rate_limited_model_is_retried_in_native_mode(judge, inbox_db, s
     assert traj.metrics["turns"] == 1 and traj.metrics["attempted_answer"] == 1 and len(judge.requests) == 3
 
 
+async def test_a_rate_limited_model_is_retried_in_text_mode(judge, inbox_db, scenario):
+    answer = {"content": json.dumps({"tool_name": "return_final_answer", "tool_args": {"answer": "x", "sources": []}})}
+    traj = await rollout(judge, scenario, inbox_db[0], ["429", "503", answer], mode="text")
+    assert traj.metrics["turns"] == 1 and traj.metrics["attempted_answer"] == 1 and len(judge.requests) == 3
+    assert all(r["response_format"]["type"] == "json_schema" for r in judge.requests)  # the text protocol each time
+
+
 # ---- the correctness judge: only for answers the matcher does not accept, and only when given ----
 
 async def test_the_judge_is_asked_only_when_given_and_the_matcher_said_no(judge, inbox_db, scenario):

@@ -10,9 +10,12 @@ is kept only when
 - its text, asked of several emails, has the same answer for all of them (those emails are its sources);
 - it names what it is about: after stop words and words any email question has ("email", "sent",
   "mentioned" ...) some words are left, and a search of the inbox with them (as the agent's tool searches)
-  lists one of its emails among the first 10 results.
+  finds one of its emails among at most `IDENTIFY_MAX` (3) emails in all: a question whose words fit more
+  emails ("When was the meeting?" -> "last week") does not identify its email.
 
-Everything else is counted by reason. how_realistic is 1.0: people wrote them.
+Everything else is counted by reason. how_realistic is 1.0: people wrote them. All are test questions; an
+evaluation that also trains on generated questions drops those whose email a training inbox holds too
+(`drop_seen_in`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from evals.art_e.questions import Scenario
 from evals.art_e.tools import InboxTools
 
 MAILBOX = "enron-annotated"
+IDENTIFY_MAX = 3  # a question identifies its email when its words fit at most this many emails of the inbox
 ANY_EMAIL_QUESTION = set("""email emails e-mail mail message sent send sender received receive recipient recipients
 main also mentioned mention attached attachment requested request requester subject event events described
 describe entities entity take place being someone anyone""".split())
@@ -103,7 +107,7 @@ def load_annotated(path: str | Path, db_path: str | Path) -> tuple[list[Scenario
         try:
             ids = [i for i in dict.fromkeys(kept_as[f["message_id"]][0] for _, _, _, f in members)
                    if tools.read_email(i) is not None]
-            hits = [h["message_id"] for h in tools.search_emails(words)]
+            hits = [h["message_id"] for h in tools.search_emails(words, max_results=IDENTIFY_MAX + 1)]
         finally:
             tools.close()
         if not ids:
@@ -112,7 +116,31 @@ def load_annotated(path: str | Path, db_path: str | Path) -> tuple[list[Scenario
         if not set(hits) & set(ids):
             skipped["a search with its words does not find its email"] += len(members)
             continue
+        if len(hits) > IDENTIFY_MAX:
+            skipped[f"its words fit more than {IDENTIFY_MAX} emails (it does not identify its email)"] += len(members)
+            continue
         scenarios.append(Scenario(id=f"annotated-{qa.get('id')}", question=question, answer=answer, message_ids=ids,
                                   inbox_address=inbox, query_date=query_date, how_realistic=1.0, split="test",
                                   kind="human"))
     return scenarios, report, skipped
+
+
+def drop_seen_in(scenarios: list[Scenario], db_path: str | Path, inboxes) -> tuple[list[Scenario], int]:
+    """(the scenarios none of whose emails is in any of `inboxes`, how many were dropped): the annotated questions
+    an evaluation may use when it trains on those inboxes (an email filed in a training inbox would have been
+    seen in training)."""
+    from evals.art_e.inbox import IN_INBOX, open_readonly
+
+    inboxes = sorted({str(i).strip().lower() for i in inboxes if str(i).strip()})
+    if not inboxes:
+        return list(scenarios), 0
+    db = open_readonly(db_path)
+    try:
+        def seen(message_id: str) -> bool:
+            return any(db.execute(f"SELECT 1 FROM emails e WHERE e.message_id = :mid AND {IN_INBOX}",
+                                  {"mid": message_id, "inbox": inbox}).fetchone() for inbox in inboxes)
+
+        kept = [s for s in scenarios if not any(seen(m) for m in s.message_ids)]
+    finally:
+        db.close()
+    return kept, len(scenarios) - len(kept)

@@ -33,6 +33,14 @@ DATE_PATTERNS = [
     re.compile(r"\b" + WEEKDAY + MONTH + r"\s+(?P<d>\d\d?)(?:st|nd|rd|th)?\b" + YEAR),
     re.compile(r"\b" + WEEKDAY + r"(?:the\s+)?(?P<d>\d\d?)(?:st|nd|rd|th)?\s+(?:of\s+)?" + MONTH + YEAR),
 ]
+# a month's day followed by more days ("January 18, 19 and 20", "Jan 18-19", "18 and 19 March"): each day one date
+_DAY = r"\d\d?(?:st|nd|rd|th)?"
+_MORE_DAYS = r"(?:\s*(?:,|;|&|-|/|\band\b|\bor\b|\bto\b|\bthrough\b|\bthru\b)\s*" + _DAY + \
+             r"\b(?!\s*(?::|a\.?m\b|p\.?m\b|\d|%)))+"
+DAY_LISTS = [
+    re.compile(r"\b" + WEEKDAY + MONTH + r"\s+(?P<days>" + _DAY + _MORE_DAYS + r")" + YEAR),
+    re.compile(r"\b(?P<days>" + _DAY + _MORE_DAYS + r")\s+(?:of\s+)?" + MONTH + YEAR),
+]
 TIME = re.compile(r"\b(?P<h>\d\d?)(?::(?P<mi>\d\d))?\s*(?P<ap>a\.?m\.?|p\.?m\.?)(?![a-z])|\b(?P<h24>\d\d?):(?P<mi24>\d\d)\b")
 EMAIL = re.compile(r"[a-z0-9._%+'-]+@[a-z0-9.-]+\.[a-z]{2,}")
 SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "mm": 1e6, "mil": 1e6, "million": 1e6, "b": 1e9, "bn": 1e9,
@@ -91,6 +99,20 @@ def _date_value(m: re.Match):
     return (year, month, day)
 
 
+def _day_list_values(m: re.Match) -> set | None:
+    """The dates of a month's day list ("January 18, 19 and 20"), or None when one of its days is not a date."""
+    g = m.groupdict()
+    month, year = MONTHS[g["mn"].rstrip(".")], g.get("y")
+    year = int(year) if year else None
+    days = [int(d) for d in re.findall(r"\d\d?", g["days"])]
+    try:
+        for d in days:
+            date(year or 2000, month, d)
+    except ValueError:
+        return None
+    return {(year, month, d) for d in days}
+
+
 def _time_value(m: re.Match):
     if m.group("h24") is not None:
         h, mi = int(m.group("h24")), int(m.group("mi24"))
@@ -131,6 +153,9 @@ def facts(text: str) -> Facts:
     phones, t = _take(PHONE, t, lambda m: re.sub(r"\D", "", m.group(0))[-10:])
     extensions, t = _take(EXTENSION, t, lambda m: "x" + m.group("n"))
     dates: set = set()
+    for p in DAY_LISTS:  # before single dates: "January 18, 19" is two dates, not one date and a number
+        found, t = _take(p, t, lambda m: frozenset(v) if (v := _day_list_values(m)) else None)
+        dates |= set().union(*found) if found else set()
     for p in DATE_PATTERNS:
         found, t = _take(p, t, _date_value)
         dates |= found
@@ -173,6 +198,28 @@ def _local_words(address: str) -> set[str]:
     return {_stem(p) for p in re.split(r"[._+-]", address.split("@")[0]) if p}
 
 
+_ITEM_SEPARATOR = re.compile(r"\s*(?:;|/|&|,(?!\s*\d)|\band\b|\bas well as\b|\bplus\b)\s*", re.I)
+_NAME_LIKE = re.compile(r"^[A-Z][\w'.-]*(?:\s+[A-Z][\w'.-]*){1,3}$")  # two to four capitalised words
+
+
+def _lists_another_candidate(answer: str, reference: str) -> bool:
+    """Whether `answer` is a list ("A, B", "A and B", "A; B", "A / B"; parentheses aside) in which one item gives
+    the reference and another item is a competing candidate of its kind: an address, or a name-like item (two to
+    four capitalised words) that does not give the reference ("John Doe and Sally Beck" for "Sally Beck", "Camp
+    Pine Tree, Camp Oak" for "Camp Pine Tree"). A reference that is itself such a list is compared as a whole."""
+    if _ITEM_SEPARATOR.search(reference):
+        return False
+    plain = re.sub(r"\([^()]*\)", " ", answer)
+    items = [i.strip(" .!?\"'") for i in _ITEM_SEPARATOR.split(plain)]
+    items = [i for i in items if i]
+    if len(items) < 2:
+        return False
+    gives = [_matches(item, reference) for item in items]
+    if not any(gives):
+        return False
+    return any(not g and (facts(item).emails or _NAME_LIKE.match(item)) for item, g in zip(items, gives))
+
+
 def answer_matches(answer: str | None, reference: str) -> bool:
     """Whether `answer` gives the reference answer, decided without a model.
 
@@ -180,7 +227,9 @@ def answer_matches(answer: str | None, reference: str) -> bool:
     1/18/01 = 2001-01-18; a year the answer leaves out is not held against it), times (10 AM = 10:00 a.m.),
     phone numbers (713-853-6905 = (713) 853-6905 = 853-6905; extensions x35800) and plain numbers
     (three = 3) are compared as values: the answer must give exactly the reference's values of each kind
-    the reference has, so a list of several candidate dates does not match one date. An address may be
+    the reference has, so a list of several candidate dates ("January 18, 19 and 20", "Jan 18-19") does not
+    match one date. A list that gives the reference beside another address or name-like item ("John Doe and
+    Sally Beck" for "Sally Beck") does not match either. An address may be
     given by the name it spells (jan.moore@enron.com = Jan Moore) and a name by its address. The
     reference's other words must each appear in the answer as whole words (case, punctuation, order and
     plural -s ignored; a single-letter middle initial may be left out). An answer that negates or hedges
@@ -194,6 +243,11 @@ def answer_matches(answer: str | None, reference: str) -> bool:
         raise TypeError(f"the answer must be a string or None, got {type(answer).__name__}")
     if answer is None or not answer.strip() or answer.strip() == IDK:
         return False
+    return _matches(answer, reference) and not _lists_another_candidate(answer, reference)
+
+
+def _matches(answer: str, reference: str) -> bool:
+    """`answer_matches` but for the list rule (`_lists_another_candidate`), on checked, non-empty text."""
     a, r = facts(answer), facts(reference)
     a_words, r_words = set(a.words), set(r.words)
     if any((a_words & cues) - r_words for cues in (NEGATIONS, HEDGES)):  # "I don't know" in other words too
