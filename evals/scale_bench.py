@@ -3,6 +3,7 @@
     python evals/scale_bench.py model  --shape qwen2.5-7b --dir MODELS             # config.json + tokenizer
     python evals/scale_bench.py ours   --shape qwen2.5-7b --out DIR --parts prefix,agent
     python evals/scale_bench.py raw    --shape qwen2.5-7b --out DIR                # raw vllm.LLM, after `ours`
+    python evals/scale_bench.py raw    --shape qwen2.5-7b --out DIR --raw-via server  # vLLM's server, no middleware
     python evals/scale_bench.py trl    --shape qwen2.5-7b --out DIR                # TRL GRPOTrainer, prefix workload
     python evals/scale_bench.py report --out DIR                                   # the tables from the JSON files
     python evals/scale_bench.py ours --shape tiny --dry-run --out DIR             # CPU check of the script
@@ -49,6 +50,14 @@ Workloads:
   seven linear layers: `torch.cuda.max_memory_allocated` above what was allocated before the pass, beside the
   planner's `activation_bytes`. `activations-<shape>.json`; a length that runs out of memory is recorded as an
   error and longer ones are skipped. `--dry-run`: the tiny shape in fp32 on the CPU, no measurement.
+- `profile` (#12): where a training pass's time goes: rows of `--act-tokens` tokens made of `--prof-sequences`
+  sequences (1: one causal sequence, no mask; 2+: packed, the 4-D mask), checkpointing per `--act-checkpointing`;
+  seconds per pass and torch.profiler's device time by kind (matrix multiplies, attention, the rest).
+  `profile-<shape>.json`.
+- `raw --raw-via server` (#12): the prefix workload's rollouts through vLLM's own OpenAI server started with
+  ours' flags but without the training middleware, plain and with what the middleware switches on (token ids,
+  logprobs): beside `ours --parts rollout` and `raw`, where ours' rollout overhead over vLLM goes.
+  `raw-server-<shape>.json`.
 Every part writes its JSON as it goes (`ours-<shape>.json`), and stops starting new work after `--budget-s`.
 """
 
@@ -535,6 +544,100 @@ def raw(args) -> dict:
         runs.append({"s": dt, "tokens_per_s": sum(len(o.token_ids) for r in outs for o in r.outputs) / dt})
     result.update(prompt_tokens=[len(p) for p in prompts], runs=runs)
     (args.out / f"raw-{args.shape}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def plain_vllm_server(model_dir: Path, args, log_dir: Path):
+    """vLLM's OpenAI server started as `ours` starts it (`trainer.vllm_server.VLLMServer`: the same flags, dummy
+    weights, LoRA, sleep mode, tool parser) but without the training middleware: `raw --raw-via server`."""
+    from trainer.config import EngineConfig
+    from trainer.vllm_server import VLLMServer
+
+    class PlainVLLMServer(VLLMServer):
+        name = "vllm-plain"
+
+        def command(self) -> list[str]:
+            argv = super().command()
+            at = argv.index("--middleware")
+            return argv[:at] + argv[at + 2:]
+
+        def environment(self, base=None):
+            env = super().environment(base)
+            env.pop("RULER_SERVED_NAME", None)
+            return env
+
+    config = EngineConfig(engine="vllm", max_seq_length=args.max_seq, gpu_memory_utilization=args.util,
+                          max_num_seqs=64, vllm_args={"load_format": "dummy", "seed": 0})
+    return PlainVLLMServer(str(model_dir), config, served_name="raw", lora_rank=LORA["rank"], log_dir=log_dir,
+                           chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
+
+
+REQUEST_KINDS = {  # what a rollout request asks of vLLM's own server, without our middleware
+    "plain": {},
+    "as_middleware": {"return_token_ids": True, "logprobs": True, "top_logprobs": 0},  # what the middleware adds
+}
+
+
+async def timed_rollouts(client, model: str, prompts: list[list[dict]], args, extra: dict) -> list[dict]:
+    """`--rollout-reps` runs of the prefix workload's rollout (all prompts at once, n = --group-size, --gen
+    tokens each): per run its seconds and sampled tokens per second."""
+    runs = []
+    for _ in range(args.rollout_reps):
+        t0 = time.perf_counter()
+        replies = await asyncio.gather(*(client.chat.completions.create(
+            model=model, messages=p, n=args.group_size, max_tokens=args.gen, temperature=1.0, extra_body=extra)
+            for p in prompts))
+        dt = time.perf_counter() - t0
+        runs.append({"s": dt, "tokens_per_s": sum(r.usage.completion_tokens for r in replies) / dt})
+    return runs
+
+
+async def raw_server(args) -> dict:
+    """The prefix workload's rollouts (as `ours --parts rollout` sends them) through vLLM's own OpenAI server
+    without our middleware (`plain_vllm_server`), once per `REQUEST_KINDS` entry, alternating run by run:
+    with `ours` and `raw` (in-process `vllm.LLM`) it splits ours' overhead over raw vLLM into the OpenAI
+    server, the token ids and logprobs vLLM builds, and the middleware with the client's parse.
+    `raw-server-<shape>.json`. `--dry-run`: the trainer's CPU server of a tiny random model stands in for vLLM's
+    (a check of the script: that server is ours, middleware-like fields included)."""
+    from openai import AsyncOpenAI
+    from transformers import AutoTokenizer
+
+    model_dir = make_model_dir(args.shape, args.models / args.shape, args.tokenizer)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    words = word_ids(tok)
+    rng = random.Random(0)  # the prompts of `ours` and `raw`
+    prompts = [[{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}]
+               for _ in range(args.groups)]
+    fixed = {} if args.dry_run else {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
+    result: dict = {"shape": args.shape, "dry_run": args.dry_run, "kinds": {k: [] for k in REQUEST_KINDS}}
+    started = time.perf_counter()
+    if args.dry_run:
+        from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
+        from trainer.config import LoRAConfig
+
+        model = TrainableModel("raw", "bench", str(model_dir), ModelConfig(
+            lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), random_weights=True, seed=0,
+            engine=EngineConfig(engine="transformers", max_seq_length=args.max_seq)))
+        backend = LocalBackend(args.out / "runs")
+        await model.register(backend)
+        base_url, name, close = model.inference_base_url, model.name, backend.close
+    else:
+        server = plain_vllm_server(model_dir, args, args.out / "runs")
+        await server.start()
+        base_url, name, close = server.base_url, server.served_name, server.close
+    result["start_s"] = time.perf_counter() - started
+    try:
+        client = AsyncOpenAI(base_url=base_url, api_key="bench", timeout=1200)
+        for kind, extra in REQUEST_KINDS.items():  # a first run of each warms the prompts' prefix cache
+            await timed_rollouts(client, name, prompts, argparse.Namespace(**{**vars(args), "rollout_reps": 1}),
+                                 {**fixed, **extra})
+        for _ in range(args.rollout_reps):
+            for kind, extra in REQUEST_KINDS.items():
+                one = argparse.Namespace(**{**vars(args), "rollout_reps": 1})
+                result["kinds"][kind] += await timed_rollouts(client, name, prompts, one, {**fixed, **extra})
+    finally:
+        await close()
+    (args.out / f"raw-server-{args.shape}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -1060,6 +1163,8 @@ def report(out: Path) -> str:
         for e in a.get("errors", []):
             lines.append(f"| error | {e.splitlines()[-1][:300] if e else ''} |")
     for f in sorted(out.glob("raw-*.json")):
+        if f.name.startswith("raw-server-"):  # below
+            continue
         r = json.loads(f.read_text())
         lines.append(f"\nraw vLLM {r['shape']}: " + ", ".join(f"{x['s']:.2f}s {x['tokens_per_s']:.0f} tok/s"
                                                              for x in r["runs"]))
@@ -1075,6 +1180,13 @@ def report(out: Path) -> str:
             lines.append(f"rollout throughput, ours / raw vLLM (median after the first run of each; "
                          f"{len(mine['rollout_tokens_per_s']) - 1} and {len(r['runs']) - 1} runs): "
                          f"{ours_med:.0f} / {raw_med:.0f} = {ours_med / raw_med:.2f}x")
+    for f in sorted(out.glob("raw-server-*.json")):
+        r = json.loads(f.read_text())
+        for kind, runs in r["kinds"].items():
+            if runs:
+                med = statistics.median(x["tokens_per_s"] for x in runs)
+                lines.append(f"vLLM's own server ({kind}), {r['shape']}: " + ", ".join(f"{x['s']:.2f}s" for x in runs)
+                             + f"; median {med:.0f} tok/s")
     for f in sorted(out.glob("trl-*.json")):
         t = json.loads(f.read_text())
         lines.append(f"\nTRL {t['shape']} ({t.get('workload', 'prefix')} workload): steps {t.get('step_s')}, "
@@ -1149,6 +1261,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prof-sequences", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[1, 2],
                     help="profile: the sequences each row of --act-tokens tokens is made of, e.g. 1,2")
     ap.add_argument("--prof-reps", type=int, default=2, help="profile: timed passes after the warm-up")
+    ap.add_argument("--raw-via", default="llm", choices=["llm", "server"],
+                    help="raw: in-process vllm.LLM, or vLLM's own OpenAI server without our middleware")
     args = ap.parse_args(argv)
     args.util_given = args.util is not None
     if args.util is None:
@@ -1176,7 +1290,12 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("--dry-run runs on the CPU: use --shape tiny")
         result = sharing(args) if args.part == "sharing" else profile(args)
     else:
-        result = asyncio.run(ours(args)) if args.part == "ours" else raw(args) if args.part == "raw" else trl(args)
+        if args.part == "raw" and args.raw_via == "server":
+            result = asyncio.run(raw_server(args))
+        elif args.part == "raw" and args.dry_run:
+            raise SystemExit("raw --dry-run: only with --raw-via server (vllm.LLM needs a GPU)")
+        else:
+            result = asyncio.run(ours(args)) if args.part == "ours" else raw(args) if args.part == "raw" else trl(args)
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=1, default=str))
 
 

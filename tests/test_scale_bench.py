@@ -110,3 +110,32 @@ def test_profile_part_times_one_sequence_and_a_packed_row(tmp_path):
         assert sum(run["by_kind_s"].values()) == pytest.approx(run["device_busy_s"])
         assert run["by_kind_s"]["matmul"] > 0  # the linear layers' aten::mm/addmm on the CPU
         assert any(t["name"] in ("aten::mm", "aten::addmm", "aten::bmm") for t in run["top"])
+
+
+def test_the_plain_server_is_ours_without_the_middleware(tmp_path):
+    """`raw --raw-via server` isolates the middleware: vLLM's server with exactly ours' flags but for it."""
+    import argparse
+
+    from evals.scale_bench import plain_vllm_server
+    from trainer.vllm_server import VLLMServer
+
+    args = argparse.Namespace(max_seq=2048, util=0.45)
+    plain = plain_vllm_server(tmp_path / "m", args, tmp_path)
+    ours = VLLMServer(str(tmp_path / "m"), plain.config, served_name="raw", lora_rank=16, log_dir=tmp_path,
+                      chat_template_file=None, tool_parser="hermes", reasoning_parser=None, port=plain.port)
+    mine, theirs = plain.command(), ours.command()
+    at = theirs.index("--middleware")
+    assert "--middleware" not in mine and mine == theirs[:at] + theirs[at + 2:]
+    assert mine[mine.index("--load-format") + 1] == "dummy" and "--enable-sleep-mode" in mine
+    assert "RULER_SERVED_NAME" not in plain.environment({}) and "RULER_SERVED_NAME" in ours.environment({})
+
+
+def test_raw_server_part_times_each_request_kind(tmp_path):
+    main(["raw", "--raw-via", "server", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens",
+          "100", "--gen", "4", "--groups", "2", "--group-size", "2", "--max-seq", "1024", "--rollout-reps", "2"])
+    result = json.loads((tmp_path / "raw-server-tiny.json").read_text())
+    assert set(result["kinds"]) == {"plain", "as_middleware"}
+    assert all(len(runs) == 2 and all(r["s"] > 0 and r["tokens_per_s"] > 0 for r in runs)
+               for runs in result["kinds"].values())
+    with pytest.raises(SystemExit):
+        main(["raw", "--shape", "tiny", "--dry-run", "--out", str(tmp_path)])
