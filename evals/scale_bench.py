@@ -549,9 +549,20 @@ def raw(args) -> dict:
 
 def plain_vllm_server(model_dir: Path, args, log_dir: Path):
     """vLLM's OpenAI server started as `ours` starts it (`trainer.vllm_server.VLLMServer`: the same flags, dummy
-    weights, LoRA, sleep mode, tool parser) but without the training middleware: `raw --raw-via server`."""
+    weights, LoRA, sleep mode, tool parser, the chat template `trainer.chat.pick_chat_template` picks for the
+    tokenizer) but without the training middleware: `raw --raw-via server`."""
+    from transformers import AutoTokenizer
+
+    from trainer.chat import pick_chat_template
     from trainer.config import EngineConfig
     from trainer.vllm_server import VLLMServer
+
+    template, tools_ok = pick_chat_template(AutoTokenizer.from_pretrained(model_dir))
+    template_file = None
+    if template is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        template_file = log_dir / "chat_template.jinja"
+        template_file.write_text(template)
 
     class PlainVLLMServer(VLLMServer):
         name = "vllm-plain"
@@ -569,7 +580,8 @@ def plain_vllm_server(model_dir: Path, args, log_dir: Path):
     config = EngineConfig(engine="vllm", max_seq_length=args.max_seq, gpu_memory_utilization=args.util,
                           max_num_seqs=64, vllm_args={"load_format": "dummy", "seed": 0})
     return PlainVLLMServer(str(model_dir), config, served_name="raw", lora_rank=LORA["rank"], log_dir=log_dir,
-                           chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
+                           chat_template_file=template_file, tool_parser="hermes", reasoning_parser=None,
+                           tools_ok=tools_ok)
 
 
 REQUEST_KINDS = {  # what a rollout request asks of vLLM's own server, without our middleware
@@ -588,7 +600,8 @@ async def timed_rollouts(client, model: str, prompts: list[list[dict]], args, ex
             model=model, messages=p, n=args.group_size, max_tokens=args.gen, temperature=1.0, extra_body=extra)
             for p in prompts))
         dt = time.perf_counter() - t0
-        runs.append({"s": dt, "tokens_per_s": sum(r.usage.completion_tokens for r in replies) / dt})
+        runs.append({"s": dt, "tokens_per_s": sum(r.usage.completion_tokens for r in replies) / dt,
+                     "prompt_tokens": [r.usage.prompt_tokens for r in replies]})
     return runs
 
 
@@ -609,7 +622,13 @@ async def raw_server(args) -> dict:
     prompts = [[{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}]
                for _ in range(args.groups)]
     fixed = {} if args.dry_run else {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
-    result: dict = {"shape": args.shape, "dry_run": args.dry_run, "kinds": {k: [] for k in REQUEST_KINDS}}
+    result: dict = {"shape": args.shape, "dry_run": args.dry_run, "kinds": {k: [] for k in REQUEST_KINDS},
+                    "errors": []}
+    path = args.out / f"raw-server-{args.shape}.json"
+
+    def save():
+        path.write_text(json.dumps(result, indent=1))
+
     started = time.perf_counter()
     if args.dry_run:
         from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
@@ -626,18 +645,27 @@ async def raw_server(args) -> dict:
         await server.start()
         base_url, name, close = server.base_url, server.served_name, server.close
     result["start_s"] = time.perf_counter() - started
+    save()
+    one = argparse.Namespace(**{**vars(args), "rollout_reps": 1})
+    failed: set[str] = set()
     try:
         client = AsyncOpenAI(base_url=base_url, api_key="bench", timeout=1200)
-        for kind, extra in REQUEST_KINDS.items():  # a first run of each warms the prompts' prefix cache
-            await timed_rollouts(client, name, prompts, argparse.Namespace(**{**vars(args), "rollout_reps": 1}),
-                                 {**fixed, **extra})
-        for _ in range(args.rollout_reps):
+        for rep in range(args.rollout_reps + 1):  # the first round warms up (the prompts' prefix cache): not kept
             for kind, extra in REQUEST_KINDS.items():
-                one = argparse.Namespace(**{**vars(args), "rollout_reps": 1})
-                result["kinds"][kind] += await timed_rollouts(client, name, prompts, one, {**fixed, **extra})
+                if kind in failed:
+                    continue
+                try:
+                    runs = await timed_rollouts(client, name, prompts, one, {**fixed, **extra})
+                except Exception as exc:  # noqa: BLE001 - one kind refused (or timed out) leaves the other
+                    failed.add(kind)
+                    result["errors"].append(f"{kind}: {type(exc).__name__}: {exc}"[:600])
+                    continue
+                if rep:
+                    result["kinds"][kind] += runs
+                save()
     finally:
         await close()
-    (args.out / f"raw-server-{args.shape}.json").write_text(json.dumps(result, indent=1))
+    save()
     return result
 
 
@@ -988,14 +1016,14 @@ def sharing(args) -> dict:
 
 # --------------------------------------------------------------------------------------------- profile
 # kernel (GPU) or operator (CPU) names by kind, for the profile part's split of a pass's time
-_MATMUL_NAMES = ("gemm", "nvjet", "cublas", "cutlass", "xmma", "aten::mm", "aten::addmm", "aten::bmm",
-                 "aten::matmul", "aten::linear")
-_ATTENTION_NAMES = ("flash", "fmha", "attention", "mem_eff", "efficient_attention")
+_MATMUL_NAMES = ("gemm", "gemv", "splitkreduce", "nvjet", "cublas", "cutlass", "xmma", "aten::mm", "aten::addmm",
+                 "aten::bmm", "aten::matmul", "aten::linear")
+_ATTENTION_NAMES = ("flash", "fmha", "attention", "mem_eff", "efficient_attention", "sdpa")
 
 
 def time_by_kind(events: list[tuple[str, float]]) -> dict:
-    """(name, seconds) pairs as seconds per kind: `attention` (a name with flash/fmha/attention/mem_eff), `matmul`
-    (gemm/cuBLAS/cutlass kernels, aten mm/addmm/bmm/matmul/linear), `other` (elementwise, reductions, copies,
+    """(name, seconds) pairs as seconds per kind: `attention` (a name with flash/fmha/attention/mem_eff/sdpa),
+    `matmul` (gemm/gemv/split-K/cuBLAS/cutlass kernels, aten mm/addmm/bmm/matmul/linear), `other` (elementwise, reductions, copies,
     norms, softmax, ...); names matched case-insensitively, attention first (its kernels hold 'gemm' parts)."""
     kinds = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
     for name, seconds in events:

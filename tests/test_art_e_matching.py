@@ -37,6 +37,20 @@ RIGHT = [
     ("Sally Beck (sally.beck@enron.com)", "Sally Beck"),     # the same person twice
     ("Sally Beck, VP of Operations", "Sally Beck"),          # a list item that is no other candidate
     ("Sally Beck and John Doe", "John Doe and Sally Beck"),  # a reference that is itself a list
+    ("Jan 18, 3-4 pm", "January 18"),                       # a time range after the day is no second day
+    ("Monday, January 18, 9 - 10 AM", "January 18"),
+    ("January 18, 3 days before the deadline", "January 18"),
+    ("10:30, 18 January", "18 January at 10:30"),
+    ("Sept 29/01", "September 29, 2001"),
+    ("January 18 from 3 to 4 pm", "January 18, 3-4 pm"),
+    ("Sally Beck, Enron Corp", "Sally Beck"),               # appositions are no rival candidates
+    ("Sally Beck, Vice President", "Sally Beck"),
+    ("Jeff Dasovich, Enron Government Affairs", "jeff.dasovich@enron.com"),
+    ("EB 3270, Enron Building", "EB 3270"),
+    ("Conference Room 21C2, Enron Center South", "Conference Room 21C2"),
+    ("Camp Pine Tree, Lake Conroe", "Camp Pine Tree"),
+    ("713-853-6905 / Sally Beck", "713-853-6905"),
+    ("Sally Beck, sbeck@enron.com", "Sally Beck"),          # her own second address
 ]
 
 WRONG = [
@@ -78,6 +92,10 @@ WRONG = [
     ("Camp Pine Tree, Camp Oak", "Camp Pine Tree"),
     ("sally.beck@enron.com, john.doe@enron.com", "Sally Beck"),
     ("Sally Beck; Mike Carson", "Sally Beck"),
+    ("Sally Beck and Mr. John A. Doe", "Sally Beck"),
+    ("Room 12, Room 14", "Room 12"),
+    ("June 26 - 30", "June 26"),                            # a range is several days
+    ("January 18 to 20", "January 18"),
 ]
 
 

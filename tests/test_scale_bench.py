@@ -91,8 +91,10 @@ def test_time_by_kind_splits_kernels_into_matmul_attention_and_the_rest():
     kinds = time_by_kind([("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 2.0), ("nvjet_tst_192x192_64x3_2x1_v_bz", 1.0),
                           ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", 0.5),
                           ("fmha_cutlassB_bf16_aligned_64x64_k128_sm80", 0.25), ("aten::mm", 0.125),
+                          ("void gemv2T_kernel_val<int, int, __nv_bfloat16>", 0.5),
+                          ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 0.25),
                           ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", 0.0625)])
-    assert kinds == {"matmul": 3.125, "attention": 0.75, "other": 0.0625}
+    assert kinds == {"matmul": 3.625, "attention": 1.0, "other": 0.0625}
     with pytest.raises(TypeError, match="pairs"):
         time_by_kind([("aten::mm", "1 ms")])
 
@@ -116,13 +118,16 @@ def test_the_plain_server_is_ours_without_the_middleware(tmp_path):
     """`raw --raw-via server` isolates the middleware: vLLM's server with exactly ours' flags but for it."""
     import argparse
 
-    from evals.scale_bench import plain_vllm_server
+    from evals.scale_bench import make_model_dir, plain_vllm_server
     from trainer.vllm_server import VLLMServer
 
     args = argparse.Namespace(max_seq=2048, util=0.45)
-    plain = plain_vllm_server(tmp_path / "m", args, tmp_path)
-    ours = VLLMServer(str(tmp_path / "m"), plain.config, served_name="raw", lora_rank=16, log_dir=tmp_path,
-                      chat_template_file=None, tool_parser="hermes", reasoning_parser=None, port=plain.port)
+    model_dir = make_model_dir("tiny", tmp_path / "m")
+    plain = plain_vllm_server(model_dir, args, tmp_path)
+    assert plain.chat_template_file is not None  # the template the trainer picks for SmolLM2's tokenizer
+    ours = VLLMServer(str(model_dir), plain.config, served_name="raw", lora_rank=16, log_dir=tmp_path,
+                      chat_template_file=plain.chat_template_file, tool_parser="hermes", reasoning_parser=None,
+                      port=plain.port, tools_ok=plain.tools_ok)
     mine, theirs = plain.command(), ours.command()
     at = theirs.index("--middleware")
     assert "--middleware" not in mine and mine == theirs[:at] + theirs[at + 2:]

@@ -379,3 +379,13 @@ def test_a_row_of_one_sequence_gets_no_mask_and_packed_rows_keep_theirs(model, m
     assert max((grads_a[n] - grads_b[n]).abs().max().item() for n in grads_a) < 1e-5
     row = pack([seqs[0]], capacity=len(seqs[0].token_ids))[0][0]
     assert not row.needs_mask()
+
+
+def test_the_register_check_still_runs_the_mask_path_on_a_one_sequence_row(model, monkeypatch):
+    """`verify_logprob_path` forces the 4-D mask that training leaves off one-sequence rows: a broken mask (here
+    every token sees every other) is caught."""
+    from trainer.packing import Row
+
+    assert training.verify_logprob_path(model) < 1e-5
+    monkeypatch.setattr(Row, "attention_mask", lambda self: torch.ones(len(self), len(self), dtype=torch.bool))
+    assert training.verify_logprob_path(model) > 1e-3

@@ -80,13 +80,13 @@ def _probing(model):
 
 def verify_logprob_path(model, *, length: int = 24) -> float:
     """Max |our path − the model's own forward| logprob on a fixed input (eval mode, no grad): a row of one
-    sequence (no 4-D mask: `Row.needs_mask`) with chunked logprobs, against the model's full forward with no mask
-    at all (its own causal, and sliding-window, masks); packed rows are `verify_packed_rows`'s. The backend uses the chunked path only when this is
+    sequence with its 4-D mask forced (where the model takes one; training gives such a row none) and chunked
+    logprobs, against the model's full forward with no mask at all (its own causal, and sliding-window, masks). The backend uses the chunked path only when this is
     within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
     with _probing(model) as ids:
         seq = TrainingSequence(ids(length), [False] + [True] * (length - 1), [math.nan] * length)
         row = pack([seq], capacity=length)[0][0]
-        ours = _row_logprobs(model, row, 7, full_forward=False, masked=attention_takes_masks(model))
+        ours = _row_logprobs(model, row, 7, full_forward=False, masked=attention_takes_masks(model), force_mask=True)
         theirs = _row_logprobs(model, row, 7, full_forward=True, masked=False)
     return float((ours - theirs).abs().max())
 
@@ -218,15 +218,16 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                   "stale_trajectories": stale, "skipped": dict(skipped)}
 
 
-def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, masked: bool):
-    """log p of each trained token of `row` ([N]), read at the position that predicts it."""
+def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, masked: bool, force_mask: bool = False):
+    """log p of each trained token of `row` ([N]), read at the position that predicts it. `masked`: the row's
+    4-D mask where it needs one (`Row.needs_mask`; `force_mask`: on a one-sequence row too, for the checks)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
     device = next(model.parameters()).device
     ids = torch.tensor([row.token_ids], device=device)
     mask = None
-    if masked and row.needs_mask():  # one sequence: the model's own causal mask (SDPA's causal kernels)
+    if masked and (force_mask or row.needs_mask()):  # one sequence: the model's own causal mask (causal kernels)
         mask = row.attention_mask().to(device)[None, None]
         if _attention_implementation(model) == "eager":  # eager adds the mask to the scores: 0 or -inf-like
             dtype = _base(model).get_input_embeddings().weight.dtype

@@ -10,8 +10,8 @@ is kept only when
 - its text, asked of several emails, has the same answer for all of them (those emails are its sources);
 - it names what it is about: after stop words and words any email question has ("email", "sent",
   "mentioned" ...) some words are left, and a search of the inbox with them (as the agent's tool searches)
-  finds one of its emails among at most `IDENTIFY_MAX` (3) emails in all: a question whose words fit more
-  emails ("When was the meeting?" -> "last week") does not identify its email.
+  lists one of its emails among the first 10 results, and at most `IDENTIFY_MAX` - 1 (2) other emails: a question
+  whose words fit more emails ("Where will the conference call take place?") does not identify its email.
 
 Everything else is counted by reason. how_realistic is 1.0: people wrote them. All are test questions; an
 evaluation that also trains on generated questions drops those whose email a training inbox holds too
@@ -107,7 +107,7 @@ def load_annotated(path: str | Path, db_path: str | Path) -> tuple[list[Scenario
         try:
             ids = [i for i in dict.fromkeys(kept_as[f["message_id"]][0] for _, _, _, f in members)
                    if tools.read_email(i) is not None]
-            hits = [h["message_id"] for h in tools.search_emails(words, max_results=IDENTIFY_MAX + 1)]
+            hits = [h["message_id"] for h in tools.search_emails(words)]
         finally:
             tools.close()
         if not ids:
@@ -116,7 +116,7 @@ def load_annotated(path: str | Path, db_path: str | Path) -> tuple[list[Scenario
         if not set(hits) & set(ids):
             skipped["a search with its words does not find its email"] += len(members)
             continue
-        if len(hits) > IDENTIFY_MAX:
+        if len(set(hits) - set(ids)) > IDENTIFY_MAX - 1:  # its own emails (copies of one answer) do not count
             skipped[f"its words fit more than {IDENTIFY_MAX} emails (it does not identify its email)"] += len(members)
             continue
         scenarios.append(Scenario(id=f"annotated-{qa.get('id')}", question=question, answer=answer, message_ids=ids,

@@ -33,19 +33,24 @@ DATE_PATTERNS = [
     re.compile(r"\b" + WEEKDAY + MONTH + r"\s+(?P<d>\d\d?)(?:st|nd|rd|th)?\b" + YEAR),
     re.compile(r"\b" + WEEKDAY + r"(?:the\s+)?(?P<d>\d\d?)(?:st|nd|rd|th)?\s+(?:of\s+)?" + MONTH + YEAR),
 ]
-# a month's day followed by more days ("January 18, 19 and 20", "Jan 18-19", "18 and 19 March"): each day one date
+# a month's day followed by more days ("January 18, 19 and 20", "Jan 18-19", "18 and 19 March"): each day one date.
+# A number is not a further day when a time, a unit or a range to a time follows it ("Jan 18, 3-4 pm", "January 18,
+# 3 days before", "10:30, 18 January"), nor after "/" (Sept 29/01 is a year)
 _DAY = r"\d\d?(?:st|nd|rd|th)?"
-_MORE_DAYS = r"(?:\s*(?:,|;|&|-|/|\band\b|\bor\b|\bto\b|\bthrough\b|\bthru\b)\s*" + _DAY + \
-             r"\b(?!\s*(?::|a\.?m\b|p\.?m\b|\d|%)))+"
+_NOT_A_DAY = (r"(?!\s*(?::|\.\d|a\.?m\b|p\.?m\b|\d|%|(?:-|to\b|until\b)\s*\d|o'?clock|(?:days?|weeks?|months?|years?|"
+              r"hours?|hrs?|minutes?|mins?|people|percent)\b))")
+_MORE_DAYS = r"(?:\s*(?:,|;|&|-|\band\b|\bor\b|\bto\b|\bthrough\b|\bthru\b)\s*" + _DAY + r"\b" + _NOT_A_DAY + ")+"
+_MORE_DAYS_FIRST = r"(?:\s*(?:&|-|\band\b|\bor\b|\bto\b|\bthrough\b|\bthru\b)\s*" + _DAY + r"\b)+"  # no commas
 DAY_LISTS = [
     re.compile(r"\b" + WEEKDAY + MONTH + r"\s+(?P<days>" + _DAY + _MORE_DAYS + r")" + YEAR),
-    re.compile(r"\b(?P<days>" + _DAY + _MORE_DAYS + r")\s+(?:of\s+)?" + MONTH + YEAR),
+    re.compile(r"(?<![:\d.])\b(?P<days>" + _DAY + _MORE_DAYS_FIRST + r")\s+(?:of\s+)?" + MONTH + YEAR),
 ]
 TIME = re.compile(r"\b(?P<h>\d\d?)(?::(?P<mi>\d\d))?\s*(?P<ap>a\.?m\.?|p\.?m\.?)(?![a-z])|\b(?P<h24>\d\d?):(?P<mi24>\d\d)\b")
 EMAIL = re.compile(r"[a-z0-9._%+'-]+@[a-z0-9.-]+\.[a-z]{2,}")
 SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "mm": 1e6, "mil": 1e6, "million": 1e6, "b": 1e9, "bn": 1e9,
          "billion": 1e9}
-AMOUNT = re.compile(r"(?:\$|\busd\s?)\s?(?P<n>\d[\d,]*(?:\.\d+)?)(?:\s?(?P<s>thousand|million|billion|mil|mm|bn|k|m|b)\b)?"
+AMOUNT = re.compile(r"(?:\$|\busd\s?)\s?(?P<n>\d[\d,]*(?:\.\d+)?)"  # a scale letter is one only when attached: $5m, not $5 m&a
+                    r"(?:\s?(?P<s>thousand|million|billion|mil|mm|bn)\b|(?P<sl>[kmb])\b(?![&/-]|\.\w))?"
                     r"|\b(?P<n2>\d[\d,]*(?:\.\d+)?)(?:\s?(?P<s2>thousand|million|billion|mm|bn|k|m|b))?\s?(?:dollars|usd)\b")
 PERCENT = re.compile(r"\b(?P<n>\d+(?:\.\d+)?)\s?(?:%|percent\b)")
 PHONE = re.compile(r"(?:\+?\b1[\s.-]?)?(?:\(\s?\d{3}\s?\)|\b\d{3})[\s.-]?\d{3}[\s.-]\d{4}\b|\b\d{3}[\s.-]\d{4}\b")
@@ -125,7 +130,7 @@ def _time_value(m: re.Match):
 
 
 def _amount_value(m: re.Match):
-    n, s = (m.group("n"), m.group("s")) if m.group("n") else (m.group("n2"), m.group("s2"))
+    n, s = (m.group("n"), m.group("s") or m.group("sl")) if m.group("n") else (m.group("n2"), m.group("s2"))
     return round(_number(n) * SCALE.get(s or "", 1), 2)
 
 
@@ -199,15 +204,50 @@ def _local_words(address: str) -> set[str]:
 
 
 _ITEM_SEPARATOR = re.compile(r"\s*(?:;|/|&|,(?!\s*\d)|\band\b|\bas well as\b|\bplus\b)\s*", re.I)
-_NAME_LIKE = re.compile(r"^[A-Z][\w'.-]*(?:\s+[A-Z][\w'.-]*){1,3}$")  # two to four capitalised words
+_CAPITALISED = re.compile(r"^(?:[A-Z][A-Za-z'.-]*)(?:\s+[A-Z][A-Za-z'.-]*)*$")
+# words that make a capitalised item a title, an organisation or a place rather than a person's name
+NOT_A_PERSON = set("""mr mrs ms dr jr sr vp ceo coo cfo cto svp evp md president vice director manager head chief
+officer analyst associate assistant counsel engineer chairman chair executive senior junior principal partner
+corp corporation inc llc ltd co company companies group enron services service department dept division office
+team unit center centre building tower street st avenue ave road rd suite floor room lake river park hotel club
+houston texas tx london city north south east west university institute bank capital energy power gas trading
+international global america american""".split())
+
+
+def _person_like(text: str) -> bool:
+    """Two to four capitalised words, none a title, organisation or place word: "Sally Beck", "John A. Doe" (an
+    honorific before them aside: "Mr. John Doe")."""
+    text = re.sub(r"^(?:mr|mrs|ms|dr)\.?\s+", "", text, flags=re.I)
+    words = text.split()
+    return 2 <= len(words) <= 4 and bool(_CAPITALISED.match(text)) and \
+        not any(w.strip(".'").lower() in NOT_A_PERSON for w in words)
+
+
+def _rival(item: str, reference: str, reference_words: set[str]) -> bool:
+    """Whether a list item that does not give the reference competes with it as another answer of its kind: an
+    address that is not the reference person's ("sbeck@enron.com" is Sally Beck's), another person's name
+    beside a person's name, or a name of the same kind ("Camp Oak" beside "Camp Pine Tree": the same first word,
+    the rest different)."""
+    addresses = facts(item).emails
+    if addresses:
+        return any(not any(len(w) > 2 and w in addr.split("@")[0] for w in reference_words) for addr in addresses)
+    if not _CAPITALISED.match(item):
+        return False
+    if _person_like(reference):
+        return _person_like(item)
+    head, first = reference.split()[0].lower(), item.split()[0].lower()
+    return len(reference.split()) >= 2 and head == first and head not in NOT_A_PERSON - {"room", "building"}
 
 
 def _lists_another_candidate(answer: str, reference: str) -> bool:
     """Whether `answer` is a list ("A, B", "A and B", "A; B", "A / B"; parentheses aside) in which one item gives
-    the reference and another item is a competing candidate of its kind: an address, or a name-like item (two to
-    four capitalised words) that does not give the reference ("John Doe and Sally Beck" for "Sally Beck", "Camp
-    Pine Tree, Camp Oak" for "Camp Pine Tree"). A reference that is itself such a list is compared as a whole."""
-    if _ITEM_SEPARATOR.search(reference):
+    the reference and another is a rival answer of its kind (`_rival`): "John Doe and Sally Beck" for "Sally
+    Beck", "sally.beck@enron.com, john.doe@enron.com" for "Sally Beck", "Camp Pine Tree, Camp Oak" for "Camp Pine
+    Tree"; not "Sally Beck, Vice President" or "Camp Pine Tree, Lake Conroe" (appositions). Only references that
+    are names or addresses (no amounts, dates, times, phone numbers or numbers) are read this way, and a reference
+    that is itself such a list is compared as a whole."""
+    r = facts(reference)
+    if _ITEM_SEPARATOR.search(reference) or r.amounts or r.percents or r.phones or r.dates or r.times or r.numbers:
         return False
     plain = re.sub(r"\([^()]*\)", " ", answer)
     items = [i.strip(" .!?\"'") for i in _ITEM_SEPARATOR.split(plain)]
@@ -217,7 +257,8 @@ def _lists_another_candidate(answer: str, reference: str) -> bool:
     gives = [_matches(item, reference) for item in items]
     if not any(gives):
         return False
-    return any(not g and (facts(item).emails or _NAME_LIKE.match(item)) for item, g in zip(items, gives))
+    reference_words = {_stem(w) for w in r.words} | set().union(*(_local_words(a) for a in r.emails))
+    return any(not g and _rival(item, reference, reference_words) for item, g in zip(items, gives))
 
 
 def answer_matches(answer: str | None, reference: str) -> bool:

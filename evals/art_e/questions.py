@@ -202,7 +202,8 @@ def download_scenarios(split: str = "test", *, repo: str = HUB_DATASET, limit: i
 
 QUOTED = re.compile(r"^(?:-{3,}\s*(?:original message|forwarded by)|_{5,}|from:\s.*\bsent:|>)", re.I | re.M)
 NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
-FIGURE = re.compile(r"\$\s?" + NUM + r"(?:\s?(?:million|billion|thousand|mil|MM|mm|bn|BN|[mMbBkK])\b)?|\b" + NUM + r"\s?(?:%|percent\b)|\b" + NUM
+FIGURE = re.compile(r"\$\s?" + NUM + r"(?:\s?(?:million|billion|thousand|mil|MM|mm|bn|BN)\b|[mMbBkK]\b(?![&/-]|\.\w))?|\b"
+                    + NUM + r"\s?(?:%|percent\b)|\b" + NUM
                     + r"\s?(?:MMBtu|mmbtu|MMBTU|Dth|dth|MW|MWh|Bcf|Mcf|MMcf|bbl|barrels)(?:/d(?:ay)?)?(?![A-Za-z])")
 LINK = r"\s*(?P<link>is|was|are|were|of|at|:|=|totals?|totaled|totaling|will be|would be|comes to|came to)\s*" \
        r"(?:about\s+|approximately\s+|~\s*)?$"
