@@ -51,6 +51,8 @@ RIGHT = [
     ("Camp Pine Tree, Lake Conroe", "Camp Pine Tree"),
     ("713-853-6905 / Sally Beck", "713-853-6905"),
     ("Sally Beck, sbeck@enron.com", "Sally Beck"),          # her own second address
+    ("Sally Beck with her team", "Sally Beck"),
+    ("January 18, then the review", "January 18"),
 ]
 
 WRONG = [
@@ -96,6 +98,11 @@ WRONG = [
     ("Room 12, Room 14", "Room 12"),
     ("June 26 - 30", "June 26"),                            # a range is several days
     ("January 18 to 20", "January 18"),
+    ("January 18 and the 19th", "January 18"),
+    ("from January 18 until 20", "January 18"),
+    ("Sally Beck with John Doe", "Sally Beck"),
+    ("Sally Beck, then John Doe", "Sally Beck"),
+    ("Sally Beck vs. John Doe", "Sally Beck"),
 ]
 
 

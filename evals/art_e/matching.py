@@ -39,7 +39,8 @@ DATE_PATTERNS = [
 _DAY = r"\d\d?(?:st|nd|rd|th)?"
 _NOT_A_DAY = (r"(?!\s*(?::|\.\d|a\.?m\b|p\.?m\b|\d|%|(?:-|to\b|until\b)\s*\d|o'?clock|(?:days?|weeks?|months?|years?|"
               r"hours?|hrs?|minutes?|mins?|people|percent)\b))")
-_MORE_DAYS = r"(?:\s*(?:,|;|&|-|\band\b|\bor\b|\bto\b|\bthrough\b|\bthru\b)\s*" + _DAY + r"\b" + _NOT_A_DAY + ")+"
+_MORE_DAYS = r"(?:\s*(?:,|;|&|-|\band\b|\bor\b|\bto\b|\buntil\b|\bthrough\b|\bthru\b)\s*(?:the\s+)?" + _DAY + r"\b" + \
+             _NOT_A_DAY + ")+"
 _MORE_DAYS_FIRST = r"(?:\s*(?:&|-|\band\b|\bor\b|\bto\b|\bthrough\b|\bthru\b)\s*" + _DAY + r"\b)+"  # no commas
 DAY_LISTS = [
     re.compile(r"\b" + WEEKDAY + MONTH + r"\s+(?P<days>" + _DAY + _MORE_DAYS + r")" + YEAR),
@@ -203,7 +204,8 @@ def _local_words(address: str) -> set[str]:
     return {_stem(p) for p in re.split(r"[._+-]", address.split("@")[0]) if p}
 
 
-_ITEM_SEPARATOR = re.compile(r"\s*(?:;|/|&|,(?!\s*\d)|\band\b|\bas well as\b|\bplus\b)\s*", re.I)
+_ITEM_SEPARATOR = re.compile(r"\s*(?:;|/|&|,(?!\s*\d)|\band\b|\bas well as\b|\bplus\b|\bwith\b|\bthen\b|\bvs\b\.?|"
+                             r"\bversus\b)\s*", re.I)
 _CAPITALISED = re.compile(r"^(?:[A-Z][A-Za-z'.-]*)(?:\s+[A-Z][A-Za-z'.-]*)*$")
 # words that make a capitalised item a title, an organisation or a place rather than a person's name
 NOT_A_PERSON = set("""mr mrs ms dr jr sr vp ceo coo cfo cto svp evp md president vice director manager head chief
