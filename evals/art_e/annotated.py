@@ -28,7 +28,7 @@ from pathlib import Path
 
 from evals.art_e.inbox import BuildReport, connect, dedup_key, ingest, parse_email
 from evals.art_e.matching import STOPWORDS, answer_matches
-from evals.art_e.questions import Scenario
+from evals.art_e.questions import Scenario, in_any_inbox
 from evals.art_e.tools import InboxTools
 
 MAILBOX = "enron-annotated"
@@ -129,16 +129,16 @@ def drop_seen_in(scenarios: list[Scenario], db_path: str | Path, inboxes) -> tup
     """(the scenarios none of whose emails is in any of `inboxes`, how many were dropped): the annotated questions
     an evaluation may use when it trains on those inboxes (an email filed in a training inbox would have been
     seen in training)."""
-    from evals.art_e.inbox import IN_INBOX, open_readonly
+    from evals.art_e.inbox import open_readonly
 
-    inboxes = sorted({str(i).strip().lower() for i in inboxes if str(i).strip()})
+    inboxes = {str(i).strip().lower() for i in inboxes if str(i).strip()}
     if not inboxes:
         return list(scenarios), 0
     db = open_readonly(db_path)
     try:
-        def seen(message_id: str) -> bool:
-            return any(db.execute(f"SELECT 1 FROM emails e WHERE e.message_id = :mid AND {IN_INBOX}",
-                                  {"mid": message_id, "inbox": inbox}).fetchone() for inbox in inboxes)
+        def seen(message_id: str) -> bool:  # the generator's own test for its test split (`in_any_inbox`)
+            return any(in_any_inbox(db, row[0], inboxes)
+                       for row in db.execute("SELECT id FROM emails WHERE message_id = ?", (message_id,)))
 
         kept = [s for s in scenarios if not any(seen(m) for m in s.message_ids)]
     finally:

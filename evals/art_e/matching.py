@@ -105,7 +105,7 @@ def _date_value(m: re.Match):
     return (year, month, day)
 
 
-def _day_list_values(m: re.Match) -> set | None:
+def _day_list_values(m: re.Match) -> frozenset | None:
     """The dates of a month's day list ("January 18, 19 and 20"), or None when one of its days is not a date."""
     g = m.groupdict()
     month, year = MONTHS[g["mn"].rstrip(".")], g.get("y")
@@ -116,7 +116,7 @@ def _day_list_values(m: re.Match) -> set | None:
             date(year or 2000, month, d)
     except ValueError:
         return None
-    return {(year, month, d) for d in days}
+    return frozenset((year, month, d) for d in days)
 
 
 def _time_value(m: re.Match):
@@ -160,8 +160,8 @@ def facts(text: str) -> Facts:
     extensions, t = _take(EXTENSION, t, lambda m: "x" + m.group("n"))
     dates: set = set()
     for p in DAY_LISTS:  # before single dates: "January 18, 19" is two dates, not one date and a number
-        found, t = _take(p, t, lambda m: frozenset(v) if (v := _day_list_values(m)) else None)
-        dates |= set().union(*found) if found else set()
+        found, t = _take(p, t, _day_list_values)
+        dates = dates.union(*found)
     for p in DATE_PATTERNS:
         found, t = _take(p, t, _date_value)
         dates |= found
@@ -216,6 +216,10 @@ houston texas tx london city north south east west university institute bank cap
 international global america american""".split())
 
 
+# a shared first word that says nothing of two names' kind ("Enron Corp", "Enron Center"); Room and Building do
+_NOT_A_KIND = NOT_A_PERSON - {"room", "building"}
+
+
 def _person_like(text: str) -> bool:
     """Two to four capitalised words, none a title, organisation or place word: "Sally Beck", "John A. Doe" (an
     honorific before them aside: "Mr. John Doe")."""
@@ -238,17 +242,16 @@ def _rival(item: str, reference: str, reference_words: set[str]) -> bool:
     if _person_like(reference):
         return _person_like(item)
     head, first = reference.split()[0].lower(), item.split()[0].lower()
-    return len(reference.split()) >= 2 and head == first and head not in NOT_A_PERSON - {"room", "building"}
+    return len(reference.split()) >= 2 and head == first and head not in _NOT_A_KIND
 
 
-def _lists_another_candidate(answer: str, reference: str) -> bool:
+def _lists_another_candidate(answer: str, reference: str, r: Facts) -> bool:
     """Whether `answer` is a list ("A, B", "A and B", "A; B", "A / B"; parentheses aside) in which one item gives
     the reference and another is a rival answer of its kind (`_rival`): "John Doe and Sally Beck" for "Sally
     Beck", "sally.beck@enron.com, john.doe@enron.com" for "Sally Beck", "Camp Pine Tree, Camp Oak" for "Camp Pine
     Tree"; not "Sally Beck, Vice President" or "Camp Pine Tree, Lake Conroe" (appositions). Only references that
     are names or addresses (no amounts, dates, times, phone numbers or numbers) are read this way, and a reference
-    that is itself such a list is compared as a whole."""
-    r = facts(reference)
+    that is itself such a list is compared as a whole. `r`: the reference's `facts`."""
     if _ITEM_SEPARATOR.search(reference) or r.amounts or r.percents or r.phones or r.dates or r.times or r.numbers:
         return False
     plain = re.sub(r"\([^()]*\)", " ", answer)
@@ -256,7 +259,7 @@ def _lists_another_candidate(answer: str, reference: str) -> bool:
     items = [i for i in items if i]
     if len(items) < 2:
         return False
-    gives = [_matches(item, reference) for item in items]
+    gives = [_matches(item, r) for item in items]
     if not any(gives):
         return False
     reference_words = {_stem(w) for w in r.words} | set().union(*(_local_words(a) for a in r.emails))
@@ -286,12 +289,14 @@ def answer_matches(answer: str | None, reference: str) -> bool:
         raise TypeError(f"the answer must be a string or None, got {type(answer).__name__}")
     if answer is None or not answer.strip() or answer.strip() == IDK:
         return False
-    return _matches(answer, reference) and not _lists_another_candidate(answer, reference)
+    r = facts(reference)
+    return _matches(answer, r) and not _lists_another_candidate(answer, reference, r)
 
 
-def _matches(answer: str, reference: str) -> bool:
-    """`answer_matches` but for the list rule (`_lists_another_candidate`), on checked, non-empty text."""
-    a, r = facts(answer), facts(reference)
+def _matches(answer: str, r: Facts) -> bool:
+    """`answer_matches` but for the list rule (`_lists_another_candidate`), on checked, non-empty text and the
+    reference's `facts`."""
+    a = facts(answer)
     a_words, r_words = set(a.words), set(r.words)
     if any((a_words & cues) - r_words for cues in (NEGATIONS, HEDGES)):  # "I don't know" in other words too
         return False

@@ -494,7 +494,8 @@ def generate_scenarios(db_path: str | Path, *, per_inbox: int = 50, test_inboxes
     return scenarios
 
 
-def _in_other_inbox(db, email_id: int, others: set[str]) -> bool:
+def in_any_inbox(db, email_id: int, others: set[str]) -> bool:
+    """Whether the email of database id `email_id` is in the inbox of any address of `others` (from it or to it)."""
     if not others:
         return False
     marks = ",".join("?" * len(others))
@@ -558,7 +559,7 @@ def _fact_scenario(db, db_path, inbox, split, train, c: _Candidate, rng, report,
         report.dropped[f"{c.kind}: not unique in the inbox"] += 1
         return None
     ids = [c.email["message_id"]] + [i for i in ids if i != c.email["message_id"]]
-    if split == "test" and any(_in_other_inbox(db, r[0], train) for r in db.execute(
+    if split == "test" and any(in_any_inbox(db, r[0], train) for r in db.execute(
             f"SELECT id FROM emails WHERE message_id IN ({','.join('?' * len(ids))})", ids)):
         report.dropped[f"{c.kind}: an email also in a training inbox"] += 1
         return None
@@ -572,7 +573,7 @@ def _fact_scenario(db, db_path, inbox, split, train, c: _Candidate, rng, report,
 
 def _reply_scenario(db, db_path, inbox, split, train, pair, rng, report) -> Scenario | None:
     mine, reply = pair
-    if split == "test" and (_in_other_inbox(db, mine["id"], train) or _in_other_inbox(db, reply["id"], train)):
+    if split == "test" and (in_any_inbox(db, mine["id"], train) or in_any_inbox(db, reply["id"], train)):
         report.dropped["reply: an email also in a training inbox"] += 1
         return None
     topic = _topic(mine["subject"])
