@@ -18,9 +18,9 @@ that save the most tokens (`best_sharing`).
 
 The mask is a boolean [T × T] given to the model as a 4-D attention mask (SDPA takes it as it is, eager
 attention as an additive one: `trainer.training`); a row of one sequence gets none (`Row.needs_mask`): the
-model's own causal mask is the same, and SDPA then runs its causal kernels. Models whose attention cannot take one (flash_attention_2,
-or layers with a sliding window or chunked attention, whose own masks a 4-D mask would replace) get one
-sequence per row, counted.
+model's own causal mask is the same, and SDPA then runs its causal kernels. Models whose attention cannot take
+one (flash_attention_2, or layers with a sliding window or chunked attention, whose own masks a 4-D mask would
+replace) get one sequence per row, counted.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Row:
         """Whether the row needs its 4-D mask: more than one block (packed sequences, or a shared prefix and its
         suffixes). A row of one block is one sequence, for which the model's own causal mask is the same mask:
         it gets none, so SDPA can take its causal kernels (flash; no [T x T] mask on the device)."""
-        return len(self.parents) > 1 or any(p != -1 for p in self.parents)
+        return len(self.parents) > 1  # a row's first block has no parent: a parent is an earlier block
 
     def attention_mask(self):
         """[T, T] bool: query t sees key s when both are in one block and s <= t, or s is in t's parent.

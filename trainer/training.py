@@ -81,8 +81,8 @@ def _probing(model):
 def verify_logprob_path(model, *, length: int = 24) -> float:
     """Max |our path − the model's own forward| logprob on a fixed input (eval mode, no grad): a row of one
     sequence with its 4-D mask forced (where the model takes one; training gives such a row none) and chunked
-    logprobs, against the model's full forward with no mask at all (its own causal, and sliding-window, masks). The backend uses the chunked path only when this is
-    within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
+    logprobs, against the model's full forward with no mask at all (its own causal, and sliding-window, masks).
+    The backend uses the chunked path only when this is within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
     with _probing(model) as ids:
         seq = TrainingSequence(ids(length), [False] + [True] * (length - 1), [math.nan] * length)
         row = pack([seq], capacity=length)[0][0]
