@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -590,19 +591,16 @@ REQUEST_KINDS = {  # what a rollout request asks of vLLM's own server, without o
 }
 
 
-async def timed_rollouts(client, model: str, prompts: list[list[dict]], args, extra: dict) -> list[dict]:
-    """`--rollout-reps` runs of the prefix workload's rollout (all prompts at once, n = --group-size, --gen
-    tokens each): per run its seconds and sampled tokens per second."""
-    runs = []
-    for _ in range(args.rollout_reps):
-        t0 = time.perf_counter()
-        replies = await asyncio.gather(*(client.chat.completions.create(
-            model=model, messages=p, n=args.group_size, max_tokens=args.gen, temperature=1.0, extra_body=extra)
-            for p in prompts))
-        dt = time.perf_counter() - t0
-        runs.append({"s": dt, "tokens_per_s": sum(r.usage.completion_tokens for r in replies) / dt,
-                     "prompt_tokens": [r.usage.prompt_tokens for r in replies]})
-    return runs
+async def timed_rollout(client, model: str, prompts: list[list[dict]], args, extra: dict) -> dict:
+    """One run of the prefix workload's rollout (all prompts at once, n = --group-size, --gen tokens each): its
+    seconds, sampled tokens per second and prompt tokens."""
+    t0 = time.perf_counter()
+    replies = await asyncio.gather(*(client.chat.completions.create(
+        model=model, messages=p, n=args.group_size, max_tokens=args.gen, temperature=1.0, extra_body=extra)
+        for p in prompts))
+    dt = time.perf_counter() - t0
+    return {"s": dt, "tokens_per_s": sum(r.usage.completion_tokens for r in replies) / dt,
+            "prompt_tokens": [r.usage.prompt_tokens for r in replies]}
 
 
 async def raw_server(args) -> dict:
@@ -646,7 +644,6 @@ async def raw_server(args) -> dict:
         base_url, name, close = server.base_url, server.served_name, server.close
     result["start_s"] = time.perf_counter() - started
     save()
-    one = argparse.Namespace(**{**vars(args), "rollout_reps": 1})
     failed: set[str] = set()
     try:
         client = AsyncOpenAI(base_url=base_url, api_key="bench", timeout=1200)
@@ -655,13 +652,13 @@ async def raw_server(args) -> dict:
                 if kind in failed:
                     continue
                 try:
-                    runs = await timed_rollouts(client, name, prompts, one, {**fixed, **extra})
+                    run = await timed_rollout(client, name, prompts, args, {**fixed, **extra})
                 except Exception as exc:  # noqa: BLE001 - one kind refused (or timed out) leaves the other
                     failed.add(kind)
                     result["errors"].append(f"{kind}: {type(exc).__name__}: {exc}"[:600])
                     continue
                 if rep:
-                    result["kinds"][kind] += runs
+                    result["kinds"][kind].append(run)
                 save()
     finally:
         await close()
@@ -867,6 +864,23 @@ def bare_model(args, part: str) -> dict:
     return {"cuda": cuda, "lora": lora, "hf": hf, "model": model, "fields": fields}
 
 
+def checkpointing_settings(args) -> list[str]:
+    """`--act-tokens` and `--act-checkpointing` checked (the `activations` and `profile` parts); the settings in
+    the order they run, off first."""
+    if not args.act_tokens or any(t < 16 for t in args.act_tokens):
+        raise SystemExit("--act-tokens: comma-separated token counts, each >= 16")
+    if not args.act_checkpointing or not set(args.act_checkpointing) <= {"off", "on"}:
+        raise SystemExit("--act-checkpointing: off, on or off,on")
+    return sorted(dict.fromkeys(args.act_checkpointing), key=("off", "on").index)
+
+
+def enable_checkpointing(hf) -> None:
+    """Gradient checkpointing on a `bare_model` as the backend has it (non-reentrant), its inputs requiring grad
+    (the frozen embeddings' output feeds the checkpointed LoRA layers)."""
+    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    hf.enable_input_require_grads()
+
+
 def fresh_peak(cuda: bool) -> int:
     """Before a measured pass: the allocator's cache emptied, the device synchronised and torch's peak reset;
     returns what is allocated now (0 without CUDA)."""
@@ -889,10 +903,7 @@ def activations(args) -> dict:
     from trainer.sequences import TrainingSequence
     from trainer.training import accumulate_loss
 
-    if not args.act_tokens or any(t < 16 for t in args.act_tokens):
-        raise SystemExit("--act-tokens: comma-separated token counts, each >= 16")
-    if not args.act_checkpointing or not set(args.act_checkpointing) <= {"off", "on"}:
-        raise SystemExit("--act-checkpointing: off, on or off,on")
+    settings = checkpointing_settings(args)
     built = bare_model(args, "activations")
     cuda, lora, hf, model = built["cuda"], built["lora"], built["hf"], built["model"]
     budget = Budget(args.budget_s - args.reserve_s)
@@ -900,10 +911,9 @@ def activations(args) -> dict:
     path = args.out / f"activations-{args.shape}.json"
     result: dict = {**built["fields"], "runs": [], "errors": []}
     rng = random.Random(0)
-    for ckpt in sorted(dict.fromkeys(args.act_checkpointing), key=("off", "on").index):  # off first
+    for ckpt in settings:  # off first
         if ckpt == "on":
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            hf.enable_input_require_grads()
+            enable_checkpointing(hf)
         for tokens in sorted(args.act_tokens):
             planned = activation_bytes(shape, tokens, checkpointing=ckpt == "on", targets=lora.target_modules,
                                        dtype_bytes=2 if cuda else 4)
@@ -961,8 +971,7 @@ def sharing(args) -> dict:
     cuda, hf, model = built["cuda"], built["hf"], built["model"]
     checkpointing = default_checkpointing(sum(p.numel() for p in hf.parameters()), cuda)  # as the backend does
     if checkpointing:
-        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        hf.enable_input_require_grads()
+        enable_checkpointing(hf)
     budget = Budget(args.budget_s - args.reserve_s)
     shape = model_shape(SHAPES[args.shape])
     path = args.out / f"sharing-{args.shape}.json"
@@ -1023,8 +1032,9 @@ _ATTENTION_NAMES = ("flash", "fmha", "attention", "mem_eff", "efficient_attentio
 
 def time_by_kind(events: list[tuple[str, float]]) -> dict:
     """(name, seconds) pairs as seconds per kind: `attention` (a name with flash/fmha/attention/mem_eff/sdpa),
-    `matmul` (gemm/gemv/split-K/cuBLAS/cutlass kernels, aten mm/addmm/bmm/matmul/linear), `other` (elementwise, reductions, copies,
-    norms, softmax, ...); names matched case-insensitively, attention first (its kernels hold 'gemm' parts)."""
+    `matmul` (gemm/gemv/split-K/cuBLAS/cutlass kernels, aten mm/addmm/bmm/matmul/linear), `other` (elementwise,
+    reductions, copies, norms, softmax, ...); names matched case-insensitively, attention first (its kernels hold
+    'gemm' parts)."""
     kinds = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
     for name, seconds in events:
         if not isinstance(name, str) or isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
@@ -1055,12 +1065,9 @@ def profile(args) -> dict:
     from trainer.sequences import TrainingSequence
     from trainer.training import accumulate_loss
 
-    if not args.act_tokens or any(t < 16 for t in args.act_tokens):
-        raise SystemExit("--act-tokens: comma-separated token counts, each >= 16")
+    settings = checkpointing_settings(args)
     if not args.prof_sequences or any(k < 1 for k in args.prof_sequences) or args.prof_reps < 1:
         raise SystemExit("--prof-sequences: comma-separated counts >= 1; --prof-reps >= 1")
-    if not args.act_checkpointing or not set(args.act_checkpointing) <= {"off", "on"}:
-        raise SystemExit("--act-checkpointing: off, on or off,on")
     built = bare_model(args, "profile")
     cuda, hf, model = built["cuda"], built["hf"], built["model"]
     shape = model_shape(SHAPES[args.shape])
@@ -1070,65 +1077,62 @@ def profile(args) -> dict:
     rng = random.Random(0)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    def one_pass(seqs, config) -> float:
+    def one_pass(seqs, config) -> tuple[float, dict]:
         t0 = time.perf_counter()
         try:
             _, stats = accumulate_loss(model, seqs, config)
-            sync()
+            if cuda:
+                torch.cuda.synchronize()
         finally:
             model.zero_grad(set_to_none=True)
-        run.update(rows=stats["rows"], forward_tokens=stats["forward_tokens"])
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, stats
 
-    for ckpt in sorted(dict.fromkeys(args.act_checkpointing), key=("off", "on").index):
-        if ckpt == "on":
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            hf.enable_input_require_grads()
-        for tokens in sorted(args.act_tokens):
-            for k in sorted(dict.fromkeys(args.prof_sequences)):
-                if budget.left() <= 0:
-                    result["errors"].append(f"{tokens} tokens x {k}, checkpointing {ckpt}: not started, budget")
-                    break
-                each = tokens // k
-                if each < 2:
-                    result["errors"].append(f"{tokens} tokens cannot be {k} sequences of 2 or more")
-                    continue
-                seqs = [TrainingSequence(token_ids=[rng.randrange(shape.vocab) for _ in range(each)],
-                                         trained=[False] + [True] * (each - 1), old_logprobs=[0.0] * each,
-                                         advantage=1.0, trajectory=j, group=j, position=0) for j in range(k)]
-                config = TrainConfig(max_tokens_per_micro_batch=each * k, share_prefix=False)
-                run = {"tokens": each * k, "sequences": k, "checkpointing": ckpt == "on"}
-                try:
-                    run["warmup_s"] = one_pass(seqs, config)
-                    times = [one_pass(seqs, config) for _ in range(args.prof_reps)]
-                    with torch_profile(activities=activities) as prof:
-                        profiled = one_pass(seqs, config)
-                except torch.OutOfMemoryError as exc:
-                    result["errors"].append(f"{tokens} x {k}, checkpointing {ckpt}: out of memory ({exc})"[:500])
-                    continue
-                events = []
-                for e in prof.key_averages():
-                    if cuda:  # kernels: the device's own time; operators' rows would count it twice
-                        device = getattr(e, "self_device_time_total", None)
-                        if device is None:
-                            device = getattr(e, "self_cuda_time_total", 0.0)
-                        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and device > 0:
-                            events.append((e.key, device / 1e6, e.count))
-                    elif e.key.startswith("aten::") and e.self_cpu_time_total > 0:
-                        events.append((e.key, e.self_cpu_time_total / 1e6, e.count))
-                busy = sum(sec for _, sec, _ in events)
-                run.update(s=statistics.median(times), s_runs=times, tokens_per_s=each * k / statistics.median(times),
-                           profiled_s=profiled, device_busy_s=busy, busy_fraction=busy / profiled if profiled else None,
-                           by_kind_s=time_by_kind([(n, sec) for n, sec, _ in events]),
-                           top=[{"name": n[:120], "s": sec, "calls": c}
-                                for n, sec, c in sorted(events, key=lambda x: -x[1])[:15]])
-                result["runs"].append(run)
-                path.write_text(json.dumps(result, indent=1))
-                print(json.dumps({kk: v for kk, v in run.items() if kk != "top"}), flush=True)
+    checkpointed = False
+    counts = sorted(dict.fromkeys(args.prof_sequences))
+    for ckpt, tokens, k in itertools.product(settings, sorted(args.act_tokens), counts):
+        if budget.left() <= 0:
+            result["errors"].append(f"{tokens} tokens x {k}, checkpointing {ckpt} and after: not started, budget")
+            break
+        if ckpt == "on" and not checkpointed:  # the settings run off first
+            enable_checkpointing(hf)
+            checkpointed = True
+        each = tokens // k
+        if each < 2:
+            result["errors"].append(f"{tokens} tokens cannot be {k} sequences of 2 or more")
+            continue
+        seqs = [TrainingSequence(token_ids=[rng.randrange(shape.vocab) for _ in range(each)],
+                                 trained=[False] + [True] * (each - 1), old_logprobs=[0.0] * each,
+                                 advantage=1.0, trajectory=j, group=j, position=0) for j in range(k)]
+        config = TrainConfig(max_tokens_per_micro_batch=each * k, share_prefix=False)
+        run = {"tokens": each * k, "sequences": k, "checkpointing": ckpt == "on"}
+        try:
+            run["warmup_s"], stats = one_pass(seqs, config)
+            times = [one_pass(seqs, config)[0] for _ in range(args.prof_reps)]
+            with torch_profile(activities=activities) as prof:
+                profiled, _ = one_pass(seqs, config)
+        except torch.OutOfMemoryError as exc:
+            result["errors"].append(f"{tokens} x {k}, checkpointing {ckpt}: out of memory ({exc})"[:500])
+            continue
+        run.update(rows=stats["rows"], forward_tokens=stats["forward_tokens"])
+        events = []
+        for e in prof.key_averages():
+            if cuda:  # kernels: the device's own time; operators' rows would count it twice
+                device = getattr(e, "self_device_time_total", None)
+                if device is None:
+                    device = getattr(e, "self_cuda_time_total", 0.0)
+                if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and device > 0:
+                    events.append((e.key, device / 1e6, e.count))
+            elif e.key.startswith("aten::") and e.self_cpu_time_total > 0:
+                events.append((e.key, e.self_cpu_time_total / 1e6, e.count))
+        busy = sum(sec for _, sec, _ in events)
+        run.update(s=statistics.median(times), s_runs=times, tokens_per_s=each * k / statistics.median(times),
+                   profiled_s=profiled, device_busy_s=busy, busy_fraction=busy / profiled if profiled else None,
+                   by_kind_s=time_by_kind([(n, sec) for n, sec, _ in events]),
+                   top=[{"name": n[:120], "s": sec, "calls": c}
+                        for n, sec, c in sorted(events, key=lambda x: -x[1])[:15]])
+        result["runs"].append(run)
+        path.write_text(json.dumps(result, indent=1))
+        print(json.dumps({kk: v for kk, v in run.items() if kk != "top"}), flush=True)
     path.write_text(json.dumps(result, indent=1))
     return result
 
