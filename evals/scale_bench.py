@@ -51,7 +51,8 @@ Workloads:
   planner's `activation_bytes`. `activations-<shape>.json`; a length that runs out of memory is recorded as an
   error and longer ones are skipped. `--dry-run`: the tiny shape in fp32 on the CPU, no measurement.
 - `profile` (#12): where a training pass's time goes: rows of `--act-tokens` tokens made of `--prof-sequences`
-  sequences (1: one causal sequence, no mask; 2+: packed, the 4-D mask), checkpointing per `--act-checkpointing`;
+  sequences (1: one causal sequence, no mask; 2+: packed, with the 4-D mask or as blocks, `--prof-attention`;
+  `--prof-prefix`: a shared prefix), checkpointing per `--act-checkpointing`;
   seconds per pass and torch.profiler's device time by kind (matrix multiplies, attention, the rest).
   `profile-<shape>.json`.
 - `raw --raw-via server` (#12): the prefix workload's rollouts through vLLM's own OpenAI server started with
@@ -1049,7 +1050,9 @@ def time_by_kind(events: list[tuple[str, float]]) -> dict:
 def profile(args) -> dict:
     """Where one training pass's time goes (#12): for each `--act-tokens` T, `--prof-sequences` k and
     `--act-checkpointing` setting, one row of T random tokens made of k sequences of T/k tokens (k = 1: one causal
-    sequence, no mask; k > 1: packed, the trainer's 4-D block mask) through the trainer's `accumulate_loss`
+    sequence, no mask; k > 1: packed, per `--prof-attention` with the trainer's 4-D block mask or as one SDPA call
+    per block, `trainer.attention`; with `--prof-prefix` P the k sequences share their first P tokens, computed
+    once, and the rest is split among them) through the trainer's `accumulate_loss`
     (forward and backward, LoRA r16 on all seven linear layers, chunked logprobs; no optimizer step). A warm-up
     pass, then `--prof-reps` timed passes (median seconds, tokens/s), then one pass under torch.profiler: the
     device time by kind (`time_by_kind`: matrix multiplies, attention, the rest), what the device was busy for
@@ -1060,27 +1063,37 @@ def profile(args) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    from trainer import attention as block_attention
+    from trainer.attention import use_blocks
     from trainer.config import TrainConfig
     from trainer.memory import model_shape
+    from trainer.packing import pack
     from trainer.sequences import TrainingSequence
+    from trainer.training import _q_width as training_q_width
     from trainer.training import accumulate_loss
 
     settings = checkpointing_settings(args)
     if not args.prof_sequences or any(k < 1 for k in args.prof_sequences) or args.prof_reps < 1:
         raise SystemExit("--prof-sequences: comma-separated counts >= 1; --prof-reps >= 1")
+    if not args.prof_attention or not set(args.prof_attention) <= {"mask", "blocks"}:
+        raise SystemExit("--prof-attention: mask, blocks or mask,blocks")
+    if args.prof_prefix < 0:
+        raise SystemExit("--prof-prefix: tokens >= 0")
+    modes = sorted(dict.fromkeys(args.prof_attention), key=("mask", "blocks").index)
     built = bare_model(args, "profile")
     cuda, hf, model = built["cuda"], built["hf"], built["model"]
     shape = model_shape(SHAPES[args.shape])
+    q_width = training_q_width(model)
     budget = Budget(args.budget_s - args.reserve_s)
     path = args.out / f"profile-{args.shape}.json"
     result: dict = {**built["fields"], "runs": [], "errors": []}
-    rng = random.Random(0)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
     def one_pass(seqs, config) -> tuple[float, dict]:
         t0 = time.perf_counter()
         try:
-            _, stats = accumulate_loss(model, seqs, config)
+            loss, stats = accumulate_loss(model, seqs, config)
+            stats = {**stats, "loss": loss}
             if cuda:
                 torch.cuda.synchronize()
         finally:
@@ -1089,22 +1102,40 @@ def profile(args) -> dict:
 
     checkpointed = False
     counts = sorted(dict.fromkeys(args.prof_sequences))
-    for ckpt, tokens, k in itertools.product(settings, sorted(args.act_tokens), counts):
+    for ckpt, tokens, k, mode in itertools.product(settings, sorted(args.act_tokens), counts, modes):
         if budget.left() <= 0:
-            result["errors"].append(f"{tokens} tokens x {k}, checkpointing {ckpt} and after: not started, budget")
+            result["errors"].append(f"{tokens} tokens x {k} ({mode}), checkpointing {ckpt} and after: not started, "
+                                    "budget")
             break
         if ckpt == "on" and not checkpointed:  # the settings run off first
             enable_checkpointing(hf)
             checkpointed = True
-        each = tokens // k
-        if each < 2:
-            result["errors"].append(f"{tokens} tokens cannot be {k} sequences of 2 or more")
+        if k == 1 and mode == "blocks":  # one sequence: no mask either way (the model's own causal kernel)
             continue
-        seqs = [TrainingSequence(token_ids=[rng.randrange(shape.vocab) for _ in range(each)],
-                                 trained=[False] + [True] * (each - 1), old_logprobs=[0.0] * each,
-                                 advantage=1.0, trajectory=j, group=j, position=0) for j in range(k)]
-        config = TrainConfig(max_tokens_per_micro_batch=each * k, share_prefix=False)
-        run = {"tokens": each * k, "sequences": k, "checkpointing": ckpt == "on"}
+        if mode == "blocks":
+            block_attention.enable(hf)
+        else:
+            hf.set_attn_implementation("sdpa")
+        shared = args.prof_prefix if k > 1 else 0
+        each = (tokens - shared) // k  # a row: the shared prefix once, then k suffixes
+        if each < 2:
+            result["errors"].append(f"{tokens} tokens cannot be a {shared}-token prefix and {k} sequences of 2+")
+            continue
+        rng = random.Random(f"{tokens} {k}")  # the same tokens for the mask and the blocks: the same loss
+        prefix = [rng.randrange(shape.vocab) for _ in range(shared)]
+        seqs = [TrainingSequence(token_ids=prefix + [rng.randrange(shape.vocab) for _ in range(each)],
+                                 trained=[False] + [True] * (shared + each - 1), old_logprobs=[0.0] * (shared + each),
+                                 advantage=1.0, trajectory=j, group=0 if shared else j, position=0)
+                 for j in range(k)]
+        config = TrainConfig(max_tokens_per_micro_batch=shared + each * k, share_prefix=bool(shared),
+                             **({"min_shared_prefix": min(shared, 32)} if shared else {}))
+        packed_rows, _ = pack(seqs, capacity=config.max_tokens_per_micro_batch, share_prefix=config.share_prefix,
+                              min_prefix=config.min_shared_prefix)
+        run = {"tokens": shared + each * k, "sequences": k, "shared_prefix": shared, "attention": mode,
+               "checkpointing": ckpt == "on",
+               # what the trainer gives each row: blocks only where their copies fit the mask's memory
+               "rows_as_blocks": sum(mode == "blocks" and r.needs_mask() and use_blocks(r, q_width)
+                                     for r in packed_rows)}
         try:
             run["warmup_s"], stats = one_pass(seqs, config)
             times = [one_pass(seqs, config)[0] for _ in range(args.prof_reps)]
@@ -1113,7 +1144,7 @@ def profile(args) -> dict:
         except torch.OutOfMemoryError as exc:
             result["errors"].append(f"{tokens} x {k}, checkpointing {ckpt}: out of memory ({exc})"[:500])
             continue
-        run.update(rows=stats["rows"], forward_tokens=stats["forward_tokens"])
+        run.update(rows=stats["rows"], forward_tokens=stats["forward_tokens"], loss=stats["loss"])
         events = []
         for e in prof.key_averages():
             if cuda:  # kernels: the device's own time; operators' rows would count it twice
@@ -1293,6 +1324,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prof-sequences", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[1, 2],
                     help="profile: the sequences each row of --act-tokens tokens is made of, e.g. 1,2")
     ap.add_argument("--prof-reps", type=int, default=2, help="profile: timed passes after the warm-up")
+    ap.add_argument("--prof-attention", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+                    default=["mask", "blocks"], help="profile: mask (one 4-D mask per row), blocks (trainer.attention)")
+    ap.add_argument("--prof-prefix", type=int, default=0,
+                    help="profile: tokens the sequences of a row share at their start (computed once)")
     ap.add_argument("--raw-via", default="llm", choices=["llm", "server"],
                     help="raw: in-process vllm.LLM, or vLLM's own OpenAI server without our middleware")
     args = ap.parse_args(argv)

@@ -104,10 +104,13 @@ def test_profile_part_times_one_sequence_and_a_packed_row(tmp_path):
           "--prof-sequences", "1,2", "--act-checkpointing", "on", "--prof-reps", "1"])
     result = json.loads((tmp_path / "profile-tiny.json").read_text())
     assert result["errors"] == []
-    one, two = result["runs"]
-    assert (one["sequences"], two["sequences"]) == (1, 2)
+    one, two, blocks = result["runs"]  # one sequence (no mask either way), two with the mask, two as blocks
+    assert (one["sequences"], two["sequences"], blocks["sequences"]) == (1, 2, 2)
+    assert (two["attention"], blocks["attention"]) == ("mask", "blocks")
+    assert (two["rows_as_blocks"], blocks["rows_as_blocks"]) == (0, 1)
+    assert blocks["loss"] == pytest.approx(two["loss"], abs=1e-5) and two["loss"] != 0  # same row, same weights
     assert one["rows"] == two["rows"] == 1 and one["forward_tokens"] == two["forward_tokens"] == 64  # packed: one row
-    for run in (one, two):
+    for run in (one, two, blocks):
         assert run["s"] > 0 and run["tokens_per_s"] == pytest.approx(64 / run["s"])
         assert sum(run["by_kind_s"].values()) == pytest.approx(run["device_busy_s"])
         assert run["by_kind_s"]["matmul"] > 0  # the linear layers' aten::mm/addmm on the CPU

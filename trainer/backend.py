@@ -35,6 +35,7 @@ from typing import Any
 
 import trainer.checkpoints as ckpt
 from ruler import tracing
+from trainer import attention
 from trainer.chat import pick_chat_template
 from trainer.config import TrainConfig
 from trainer.engine import Engine, GeneratingEngine
@@ -291,6 +292,8 @@ class LocalBackend:
         if checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             hf.enable_input_require_grads()
+        if cfg.block_attention:  # packed rows as one SDPA call per block (no [T x T] mask); SDPA models only
+            attention.enable(hf)
         peft_model = cfg.lora.wrap(hf, base)
         optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-5)
         step = ckpt.latest_checkpoint(run_dir) or 0

@@ -307,6 +307,12 @@ class ModelConfig(_Strict):
         "Default None: on for models of 1B parameters or more on a GPU (activations of long agent sequences "
         "dominate memory there), off otherwise. Independent of the chunked logprobs, which always avoid the "
         "full [tokens x vocabulary] logits."))
+    block_attention: bool = pydantic.Field(True, description=(
+        "Run a packed row's blocks (sequences, a shared prefix and its suffixes) as one SDPA call each, causal "
+        "kernels included, instead of one masked SDPA call over the row's [T x T] 4-D mask "
+        "(`trainer.attention`). Exact either way; applies to models that use SDPA (the model's attention "
+        "implementation becomes `sdpa_blocks`, which is transformers' SDPA where no blocks are given). Default "
+        "True; False keeps the 4-D mask."))
     offload_during_rollouts: bool = pydantic.Field(False, description=(
         "Keep the trainer's frozen base weights in CPU memory while a colocated vLLM serves rollouts, and on the "
         "GPU only during training steps (`trainer.offload`): vLLM's share can then use that memory for its KV "
@@ -388,8 +394,8 @@ class TrainConfig(_Strict):
         "tokens of any trajectory in the batch (so it varies between batches); >= 1. Set under another loss: "
         "an error."))
     share_prefix: bool = pydantic.Field(True, description=(
-        "Compute the prompt shared by a group's sequences once per forward pass (a 4-D attention mask; "
-        "`trainer/packing.py`). Default True. Same loss and gradients either way; off, every sequence is "
+        "Compute the prompt shared by a group's sequences once per forward pass (`trainer/packing.py`: the "
+        "row's blocks as one SDPA call each, `ModelConfig.block_attention`, or a 4-D attention mask). Default True. Same loss and gradients either way; off, every sequence is "
         "computed whole. Attention implementations that take no mask (flash_attention_2) fall back to one "
         "sequence per pass (counted as `unmaskable_fallback`)."))
     min_shared_prefix: int = pydantic.Field(32, ge=1, description=(

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from trainer.sequences import TrainingSequence
 
-MASKABLE_ATTENTION = ("sdpa", "eager")
+MASKABLE_ATTENTION = ("sdpa", "eager", "sdpa_blocks")  # sdpa_blocks: trainer.attention.BLOCK_ATTENTION
 
 
 @dataclass
@@ -72,6 +72,20 @@ class Row:
         suffixes). A row of one block is one sequence, for which the model's own causal mask is the same mask:
         it gets none, so SDPA can take its causal kernels (flash; no [T x T] mask on the device)."""
         return len(self.parents) > 1  # a row's first block has no parent: a parent is an earlier block
+
+    def spans(self) -> list[tuple[int, int, int, int]]:
+        """(start, end, parent start, parent end) of each block in row order, the parent's -1, -1 when it has
+        none: the row's mask as `trainer.attention` takes it (a block's tokens are contiguous, blocks in order)."""
+        bounds: list[list[int]] = [[-1, -1] for _ in self.parents]
+        for t, b in enumerate(self.block_of):
+            if bounds[b][0] < 0:
+                bounds[b][0] = t
+            bounds[b][1] = t + 1
+        return [(s, e, *(bounds[p] if p >= 0 else (-1, -1))) for (s, e), p in zip(bounds, self.parents) if s >= 0]
+
+    def block_copy_tokens(self) -> int:
+        """Prefix tokens the block attention copies: each suffix's parent's length, summed."""
+        return sum(pe - ps for _, _, ps, pe in self.spans() if ps >= 0)
 
     def attention_mask(self):
         """[T, T] bool: query t sees key s when both are in one block and s <= t, or s is in t's parent.

@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ruler.advantages import group_advantages, group_has_signal
 from ruler.trajectory import Problem, TrajectoryError, TrajectoryGroup, validate_trajectories
+from trainer.attention import BLOCK_ATTENTION, blocks_forward, use_blocks
 from trainer.config import TrainConfig
 from trainer.loss import policy_loss, token_weights
 from trainer.packing import MASKABLE_ATTENTION, Row, pack
@@ -86,7 +87,8 @@ def verify_logprob_path(model, *, length: int = 24) -> float:
     with _probing(model) as ids:
         seq = TrainingSequence(ids(length), [False] + [True] * (length - 1), [math.nan] * length)
         row = pack([seq], capacity=length)[0][0]
-        ours = _row_logprobs(model, row, 7, full_forward=False, masked=attention_takes_masks(model), force_mask=True)
+        ours = _row_logprobs(model, row, 7, full_forward=False, masked=attention_takes_masks(model), force_mask=True,
+                             force_blocks=True)
         theirs = _row_logprobs(model, row, 7, full_forward=True, masked=False)
     return float((ours - theirs).abs().max())
 
@@ -112,7 +114,7 @@ def verify_packed_rows(model, *, prefix: int = 12, suffix: int = 9) -> float:
         rows, report = pack(seqs, capacity=len(tokens) + prefix, min_prefix=4)
         if report.rows != 1 or report.shared_groups != 1:
             raise RuntimeError(f"verify_packed_rows packed {report}, not one row with one shared prefix")
-        packed = _row_logprobs(model, rows[0], 64, full_forward=True, masked=True)
+        packed = _row_logprobs(model, rows[0], 64, full_forward=True, masked=True, force_blocks=True)
         alone = [_row_logprobs(model, pack([seq], capacity=len(seq.token_ids))[0][0], 64, full_forward=True,
                                masked=False) for seq in seqs]
     # each sequence's trained tokens are its tokens 3.. : alone[i][k - 3] is token k's logprob run alone
@@ -218,16 +220,23 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                   "stale_trajectories": stale, "skipped": dict(skipped)}
 
 
-def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, masked: bool, force_mask: bool = False):
+def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, masked: bool, force_mask: bool = False,
+                  force_blocks: bool = False):
     """log p of each trained token of `row` ([N]), read at the position that predicts it. `masked`: the row's
-    4-D mask where it needs one (`Row.needs_mask`; `force_mask`: on a one-sequence row too, for the checks)."""
+    4-D mask where it needs one (`Row.needs_mask`; `force_mask`: on a one-sequence row too, for the checks), or
+    on a model with `trainer.attention`'s block attention its blocks instead where their copies take no more
+    memory than the mask (`use_blocks`; `force_blocks`: whatever they take, for the checks' short rows)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
     device = next(model.parameters()).device
     ids = torch.tensor([row.token_ids], device=device)
-    mask = None
-    if masked and (force_mask or row.needs_mask()):  # one sequence: the model's own causal mask (causal kernels)
+    mask, blocks = None, None
+    structured = masked and (force_mask or row.needs_mask())  # one sequence: the model's own causal mask
+    if structured and _attention_implementation(model) == BLOCK_ATTENTION and (
+            force_blocks or use_blocks(row, _q_width(model))):
+        blocks = row.spans()  # each block its own SDPA call (trainer.attention): no [T x T] mask
+    elif structured:
         mask = row.attention_mask().to(device)[None, None]
         if _attention_implementation(model) == "eager":  # eager adds the mask to the scores: 0 or -inf-like
             dtype = _base(model).get_input_embeddings().weight.dtype
@@ -239,15 +248,19 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
             mask = cached
     inputs = {"input_ids": ids, "position_ids": torch.tensor([row.position_ids], device=device),
               "attention_mask": mask}
+    if blocks is not None:
+        inputs["ruler_blocks"] = blocks
     predict = torch.tensor(row.predict_at, device=device)
     targets = torch.tensor(row.targets, device=device)
     if full_forward:
-        logits = model(**inputs).logits[0, predict].float()
+        with blocks_forward() if blocks is not None else nullcontext():
+            logits = model(**inputs).logits[0, predict].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     body, lm_head = base.get_decoder(), base.get_output_embeddings()
     transform = logit_transform(base.config)
-    hidden = body(**inputs).last_hidden_state[0, predict]  # [N, H]: only the positions that predict a token
+    with blocks_forward() if blocks is not None else nullcontext():
+        hidden = body(**inputs).last_hidden_state[0, predict]  # [N, H]: only the positions that predict a token
     parts = []
     for s in range(0, hidden.shape[0], chunk_size):
         h, t = hidden[None, s:s + chunk_size], targets[None, s:s + chunk_size]
@@ -264,6 +277,14 @@ def _base(model):
 
 def _attention_implementation(model) -> str:
     return getattr(_base(model).config, "_attn_implementation", None) or "eager"
+
+
+def _q_width(model) -> int:
+    """The query heads' width (heads x head dim) of `model`'s attention: what a block row's key copies hold."""
+    text = _base(model).config
+    text = text.get_text_config() if hasattr(text, "get_text_config") else text
+    heads = text.num_attention_heads
+    return heads * (getattr(text, "head_dim", None) or text.hidden_size // heads)
 
 
 def windowed_attention(config) -> str | None:
@@ -308,6 +329,8 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
     total_tokens, n_traj = sum(per_traj.values()), len(per_traj)
     budget = config.completion_budget or max(per_traj.values(), default=1)  # dr_grpo's constant
     device = next(model.parameters()).device
+    as_blocks = masked and _attention_implementation(model) == BLOCK_ATTENTION
+    block_rows = sum(as_blocks and r.needs_mask() and use_blocks(r, _q_width(model)) for r in rows)
     stats: Counter = Counter()
     ratio_dev_max, loss_sum = 0.0, 0.0
     for row in rows:
@@ -357,7 +380,7 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                          if config.sampler_correction == "tis" else {}),
                       "sequence_tokens": packed.sequence_tokens, "forward_tokens": packed.forward_tokens,
                       "shared_prefix_saving": packed.saving,
-                      "rows": packed.rows, "shared_prefix_groups": packed.shared_groups,
+                      "rows": packed.rows, "block_rows": block_rows, "shared_prefix_groups": packed.shared_groups,
                       "unshared_groups": packed.no_shared_prefix, "unmaskable_fallback": packed.unmaskable_fallback}
 
 
