@@ -214,7 +214,7 @@ async def ours(args) -> dict:
     out_json = args.out / f"ours-{args.shape}{'-offload' if args.offload else ''}.json"
     result: dict = {"shape": args.shape, "config": SHAPES[args.shape], "params": param_count(SHAPES[args.shape]),
                     "lora": LORA, "gpu_memory_utilization": args.util, "allowed_words": len(words),
-                    "offload_during_rollouts": args.offload,
+                    "offload_during_rollouts": args.offload, "lora_autocast": args.lora_autocast,
                     "dry_run": args.dry_run, "errors": []}
 
     def save():
@@ -277,7 +277,8 @@ async def ours(args) -> dict:
                     groups = await rollout("rollout_adapter_s")  # served with the latest adapter
                     key = "share" if share else "no_share"
                     row = await measured_train(model, groups, TrainConfig(
-                        learning_rate=1e-5, share_prefix=share, max_tokens_per_micro_batch=args.micro_tokens))
+                        learning_rate=1e-5, share_prefix=share, max_tokens_per_micro_batch=args.micro_tokens,
+                        lora_autocast=args.lora_autocast))
                     part.setdefault(key, []).append({k: v for k, v in row.items() if not isinstance(v, dict)})
                     save()
                     print(f"prefix share={share}: {json.dumps(part[key][-1], default=str)[:600]}", flush=True)
@@ -314,7 +315,8 @@ async def ours(args) -> dict:
                     sampled = sum(len(c.model_extra["token_ids"]) for items in trajs for c in items
                                   if not isinstance(c, dict))
                     row = await measured_train(model, groups, TrainConfig(
-                        learning_rate=1e-5, max_tokens_per_micro_batch=args.micro_tokens))
+                        learning_rate=1e-5, max_tokens_per_micro_batch=args.micro_tokens,
+                        lora_autocast=args.lora_autocast))
                     row = {k: v for k, v in row.items() if not isinstance(v, dict)}
                     row.update(wall_s=time.perf_counter() - t0, rollout_wall_s=rollout_s, sampled_tokens=sampled,
                                rollout_tokens_per_s=sampled / rollout_s)
@@ -1128,11 +1130,12 @@ def profile(args) -> dict:
                                  advantage=1.0, trajectory=j, group=0 if shared else j, position=0)
                  for j in range(k)]
         config = TrainConfig(max_tokens_per_micro_batch=shared + each * k, share_prefix=bool(shared),
+                             lora_autocast=args.lora_autocast,
                              **({"min_shared_prefix": min(shared, 32)} if shared else {}))
         packed_rows, _ = pack(seqs, capacity=config.max_tokens_per_micro_batch, share_prefix=config.share_prefix,
                               min_prefix=config.min_shared_prefix)
         run = {"tokens": shared + each * k, "sequences": k, "shared_prefix": shared, "attention": mode,
-               "checkpointing": ckpt == "on",
+               "checkpointing": ckpt == "on", "lora_autocast": args.lora_autocast,
                # what the trainer gives each row: blocks only where their copies fit the mask's memory
                "rows_as_blocks": sum(mode == "blocks" and r.needs_mask() and use_blocks(r, q_width)
                                      for r in packed_rows)}
@@ -1156,7 +1159,7 @@ def profile(args) -> dict:
             elif e.key.startswith("aten::") and e.self_cpu_time_total > 0:
                 events.append((e.key, e.self_cpu_time_total / 1e6, e.count))
         busy = sum(sec for _, sec, _ in events)
-        run.update(s=statistics.median(times), s_runs=times, tokens_per_s=each * k / statistics.median(times),
+        run.update(s=statistics.median(times), s_runs=times, tokens_per_s=run["tokens"] / statistics.median(times),
                    profiled_s=profiled, device_busy_s=busy, busy_fraction=busy / profiled if profiled else None,
                    by_kind_s=time_by_kind([(n, sec) for n, sec, _ in events]),
                    top=[{"name": n[:120], "s": sec, "calls": c}
@@ -1324,6 +1327,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prof-sequences", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[1, 2],
                     help="profile: the sequences each row of --act-tokens tokens is made of, e.g. 1,2")
     ap.add_argument("--prof-reps", type=int, default=2, help="profile: timed passes after the warm-up")
+    ap.add_argument("--lora-autocast", action="store_true",
+                    help="ours, profile: TrainConfig(lora_autocast=True), the adapters' matmuls in bf16 under autocast")
     ap.add_argument("--prof-attention", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
                     default=["mask", "blocks"], help="profile: mask (one 4-D mask per row), blocks (trainer.attention)")
     ap.add_argument("--prof-prefix", type=int, default=0,

@@ -395,8 +395,8 @@ class TrainConfig(_Strict):
         "an error."))
     share_prefix: bool = pydantic.Field(True, description=(
         "Compute the prompt shared by a group's sequences once per forward pass (`trainer/packing.py`: the "
-        "row's blocks as one SDPA call each, `ModelConfig.block_attention`, or a 4-D attention mask). Default True. Same loss and gradients either way; off, every sequence is "
-        "computed whole. Attention implementations that take no mask (flash_attention_2) fall back to one "
+        "row's blocks as one SDPA call each, `ModelConfig.block_attention`, or a 4-D attention mask). Default "
+        "True. Same loss and gradients either way; off, every sequence is computed whole. Attention implementations that take no mask (flash_attention_2) fall back to one "
         "sequence per pass (counted as `unmaskable_fallback`)."))
     min_shared_prefix: int = pydantic.Field(32, ge=1, description=(
         "`share_prefix` only: the shortest shared prompt worth sharing, in tokens; sequences must agree on "
@@ -411,6 +411,13 @@ class TrainConfig(_Strict):
         "vocabulary] block of logits exists at a time (recomputed in the backward pass). Default 256; >= 1. "
         "Memory/speed only; unused when the backend falls back to the model's full forward (a model whose "
         "chunked logprobs differ from its own forward)."))
+    lora_autocast: bool = pydantic.Field(False, description=(
+        "Run the adapters' matmuls in the model's half precision under `torch.autocast` (bf16 mixed precision, "
+        "as TRL's `bf16=True` does) instead of peft's default of upcasting each adapted layer's input to "
+        "float32: the LoRA weights, their gradients and the optimizer state stay float32. On a 7B shape the "
+        "float32 path's copies, adds and FFMA matmuls took ~35% of a training pass's device time "
+        "(`evals/reports/scale`); the autocast path is tested on the CPU, not yet measured on a GPU. Acts only on "
+        "bfloat16/float16 models. Default False."))
     allow_off_policy_text: bool = pydantic.Field(False, description=(
         "Train choices that carry no served token ids (an API model's answer, a streamed answer): their text "
         "is re-rendered with the served chat template and trained with ratio 1, counted as "

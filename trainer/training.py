@@ -271,6 +271,35 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
     return torch.cat(parts)
 
 
+@contextmanager
+def lora_autocast(model, enabled: bool):
+    """`TrainConfig.lora_autocast`: around a batch's forward and backward passes, the adapters get the model's
+    half-precision activations as they are (peft's cast of each adapted layer's input to the adapters' float32
+    disabled) and the forwards run under `torch.autocast` in that dtype (`autocast_forward`), so the LoRA matmuls
+    run in it while the weights and gradients stay float32. A float32 model, or `enabled` False: nothing
+    changes."""
+    import torch
+
+    dtype = _base(model).get_input_embeddings().weight.dtype
+    if not enabled or dtype not in (torch.bfloat16, torch.float16):
+        yield None
+        return
+    from peft.helpers import disable_input_dtype_casting
+
+    with disable_input_dtype_casting(model):  # also during the backward pass's recomputation
+        yield dtype
+
+
+def autocast_forward(model, dtype):
+    """The autocast context of one forward under `lora_autocast` (`dtype` what it yielded; None: no autocast).
+    Gradient checkpointing recomputes under the autocast state it recorded."""
+    import torch
+
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
+
+
 def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -309,6 +338,51 @@ def attention_takes_masks(model) -> bool:
             and windowed_attention(_base(model).config) is None)
 
 
+def _row_loss(model, row: Row, seqs: list[TrainingSequence], config: TrainConfig, half, *, per_traj: Counter,
+              n_traj: int, total_tokens: int, budget: int, full_forward: bool, masked: bool, stats: Counter) -> dict:
+    """One row's forward passes (old and reference logprobs where needed, no grad; then the current ones),
+    its loss and its backward pass; adds the row's stats to `stats`. `half`: `lora_autocast`'s dtype or None."""
+    import torch
+
+    device = next(model.parameters()).device
+    old = torch.tensor([seqs[i].old_logprobs[k] for i, k in zip(row.sequence_of, row.token_index)],
+                       device=device, dtype=torch.float32)
+    adv = torch.tensor([seqs[i].advantage for i in row.sequence_of], device=device)
+    traj_tokens = torch.tensor([per_traj[seqs[i].trajectory] for i in row.sequence_of], device=device)
+    ref = sampler = None
+    with torch.no_grad():
+        if torch.isnan(old).any() or config.sampler_correction == "tis":
+            with autocast_forward(model, half):
+                current = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward,
+                                        masked=masked)
+            if config.sampler_correction == "tis":  # ratio against the trainer; sampler mismatch weighted
+                sampled = torch.where(torch.isnan(old), current, old)
+                sampler = torch.clamp(torch.exp(current - sampled), max=config.sampler_cap)[:, None]
+                stats["sampler_weight"] += sampler.sum().item()
+                stats["sampler_truncated"] += (torch.exp(current - sampled) > config.sampler_cap).sum().item()
+                old = current
+            else:  # no sampled logprobs: the current policy's (ratio 1)
+                old = torch.where(torch.isnan(old), current, old)
+        if config.kl_coef > 0:
+            with model.disable_adapter(), autocast_forward(model, half):
+                ref = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward,
+                                    masked=masked)[:, None]
+    with autocast_forward(model, half):
+        new = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward, masked=masked)
+    # each trained token as a row of one: the weights of `token_weights`, per trajectory
+    ones = torch.ones(len(row.targets), 1, device=device)
+    weights = token_weights(ones, config.loss, n_seqs=n_traj, total_tokens=max(1, total_tokens),
+                            norm_len=budget, row_tokens=traj_tokens)
+    loss, part = policy_loss(new[:, None], old[:, None], adv, weights, kind=config.loss, epsilon=config.epsilon,
+                             epsilon_high=config.epsilon_high, ref_logprobs=ref, kl_coef=config.kl_coef,
+                             sampler_weights=sampler)
+    loss.backward()
+    for key in ("clip_fraction", "kl", "ratio_mean", "ratio_dev_mean"):
+        stats[key] += part[key] * part["tokens"]
+    stats["tokens"] += part["tokens"]
+    return {"loss": loss.item(), "ratio_dev_max": part["ratio_dev_max"]}
+
+
 def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                     full_forward: bool = False, masks: bool = True) -> tuple[float, dict]:
     """Pack `seqs` into rows (`trainer.packing`), run each row forward and backward, and return the summed
@@ -317,8 +391,6 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
 
     Losses normalise per trajectory (a trajectory split into several sequences still counts once): the
     `grpo` mean is over all of a trajectory's trained tokens; the batch has `n` trajectories."""
-    import torch
-
     masked = masks and attention_takes_masks(model)
     rows, packed = pack(seqs, capacity=config.max_tokens_per_micro_batch, share_prefix=config.share_prefix,
                         min_prefix=config.min_shared_prefix, maskable=masked)
@@ -328,49 +400,19 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
             per_traj[seqs[i].trajectory] += 1
     total_tokens, n_traj = sum(per_traj.values()), len(per_traj)
     budget = config.completion_budget or max(per_traj.values(), default=1)  # dr_grpo's constant
-    device = next(model.parameters()).device
     as_blocks = masked and _attention_implementation(model) == BLOCK_ATTENTION
     block_rows = sum(as_blocks and r.needs_mask() and use_blocks(r, _q_width(model)) for r in rows)
     stats: Counter = Counter()
     ratio_dev_max, loss_sum = 0.0, 0.0
-    for row in rows:
-        if not row.targets:
-            continue
-        old = torch.tensor([seqs[i].old_logprobs[k] for i, k in zip(row.sequence_of, row.token_index)],
-                           device=device, dtype=torch.float32)
-        adv = torch.tensor([seqs[i].advantage for i in row.sequence_of], device=device)
-        traj_tokens = torch.tensor([per_traj[seqs[i].trajectory] for i in row.sequence_of], device=device)
-        ref = sampler = None
-        with torch.no_grad():
-            if torch.isnan(old).any() or config.sampler_correction == "tis":
-                current = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward,
-                                        masked=masked)
-                if config.sampler_correction == "tis":  # ratio against the trainer; sampler mismatch weighted
-                    sampled = torch.where(torch.isnan(old), current, old)
-                    sampler = torch.clamp(torch.exp(current - sampled), max=config.sampler_cap)[:, None]
-                    stats["sampler_weight"] += sampler.sum().item()
-                    stats["sampler_truncated"] += (torch.exp(current - sampled) > config.sampler_cap).sum().item()
-                    old = current
-                else:  # no sampled logprobs: the current policy's (ratio 1)
-                    old = torch.where(torch.isnan(old), current, old)
-            if config.kl_coef > 0:
-                with model.disable_adapter():
-                    ref = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward,
-                                        masked=masked)[:, None]
-        new = _row_logprobs(model, row, config.logprob_chunk_size, full_forward=full_forward, masked=masked)
-        # each trained token as a row of one: the weights of `token_weights`, per trajectory
-        ones = torch.ones(len(row.targets), 1, device=device)
-        weights = token_weights(ones, config.loss, n_seqs=n_traj, total_tokens=max(1, total_tokens),
-                                norm_len=budget, row_tokens=traj_tokens)
-        loss, part = policy_loss(new[:, None], old[:, None], adv, weights, kind=config.loss, epsilon=config.epsilon,
-                                 epsilon_high=config.epsilon_high, ref_logprobs=ref, kl_coef=config.kl_coef,
-                                 sampler_weights=sampler)
-        loss.backward()
-        loss_sum += loss.item()
-        for key in ("clip_fraction", "kl", "ratio_mean", "ratio_dev_mean"):
-            stats[key] += part[key] * part["tokens"]
-        stats["tokens"] += part["tokens"]
-        ratio_dev_max = max(ratio_dev_max, part["ratio_dev_max"])
+    with lora_autocast(model, config.lora_autocast) as half:
+        for row in rows:
+            if not row.targets:
+                continue
+            part = _row_loss(model, row, seqs, config, half, per_traj=per_traj, n_traj=n_traj,
+                             total_tokens=total_tokens, budget=budget, full_forward=full_forward, masked=masked,
+                             stats=stats)
+            loss_sum += part["loss"]
+            ratio_dev_max = max(ratio_dev_max, part["ratio_dev_max"])
     n = max(1, stats["tokens"])
     return loss_sum, {"clip_fraction": stats["clip_fraction"] / n, "kl": stats["kl"] / n,
                       "ratio_mean": stats["ratio_mean"] / n, "ratio_dev_mean": stats["ratio_dev_mean"] / n,
