@@ -54,7 +54,9 @@ attention the row's boolean [T x T] mask is passed as a 4-D attention mask: tran
 heads (no GQA kernel with a mask) and torch's SDPA turns the mask into an additive one of the activations'
 dtype, kept for the backward pass: T^2 x 2 bytes per layer without checkpointing, one layer's with it. The
 plan counts the mask for every row, the worst case: a row of one sequence gets none (the model's own causal
-mask, `trainer.packing.Row.needs_mask`), so it needs less than planned. `flash_attention_2` takes no mask: one
+mask, `trainer.packing.Row.needs_mask`), and with block attention (`trainer.attention`, the default for SDPA) a
+packed row gets none either, its suffixes' copies of their prefix's keys and values taking the mask's place only
+where they hold no more elements than it (`trainer.attention.use_blocks`), so such rows need less than planned. `flash_attention_2` takes no mask: one
 sequence per row, no T^2 term. Eager attention keeps each layer's attention probabilities (T^2 x heads x 6
 bytes). Frozen linear layers keep no input; SiLU and the gate product keep three MLP-wide tensors. With
 gradient checkpointing each decoder layer keeps its input (T x hidden x 2 bytes) and one layer is recomputed at
