@@ -159,7 +159,48 @@ def test_the_packed_row_check_passes_blocks_and_catches_a_broken_layout(monkeypa
     assert training.verify_packed_rows(model) > 1e-2
 
 
-def test_the_block_switch_is_a_model_setting():
+def test_a_layer_that_loses_the_blocks_is_an_error_not_a_wrong_attention(monkeypatch):
+    from transformers import AttentionInterface
+
+    model = blocks_model()
+    real = attention._attention_forward
+    AttentionInterface.register(attention.BLOCK_ATTENTION,
+                                lambda *a, ruler_blocks=None, **k: real(*a, **k))  # drops the kwarg
+    seqs = batch()
+    with pytest.raises(RuntimeError, match="without the row's blocks"):
+        loss_and_grads(model, seqs, TrainConfig(max_tokens_per_micro_batch=4096, min_shared_prefix=20))
+    attention.register()
+    # and the context is left as it was: a plain padded forward in this thread gets its padding mask again
+    plain = tiny_lora_model()
+    ids = torch.tensor([[0, 0, 11, 12, 13, 14]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
+    with torch.no_grad():
+        a, b = (m(input_ids=ids, attention_mask=mask).logits[0, 2:] for m in (plain, model))
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_arguments_the_blocks_would_ignore_are_refused():
+    model = blocks_model()
+    layer = model.get_base_model().model.layers[0].self_attn
+    q = torch.zeros(1, 4, 3, 8)
+    kv = torch.zeros(1, 2, 3, 8)
+    for extra, name in (({"softcap": 30.0}, "softcap"), ({"sliding_window": 4}, "sliding_window")):
+        with pytest.raises(ValueError, match=name):
+            attention._attention_forward(layer, q, kv, kv, None, ruler_blocks=[(0, 3, -1, -1)], **extra)
+    with pytest.raises(ValueError, match="attention_mask"):
+        attention._attention_forward(layer, q, kv, kv, torch.ones(1, 1, 3, 3, dtype=torch.bool),
+                                     ruler_blocks=[(0, 3, -1, -1)])
+
+
+def test_the_register_check_also_runs_the_mask_path_on_a_block_model(monkeypatch):
+    model = blocks_model()
+    assert training.verify_packed_rows(model) < 1e-5
+    real = Row.attention_mask
+    monkeypatch.setattr(Row, "attention_mask", lambda self: real(self) | True)  # a mask that hides nothing
+    assert training.verify_packed_rows(model) > 1e-2
+
+
+def test_the_block_switch_keeps_the_mask_when_off():
     assert ModelConfig().block_attention is True
     assert ModelConfig(block_attention=False).block_attention is False
     with pytest.raises(pydantic.ValidationError, match="block_attention"):

@@ -34,7 +34,7 @@ def run(model, config):
              for name, m in model.named_modules() if name.endswith("lora_A.default")]
     try:
         model.zero_grad(set_to_none=True)
-        loss, stats = training.accumulate_loss(model, batch(), config)
+        loss, _ = training.accumulate_loss(model, batch(), config)
     finally:
         for h in hooks:
             h.remove()
@@ -42,11 +42,16 @@ def run(model, config):
     return loss, grads, seen
 
 
-def test_autocast_feeds_the_adapters_bf16_and_keeps_their_weights_and_gradients_float32():
+@pytest.mark.parametrize("checkpointing,extra", [(False, {}),
+                                                  (True, {"kl_coef": 0.1, "sampler_correction": "tis"})])
+def test_autocast_feeds_the_adapters_bf16_and_keeps_their_weights_and_gradients_float32(checkpointing, extra):
     model = bf16_model()
     assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)  # peft upcasts
-    loss_a, grads_a, seen_a = run(model, TrainConfig(max_tokens_per_micro_batch=4096))
-    loss_b, grads_b, seen_b = run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True))
+    if checkpointing:  # the recomputation in the backward pass must see the bf16 inputs too
+        model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.get_base_model().enable_input_require_grads()
+    loss_a, grads_a, seen_a = run(model, TrainConfig(max_tokens_per_micro_batch=4096, **extra))
+    loss_b, grads_b, seen_b = run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True, **extra))
     assert seen_a and set(seen_a) == {torch.float32}  # peft's default: each adapted input copied to float32
     assert seen_b and set(seen_b) == {torch.bfloat16}  # autocast: the activations as they are
     assert all(g.dtype == torch.float32 for g in grads_b.values())
@@ -66,6 +71,12 @@ def test_a_float32_model_is_unchanged():
     loss_b, grads_b, seen = run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True))
     assert loss_a == loss_b and set(seen) == {torch.float32}
     assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
+
+
+def test_a_float16_model_is_refused():
+    model = bf16_model().to(torch.float16)
+    with pytest.raises(ValueError, match="bfloat16 model"):
+        run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True))
 
 
 def test_the_switch_is_validated():

@@ -46,7 +46,7 @@ async def step_one(tmp_path_factory):
         group = await rollouts(model)
         row = await model.train([group], TrainConfig(learning_rate=1e-3))
         yield SimpleNamespace(model=model, group=group, row=row, name_at_start=name_at_start,
-                              listed_at_start=listed_at_start)
+                              listed_at_start=listed_at_start, backend=backend)
     finally:
         await backend.close()
 
@@ -54,6 +54,14 @@ async def step_one(tmp_path_factory):
 async def test_a_registered_model_is_served_as_step_zero(step_one):
     assert step_one.name_at_start == "m@0" and step_one.model.inference_base_url.endswith("/v1")
     assert [d["id"] for d in step_one.listed_at_start] == ["m", "m@0"] and step_one.listed_at_start[0]["step"] == 0
+
+
+async def test_the_trainers_model_runs_block_attention_by_default(step_one):
+    from trainer.attention import BLOCK_ATTENTION
+    from trainer.training import _attention_implementation
+
+    run = step_one.backend._runs["m"]
+    assert _attention_implementation(run.peft_model) == BLOCK_ATTENTION and "block_rows" in step_one.row
 
 
 async def test_rollouts_carry_served_token_ids_and_sampled_logprobs_without_asking(step_one):

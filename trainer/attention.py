@@ -37,10 +37,20 @@ def _attention_forward(module, query, key, value, attention_mask, dropout: float
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     if ruler_blocks is None:
+        if _skip_mask.get():  # a block row's forward, but this layer lost the blocks: it would attend across them
+            raise RuntimeError(f"{type(module).__name__} was called without the row's blocks inside a block-row "
+                               "forward: this model does not pass its forward's keyword arguments to its attention; "
+                               "set ModelConfig(block_attention=False)")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"block attention takes a row of batch size 1, got {query.shape[0]}")
+    unsupported = [k for k in ("softcap", "s_aux", "sliding_window", "position_bias") if kwargs.get(k) is not None]
+    if attention_mask is not None or kwargs.get("is_causal") is False:
+        unsupported.append("attention_mask" if attention_mask is not None else "is_causal=False")
+    if unsupported:  # what transformers' SDPA would apply or refuse: the blocks alone would ignore it
+        raise ValueError(f"block attention does not apply {', '.join(unsupported)} given by "
+                         f"{type(module).__name__}: set ModelConfig(block_attention=False)")
     groups = query.shape[1] // key.shape[1]
     outs = []
     for start, end, p_start, p_end in ruler_blocks:

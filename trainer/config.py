@@ -414,10 +414,11 @@ class TrainConfig(_Strict):
     lora_autocast: bool = pydantic.Field(False, description=(
         "Run the adapters' matmuls in the model's half precision under `torch.autocast` (bf16 mixed precision, "
         "as TRL's `bf16=True` does) instead of peft's default of upcasting each adapted layer's input to "
-        "float32: the LoRA weights, their gradients and the optimizer state stay float32. On a 7B shape the "
-        "float32 path's copies, adds and FFMA matmuls took ~35% of a training pass's device time "
-        "(`evals/reports/scale`); the autocast path is tested on the CPU, not yet measured on a GPU. Acts only on "
-        "bfloat16/float16 models. Default False."))
+        "float32: the LoRA weights, their gradients and the optimizer state stay float32. On a 7B shape float32 "
+        "kernels, most of them that path's input copies, adds and FFMA matmuls, took about a third of a training "
+        "pass's device time (`evals/reports/scale`); the autocast path is tested on the CPU, not yet measured on a "
+        "GPU. Acts on bfloat16 models only (float32: nothing changes; float16: refused, no gradient scaler). "
+        "Default False."))
     allow_off_policy_text: bool = pydantic.Field(False, description=(
         "Train choices that carry no served token ids (an API model's answer, a streamed answer): their text "
         "is re-rendered with the served chat template and trained with ratio 1, counted as "

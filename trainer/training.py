@@ -81,16 +81,19 @@ def _probing(model):
 
 def verify_logprob_path(model, *, length: int = 24) -> float:
     """Max |our path − the model's own forward| logprob on a fixed input (eval mode, no grad): a row of one
-    sequence with its 4-D mask forced (where the model takes one; training gives such a row none) and chunked
-    logprobs, against the model's full forward with no mask at all (its own causal, and sliding-window, masks).
+    sequence with its 4-D mask forced (where the model takes one; training gives such a row none), and with block
+    attention its one block as well, and chunked logprobs, against the model's full forward with no mask at all
+    (its own causal, and sliding-window, masks); the larger deviation of the two.
     The backend uses the chunked path only when this is within tolerance (1e-3 in fp32, 5e-2 in half precision)."""
     with _probing(model) as ids:
         seq = TrainingSequence(ids(length), [False] + [True] * (length - 1), [math.nan] * length)
         row = pack([seq], capacity=length)[0][0]
-        ours = _row_logprobs(model, row, 7, full_forward=False, masked=attention_takes_masks(model), force_mask=True,
-                             force_blocks=True)
+        masked = attention_takes_masks(model)
         theirs = _row_logprobs(model, row, 7, full_forward=True, masked=False)
-    return float((ours - theirs).abs().max())
+        paths = (False, True) if _attention_implementation(model) == BLOCK_ATTENTION else (False,)
+        ours = [_row_logprobs(model, row, 7, full_forward=False, masked=masked, force_mask=True, blocks=b)
+                for b in paths]
+    return max(float((o - theirs).abs().max()) for o in ours)
 
 
 def verify_packed_rows(model, *, prefix: int = 12, suffix: int = 9) -> float:
@@ -114,12 +117,13 @@ def verify_packed_rows(model, *, prefix: int = 12, suffix: int = 9) -> float:
         rows, report = pack(seqs, capacity=len(tokens) + prefix, min_prefix=4)
         if report.rows != 1 or report.shared_groups != 1:
             raise RuntimeError(f"verify_packed_rows packed {report}, not one row with one shared prefix")
-        packed = _row_logprobs(model, rows[0], 64, full_forward=True, masked=True, force_blocks=True)
+        paths = (False, True) if _attention_implementation(model) == BLOCK_ATTENTION else (False,)
+        packed = [_row_logprobs(model, rows[0], 64, full_forward=True, masked=True, blocks=b) for b in paths]
         alone = [_row_logprobs(model, pack([seq], capacity=len(seq.token_ids))[0][0], 64, full_forward=True,
                                masked=False) for seq in seqs]
     # each sequence's trained tokens are its tokens 3.. : alone[i][k - 3] is token k's logprob run alone
     reference = torch.stack([alone[i][k - 3] for i, k in zip(rows[0].sequence_of, rows[0].token_index)])
-    return float((packed - reference).abs().max())
+    return max(float((p - reference).abs().max()) for p in packed)
 
 
 def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_seq_length: int, *,
@@ -221,21 +225,22 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
 
 
 def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, masked: bool, force_mask: bool = False,
-                  force_blocks: bool = False):
+                  blocks: bool | None = None):
     """log p of each trained token of `row` ([N]), read at the position that predicts it. `masked`: the row's
     4-D mask where it needs one (`Row.needs_mask`; `force_mask`: on a one-sequence row too, for the checks), or
     on a model with `trainer.attention`'s block attention its blocks instead where their copies take no more
-    memory than the mask (`use_blocks`; `force_blocks`: whatever they take, for the checks' short rows)."""
+    memory than the mask (`use_blocks`). `blocks` True / False: the blocks / the mask whatever the copies take
+    (the checks run both paths on their short rows)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
     device = next(model.parameters()).device
     ids = torch.tensor([row.token_ids], device=device)
-    mask, blocks = None, None
+    mask, spans = None, None
     structured = masked and (force_mask or row.needs_mask())  # one sequence: the model's own causal mask
     if structured and _attention_implementation(model) == BLOCK_ATTENTION and (
-            force_blocks or use_blocks(row, _q_width(model))):
-        blocks = row.spans()  # each block its own SDPA call (trainer.attention): no [T x T] mask
+            blocks if blocks is not None else use_blocks(row, _q_width(model))):
+        spans = row.spans()  # each block its own SDPA call (trainer.attention): no [T x T] mask
     elif structured:
         mask = row.attention_mask().to(device)[None, None]
         if _attention_implementation(model) == "eager":  # eager adds the mask to the scores: 0 or -inf-like
@@ -248,18 +253,18 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
             mask = cached
     inputs = {"input_ids": ids, "position_ids": torch.tensor([row.position_ids], device=device),
               "attention_mask": mask}
-    if blocks is not None:
-        inputs["ruler_blocks"] = blocks
+    if spans is not None:
+        inputs["ruler_blocks"] = spans
     predict = torch.tensor(row.predict_at, device=device)
     targets = torch.tensor(row.targets, device=device)
     if full_forward:
-        with blocks_forward() if blocks is not None else nullcontext():
+        with blocks_forward() if spans is not None else nullcontext():
             logits = model(**inputs).logits[0, predict].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     body, lm_head = base.get_decoder(), base.get_output_embeddings()
     transform = logit_transform(base.config)
-    with blocks_forward() if blocks is not None else nullcontext():
+    with blocks_forward() if spans is not None else nullcontext():
         hidden = body(**inputs).last_hidden_state[0, predict]  # [N, H]: only the positions that predict a token
     parts = []
     for s in range(0, hidden.shape[0], chunk_size):
@@ -274,14 +279,17 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
 @contextmanager
 def lora_autocast(model, enabled: bool):
     """`TrainConfig.lora_autocast`: around a batch's forward and backward passes, the adapters get the model's
-    half-precision activations as they are (peft's cast of each adapted layer's input to the adapters' float32
+    bfloat16 activations as they are (peft's cast of each adapted layer's input to the adapters' float32
     disabled) and the forwards run under `torch.autocast` in that dtype (`autocast_forward`), so the LoRA matmuls
     run in it while the weights and gradients stay float32. A float32 model, or `enabled` False: nothing
-    changes."""
+    changes; a float16 model is refused (no gradient scaler)."""
     import torch
 
     dtype = _base(model).get_input_embeddings().weight.dtype
-    if not enabled or dtype not in (torch.bfloat16, torch.float16):
+    if enabled and dtype == torch.float16:  # fp16 gradients of these small per-token losses underflow unscaled
+        raise ValueError("lora_autocast takes a bfloat16 model: under float16 autocast the adapters' gradients "
+                         "would need a gradient scaler, which this trainer has not")
+    if not enabled or dtype != torch.bfloat16:
         yield None
         return
     from peft.helpers import disable_input_dtype_casting
