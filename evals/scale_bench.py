@@ -1066,12 +1066,9 @@ def profile(args) -> dict:
     from torch.profiler import profile as torch_profile
 
     from trainer import attention as block_attention
-    from trainer.attention import use_blocks
     from trainer.config import TrainConfig
     from trainer.memory import model_shape
-    from trainer.packing import pack
     from trainer.sequences import TrainingSequence
-    from trainer.training import _q_width as training_q_width
     from trainer.training import accumulate_loss
 
     settings = checkpointing_settings(args)
@@ -1085,7 +1082,6 @@ def profile(args) -> dict:
     built = bare_model(args, "profile")
     cuda, hf, model = built["cuda"], built["hf"], built["model"]
     shape = model_shape(SHAPES[args.shape])
-    q_width = training_q_width(model)
     budget = Budget(args.budget_s - args.reserve_s)
     path = args.out / f"profile-{args.shape}.json"
     result: dict = {**built["fields"], "runs": [], "errors": []}
@@ -1132,13 +1128,8 @@ def profile(args) -> dict:
         config = TrainConfig(max_tokens_per_micro_batch=shared + each * k, share_prefix=bool(shared),
                              lora_autocast=args.lora_autocast,
                              **({"min_shared_prefix": min(shared, 32)} if shared else {}))
-        packed_rows, _ = pack(seqs, capacity=config.max_tokens_per_micro_batch, share_prefix=config.share_prefix,
-                              min_prefix=config.min_shared_prefix)
         run = {"tokens": shared + each * k, "sequences": k, "shared_prefix": shared, "attention": mode,
-               "checkpointing": ckpt == "on", "lora_autocast": args.lora_autocast,
-               # what the trainer gives each row: blocks only where their copies fit the mask's memory
-               "rows_as_blocks": sum(mode == "blocks" and r.needs_mask() and use_blocks(r, q_width)
-                                     for r in packed_rows)}
+               "checkpointing": ckpt == "on", "lora_autocast": args.lora_autocast}
         try:
             run["warmup_s"], stats = one_pass(seqs, config)
             times = [one_pass(seqs, config)[0] for _ in range(args.prof_reps)]
@@ -1147,7 +1138,9 @@ def profile(args) -> dict:
         except torch.OutOfMemoryError as exc:
             result["errors"].append(f"{tokens} x {k}, checkpointing {ckpt}: out of memory ({exc})"[:500])
             continue
-        run.update(rows=stats["rows"], forward_tokens=stats["forward_tokens"], loss=stats["loss"])
+        # rows_as_blocks: what the trainer gave each row (blocks only where their copies fit the mask's memory)
+        run.update(rows=stats["rows"], rows_as_blocks=stats["block_rows"], forward_tokens=stats["forward_tokens"],
+                   loss=stats["loss"])
         events = []
         for e in prof.key_averages():
             if cuda:  # kernels: the device's own time; operators' rows would count it twice

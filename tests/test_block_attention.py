@@ -200,7 +200,7 @@ def test_the_register_check_also_runs_the_mask_path_on_a_block_model(monkeypatch
     assert training.verify_packed_rows(model) > 1e-2
 
 
-def test_the_block_switch_keeps_the_mask_when_off():
+def test_block_attention_is_on_by_default_and_the_switch_is_validated():
     assert ModelConfig().block_attention is True
     assert ModelConfig(block_attention=False).block_attention is False
     with pytest.raises(pydantic.ValidationError, match="block_attention"):

@@ -75,13 +75,19 @@ class Row:
 
     def spans(self) -> list[tuple[int, int, int, int]]:
         """(start, end, parent start, parent end) of each block in row order, the parent's -1, -1 when it has
-        none: the row's mask as `trainer.attention` takes it (a block's tokens are contiguous, blocks in order)."""
+        none: the row's mask as `trainer.attention` takes it (a block's tokens are contiguous, blocks in order).
+        Built once per row, as `attention_mask` is (a row is run up to three times and counted once)."""
+        cached = getattr(self, "_spans", None)
+        if cached is not None and cached[0] == len(self.block_of):
+            return cached[1]
         bounds: list[list[int]] = [[-1, -1] for _ in self.parents]
         for t, b in enumerate(self.block_of):
             if bounds[b][0] < 0:
                 bounds[b][0] = t
             bounds[b][1] = t + 1
-        return [(s, e, *(bounds[p] if p >= 0 else (-1, -1))) for (s, e), p in zip(bounds, self.parents) if s >= 0]
+        spans = [(s, e, *(bounds[p] if p >= 0 else (-1, -1))) for (s, e), p in zip(bounds, self.parents) if s >= 0]
+        self._spans = (len(self.block_of), spans)
+        return spans
 
     def block_copy_tokens(self) -> int:
         """Prefix tokens the block attention copies: each suffix's parent's length, summed."""

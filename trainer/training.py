@@ -90,7 +90,7 @@ def verify_logprob_path(model, *, length: int = 24) -> float:
         row = pack([seq], capacity=length)[0][0]
         masked = attention_takes_masks(model)
         theirs = _row_logprobs(model, row, 7, full_forward=True, masked=False)
-        paths = (False, True) if _attention_implementation(model) == BLOCK_ATTENTION else (False,)
+        paths = (False, True) if _block_attention(model) else (False,)
         ours = [_row_logprobs(model, row, 7, full_forward=False, masked=masked, force_mask=True, blocks=b)
                 for b in paths]
     return max(float((o - theirs).abs().max()) for o in ours)
@@ -117,7 +117,7 @@ def verify_packed_rows(model, *, prefix: int = 12, suffix: int = 9) -> float:
         rows, report = pack(seqs, capacity=len(tokens) + prefix, min_prefix=4)
         if report.rows != 1 or report.shared_groups != 1:
             raise RuntimeError(f"verify_packed_rows packed {report}, not one row with one shared prefix")
-        paths = (False, True) if _attention_implementation(model) == BLOCK_ATTENTION else (False,)
+        paths = (False, True) if _block_attention(model) else (False,)
         packed = [_row_logprobs(model, rows[0], 64, full_forward=True, masked=True, blocks=b) for b in paths]
         alone = [_row_logprobs(model, pack([seq], capacity=len(seq.token_ids))[0][0], 64, full_forward=True,
                                masked=False) for seq in seqs]
@@ -238,8 +238,7 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
     ids = torch.tensor([row.token_ids], device=device)
     mask, spans = None, None
     structured = masked and (force_mask or row.needs_mask())  # one sequence: the model's own causal mask
-    if structured and _attention_implementation(model) == BLOCK_ATTENTION and (
-            blocks if blocks is not None else use_blocks(row, _q_width(model))):
+    if structured and _as_blocks(model, row, blocks=blocks):
         spans = row.spans()  # each block its own SDPA call (trainer.attention): no [T x T] mask
     elif structured:
         mask = row.attention_mask().to(device)[None, None]
@@ -257,14 +256,15 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
         inputs["ruler_blocks"] = spans
     predict = torch.tensor(row.predict_at, device=device)
     targets = torch.tensor(row.targets, device=device)
+    forward_context = blocks_forward() if spans is not None else nullcontext()
     if full_forward:
-        with blocks_forward() if spans is not None else nullcontext():
+        with forward_context:
             logits = model(**inputs).logits[0, predict].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     body, lm_head = base.get_decoder(), base.get_output_embeddings()
     transform = logit_transform(base.config)
-    with blocks_forward() if spans is not None else nullcontext():
+    with forward_context:
         hidden = body(**inputs).last_hidden_state[0, predict]  # [N, H]: only the positions that predict a token
     parts = []
     for s in range(0, hidden.shape[0], chunk_size):
@@ -314,6 +314,18 @@ def _base(model):
 
 def _attention_implementation(model) -> str:
     return getattr(_base(model).config, "_attn_implementation", None) or "eager"
+
+
+def _block_attention(model) -> bool:
+    """Whether `model` runs `trainer.attention`'s block attention (`ModelConfig.block_attention`)."""
+    return _attention_implementation(model) == BLOCK_ATTENTION
+
+
+def _as_blocks(model, row: Row, *, blocks: bool | None = None) -> bool:
+    """Whether a row given its structure (more than one block, or forced) runs as blocks rather than with its
+    4-D mask: on a block-attention model, where the copies take no more memory than the mask (`use_blocks`);
+    `blocks` True / False decides instead."""
+    return _block_attention(model) and (blocks if blocks is not None else use_blocks(row, _q_width(model)))
 
 
 def _q_width(model) -> int:
@@ -408,8 +420,7 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
             per_traj[seqs[i].trajectory] += 1
     total_tokens, n_traj = sum(per_traj.values()), len(per_traj)
     budget = config.completion_budget or max(per_traj.values(), default=1)  # dr_grpo's constant
-    as_blocks = masked and _attention_implementation(model) == BLOCK_ATTENTION
-    block_rows = sum(as_blocks and r.needs_mask() and use_blocks(r, _q_width(model)) for r in rows)
+    block_rows = sum(masked and r.needs_mask() and _as_blocks(model, r) for r in rows)
     stats: Counter = Counter()
     ratio_dev_max, loss_sum = 0.0, 0.0
     with lora_autocast(model, config.lora_autocast) as half:
