@@ -412,8 +412,8 @@ class TrainConfig(_Strict):
         "Memory/speed only; unused when the backend falls back to the model's full forward (a model whose "
         "chunked logprobs differ from its own forward)."))
     lora_autocast: bool = pydantic.Field(False, description=(
-        "Run the adapters' matmuls in the model's half precision under `torch.autocast` (bf16 mixed precision, "
-        "as TRL's `bf16=True` does) instead of peft's default of upcasting each adapted layer's input to "
+        "Run the adapters' matmuls in the model's half precision under `torch.autocast` (bf16 mixed "
+        "precision) instead of peft's default of upcasting each adapted layer's input to "
         "float32: the LoRA weights, their gradients and the optimizer state stay float32. On a 7B shape float32 "
         "kernels, most of them that path's input copies, adds and FFMA matmuls, took about a third of a training "
         "pass's device time (`evals/reports/scale`); the autocast path is tested on the CPU, not yet measured on a "
