@@ -199,6 +199,20 @@ async def measured_train(model, groups, config) -> dict:
     return row
 
 
+def autocast_at(args, call: int) -> bool:
+    """`TrainConfig.lora_autocast` of ours' train call number `call` (from 0) under `--lora-autocast`:
+    alternate is off, on, off, ... so that one run holds both."""
+    return args.lora_autocast == "on" or (args.lora_autocast == "alternate" and call % 2 == 1)
+
+
+def vllm_fields(args) -> dict:
+    """The `EngineConfig` fields `--batched-tokens` and `--log-stats` set (none given: the engine's defaults)."""
+    fields: dict = {"log_stats": args.log_stats}
+    if args.batched_tokens:
+        fields["max_num_batched_tokens"] = args.batched_tokens
+    return fields
+
+
 async def ours(args) -> dict:
     from transformers import AutoTokenizer
 
@@ -215,6 +229,7 @@ async def ours(args) -> dict:
     result: dict = {"shape": args.shape, "config": SHAPES[args.shape], "params": param_count(SHAPES[args.shape]),
                     "lora": LORA, "gpu_memory_utilization": args.util, "allowed_words": len(words),
                     "offload_during_rollouts": args.offload, "lora_autocast": args.lora_autocast,
+                    "max_num_batched_tokens": args.batched_tokens, "log_stats": args.log_stats,
                     "dry_run": args.dry_run, "errors": []}
 
     def save():
@@ -224,7 +239,7 @@ async def ours(args) -> dict:
     cfg = ModelConfig(lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), seed=0, random_weights=True,
                       offload_during_rollouts=args.offload,
                       engine=EngineConfig(engine=engine, max_seq_length=args.max_seq, gpu_memory_utilization=args.util,
-                                          max_num_seqs=64))
+                                          max_num_seqs=64, **vllm_fields(args)))
     fixed = {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
     if args.dry_run:  # the CPU server takes neither allowed_token_ids nor ignore_eos
         fixed = {}
@@ -276,9 +291,11 @@ async def ours(args) -> dict:
                         break
                     groups = await rollout("rollout_adapter_s")  # served with the latest adapter
                     key = "share" if share else "no_share"
+                    autocast = autocast_at(args, len(part.get("share", [])) + len(part.get("no_share", [])))
                     row = await measured_train(model, groups, TrainConfig(
                         learning_rate=1e-5, share_prefix=share, max_tokens_per_micro_batch=args.micro_tokens,
-                        lora_autocast=args.lora_autocast))
+                        lora_autocast=autocast))
+                    row["lora_autocast"] = autocast
                     part.setdefault(key, []).append({k: v for k, v in row.items() if not isinstance(v, dict)})
                     save()
                     print(f"prefix share={share}: {json.dumps(part[key][-1], default=str)[:600]}", flush=True)
@@ -316,9 +333,9 @@ async def ours(args) -> dict:
                                   if not isinstance(c, dict))
                     row = await measured_train(model, groups, TrainConfig(
                         learning_rate=1e-5, max_tokens_per_micro_batch=args.micro_tokens,
-                        lora_autocast=args.lora_autocast))
+                        lora_autocast=autocast_at(args, step)))
                     row = {k: v for k, v in row.items() if not isinstance(v, dict)}
-                    row.update(wall_s=time.perf_counter() - t0, rollout_wall_s=rollout_s, sampled_tokens=sampled,
+                    row.update(lora_autocast=autocast_at(args, step), wall_s=time.perf_counter() - t0, rollout_wall_s=rollout_s, sampled_tokens=sampled,
                                rollout_tokens_per_s=sampled / rollout_s)
                     agent["steps"].append(row)
                     save()
@@ -582,7 +599,7 @@ def plain_vllm_server(model_dir: Path, args, log_dir: Path):
             return env
 
     config = EngineConfig(engine="vllm", max_seq_length=args.max_seq, gpu_memory_utilization=args.util,
-                          max_num_seqs=64, vllm_args={"load_format": "dummy", "seed": 0})
+                          max_num_seqs=64, vllm_args={"load_format": "dummy", "seed": 0}, **vllm_fields(args))
     return PlainVLLMServer(str(model_dir), config, served_name="raw", lora_rank=LORA["rank"], log_dir=log_dir,
                            chat_template_file=template_file, tool_parser="hermes", reasoning_parser=None,
                            tools_ok=tools_ok)
@@ -1100,7 +1117,9 @@ def profile(args) -> dict:
 
     checkpointed = False
     counts = sorted(dict.fromkeys(args.prof_sequences))
-    for ckpt, tokens, k, mode in itertools.product(settings, sorted(args.act_tokens), counts, modes):
+    autocasts = [False, True] if args.lora_autocast == "alternate" else [args.lora_autocast == "on"]
+    for ckpt, tokens, k, mode, autocast in itertools.product(settings, sorted(args.act_tokens), counts, modes,
+                                                             autocasts):
         if budget.left() <= 0:
             result["errors"].append(f"{tokens} tokens x {k} ({mode}), checkpointing {ckpt} and after: not started, "
                                     "budget")
@@ -1126,10 +1145,10 @@ def profile(args) -> dict:
                                  advantage=1.0, trajectory=j, group=0 if shared else j, position=0)
                  for j in range(k)]
         config = TrainConfig(max_tokens_per_micro_batch=shared + each * k, share_prefix=bool(shared),
-                             lora_autocast=args.lora_autocast,
+                             lora_autocast=autocast,
                              **({"min_shared_prefix": min(shared, 32)} if shared else {}))
         run = {"tokens": shared + each * k, "sequences": k, "shared_prefix": shared, "attention": mode,
-               "checkpointing": ckpt == "on", "lora_autocast": args.lora_autocast}
+               "checkpointing": ckpt == "on", "lora_autocast": autocast}
         try:
             run["warmup_s"], stats = one_pass(seqs, config)
             times = [one_pass(seqs, config)[0] for _ in range(args.prof_reps)]
@@ -1320,12 +1339,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prof-sequences", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[1, 2],
                     help="profile: the sequences each row of --act-tokens tokens is made of, e.g. 1,2")
     ap.add_argument("--prof-reps", type=int, default=2, help="profile: timed passes after the warm-up")
-    ap.add_argument("--lora-autocast", action="store_true",
-                    help="ours, profile: TrainConfig(lora_autocast=True), the adapters' matmuls in bf16 under autocast")
+    ap.add_argument("--lora-autocast", nargs="?", const="on", default="off", choices=["off", "on", "alternate"],
+                    help="ours, profile: TrainConfig(lora_autocast=True), the adapters' matmuls in bf16 under autocast; "
+                         "alternate: ours' train calls off, on, off, ... (an A/B within one run), profile both")
     ap.add_argument("--prof-attention", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
                     default=["mask", "blocks"], help="profile: mask (one 4-D mask per row), blocks (trainer.attention)")
     ap.add_argument("--prof-prefix", type=int, default=0,
                     help="profile: tokens the sequences of a row share at their start (computed once)")
+    ap.add_argument("--batched-tokens", type=int, default=None,
+                    help="ours, raw --raw-via server: EngineConfig.max_num_batched_tokens (default: the engine's, "
+                         "vLLM's offline value for the GPU)")
+    ap.add_argument("--log-stats", action="store_true",
+                    help="ours, raw --raw-via server: EngineConfig.log_stats (vLLM's per-step statistics on)")
     ap.add_argument("--raw-via", default="llm", choices=["llm", "server"],
                     help="raw: in-process vllm.LLM, or vLLM's own OpenAI server without our middleware")
     args = ap.parse_args(argv)

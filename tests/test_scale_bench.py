@@ -35,12 +35,14 @@ def test_ours_runs_both_workloads_without_an_error_row(tmp_path):
     TrainConfig the trainer refuses, or rollouts of an older policy step, would be recorded as an error row)."""
     main(["ours", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens", "300",
           "--turn-tokens", "100", "--gen", "16", "--groups", "2", "--group-size", "4", "--agent-steps", "1",
-          "--max-seq", "2048", "--micro-tokens", "2048"])
+          "--max-seq", "2048", "--micro-tokens", "2048", "--lora-autocast", "alternate"])
     result = json.loads((tmp_path / "ours-tiny.json").read_text())
     assert not result["errors"]
     rows = result["prefix"]["share"] + result["prefix"]["no_share"] + result["agent"]["steps"]
     assert len(rows) == 4 and all("error" not in r and r["trained"] for r in rows)
     assert [r["step"] for r in result["prefix"]["share"] + result["prefix"]["no_share"]] == [1, 3, 2]
+    # --lora-autocast alternate: the train calls in order (share, no share, share; then the agent's) off, on, off
+    assert [r["lora_autocast"] for r in rows] == [False, False, True, False]
     # three rollouts of the base model (the ones `raw` is compared with), then fresh ones before each train call
     assert len(result["prefix"]["rollout_s"]) == 3 and len(result["prefix"]["rollout_adapter_s"]) == 3
     share, plain = result["prefix"]["share"][0], result["prefix"]["no_share"][0]
@@ -124,7 +126,7 @@ def test_the_plain_server_is_ours_without_the_middleware(tmp_path):
     from evals.scale_bench import make_model_dir, plain_vllm_server
     from trainer.vllm_server import VLLMServer
 
-    args = argparse.Namespace(max_seq=2048, util=0.45)
+    args = argparse.Namespace(max_seq=2048, util=0.45, batched_tokens=12288, log_stats=False)
     model_dir = make_model_dir("tiny", tmp_path / "m")
     plain = plain_vllm_server(model_dir, args, tmp_path)
     assert plain.chat_template_file is not None  # the template the trainer picks for SmolLM2's tokenizer
@@ -135,6 +137,7 @@ def test_the_plain_server_is_ours_without_the_middleware(tmp_path):
     at = theirs.index("--middleware")
     assert "--middleware" not in mine and mine == theirs[:at] + theirs[at + 2:]
     assert mine[mine.index("--load-format") + 1] == "dummy" and "--enable-sleep-mode" in mine
+    assert mine[mine.index("--max-num-batched-tokens") + 1] == "12288" and "--disable-log-stats" in mine
     assert "RULER_SERVED_NAME" not in plain.environment({}) and "RULER_SERVED_NAME" in ours.environment({})
 
 

@@ -225,3 +225,34 @@ def test_dedicated_gpus_are_checked_against_the_machine_before_anything_starts()
         LocalBackend._trainer_device(auto, "transformers", False)
     assert LocalBackend._trainer_device(EngineConfig(engine="transformers", placement="dedicated"), "transformers",
                                         False) == "cpu"
+
+
+def test_the_rollout_server_schedules_as_vllms_batch_engine_and_collects_no_per_step_statistics(tmp_path):
+    from trainer.vllm_server import rollout_batched_tokens
+
+    gib = 2**30
+    # vLLM 0.24's offline (vllm.LLM) defaults: 16384 on 70+ GiB GPUs but the A100, 8192 elsewhere
+    assert rollout_batched_tokens(141 * gib, "NVIDIA H200") == 16384
+    assert rollout_batched_tokens(80 * gib, "NVIDIA H100 80GB HBM3") == 16384
+    assert rollout_batched_tokens(80 * gib, "NVIDIA A100-SXM4-80GB") == 8192
+    assert rollout_batched_tokens(24 * gib, "NVIDIA L4") == 8192
+    for bad in (0, -1, True, 1.5e11):
+        with pytest.raises(ValueError, match="total_bytes"):
+            rollout_batched_tokens(bad, "NVIDIA H200")
+
+    def argv(**engine):
+        return VLLMServer("some/model", EngineConfig(engine="vllm", **engine), served_name="m", lora_rank=8,
+                          log_dir=tmp_path, chat_template_file=None, tool_parser="hermes", reasoning_parser=None,
+                          port=8000).command()
+
+    given = argv(max_num_batched_tokens=32768)
+    assert given[given.index("--max-num-batched-tokens") + 1] == "32768" and "--disable-log-stats" in given
+    assert "--disable-log-stats" not in argv(max_num_batched_tokens=4096, log_stats=True)
+    # without CUDA in this process the engine leaves vLLM its own choice rather than guess the serving GPU
+    import torch
+
+    assert ("--max-num-batched-tokens" in argv()) == torch.cuda.is_available()
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineConfig(engine="vllm", vllm_args={"max_num_batched_tokens": 8192})
+    with pytest.raises(ValueError, match="log_stats"):
+        EngineConfig(engine="vllm", vllm_args={"disable-log-stats": True})

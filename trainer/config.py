@@ -34,6 +34,7 @@ _ENGINE_OWNED_FLAGS = {
     "max_loras": "set by the engine", "max_cpu_loras": "keep_adapters", "middleware": "set by the engine",
     "gpu_memory_utilization": "gpu_memory_utilization", "max_model_len": "max_model_len",
     "max_num_seqs": "max_num_seqs", "enable_sleep_mode": "enable_sleep_mode", "enforce_eager": "enforce_eager",
+    "max_num_batched_tokens": "max_num_batched_tokens", "disable_log_stats": "log_stats",
     "generation_config": "set by the engine (vLLM's sampling defaults)", "enable_auto_tool_choice": "always on",
     "tool_call_parser": "tool_call_parser", "reasoning_parser": "reasoning_parser",
     "chat_template": "chat_template", "disable_uvicorn_access_log": "set by the engine",
@@ -41,7 +42,8 @@ _ENGINE_OWNED_FLAGS = {
     "data_parallel_size": "inference_gpus with inference_parallel='data'",
 }
 _VLLM_ONLY = ("gpu_memory_utilization", "max_model_len", "enforce_eager", "enable_sleep_mode", "max_num_seqs",
-              "keep_adapters", "startup_timeout_s", "server_timeout_s", "vllm_args", "inference_parallel")
+              "max_num_batched_tokens", "log_stats", "keep_adapters", "startup_timeout_s", "server_timeout_s",
+              "vllm_args", "inference_parallel")
 Placement = Literal["colocated", "dedicated"]
 
 
@@ -147,6 +149,17 @@ class EngineConfig(_Strict):
         "its memory during training (both must fit) and keeps answering with the previous step's adapter."))
     max_num_seqs: int = pydantic.Field(256, ge=1, description=(
         "vLLM only: `--max-num-seqs`, the most sequences vLLM generates concurrently. Default 256; >= 1."))
+    max_num_batched_tokens: int | None = pydantic.Field(None, ge=16, description=(
+        "vLLM only: `--max-num-batched-tokens`, the most tokens (prefill chunks and decodes) one engine step "
+        "schedules. Default None: the value vLLM gives its offline engine (`vllm.LLM`) on the serving GPU, "
+        "16384 on GPUs of 70 GiB or more other than the A100 and 8192 on others "
+        "(`trainer.vllm_server.rollout_batched_tokens`); vLLM's own server would take half that, a latency "
+        "setting for chat traffic, while rollouts are batch work (multi-turn agents prefill thousands of new "
+        "tokens per turn). >= 16."))
+    log_stats: bool = pydantic.Field(False, description=(
+        "vLLM only: keep vLLM's per-step statistics (its periodic throughput log lines and `/metrics`). Default "
+        "False: `--disable-log-stats`, as vLLM's offline engine runs, so the engine does not collect them every "
+        "step."))
     keep_adapters: int = pydantic.Field(2, ge=1, description=(
         "vLLM only: how many of the latest steps' adapters stay servable as `<name>@<step>`; older names are "
         "unloaded (requests naming them get 404). Default 2; >= 1. Also sets `--max-cpu-loras` "

@@ -3,6 +3,7 @@
     python -m vllm.entrypoints.openai.api_server --model BASE --served-model-name NAME NAME@0 --enable-lora
         --enable-sleep-mode --generation-config vllm --enable-auto-tool-choice --tool-call-parser P
         [--reasoning-parser R] [--chat-template F] --middleware trainer.vllm_middleware.TrainingDataMiddleware
+        --max-num-batched-tokens N --disable-log-stats
 
 - Rollouts talk to it directly (`model.inference_base_url`); `trainer/vllm_middleware.py` makes every
   completion carry `prompt_token_ids`, `token_ids` and sampled logprobs, and routes the bare name to the
@@ -13,6 +14,9 @@
 - Around training the server sleeps: `/sleep?level=1&mode=wait` lets in-flight requests finish, queues new
   ones, offloads the weights and frees the KV cache; `/wake_up` restores them and runs the queued requests.
   No request is aborted, so none is trained as if it had finished.
+- `--max-num-batched-tokens` and `--disable-log-stats`: the server schedules as vLLM's offline engine does
+  (`rollout_batched_tokens`; vLLM's server defaults halve the tokens per step for chat latency), since rollouts
+  are batch work (`EngineConfig.max_num_batched_tokens`, `log_stats`).
 - `--generation-config vllm`: sampling defaults are vLLM's (temperature 1), not the model's
   `generation_config.json` (often 0.7): a rollout that sets no temperature samples the policy itself, as on
   the CPU server.
@@ -80,6 +84,37 @@ def lora_serving_rank(rank: int) -> int:
         if rank <= allowed:
             return allowed
     raise ValueError(f"LoRA rank {rank} is above {VLLM_LORA_RANKS[-1]}, the largest vLLM can serve")
+
+
+def rollout_batched_tokens(total_bytes: int, device_name: str) -> int:
+    """The `--max-num-batched-tokens` a rollout server gets by default: what vLLM 0.24 gives its offline engine
+    (`vllm.LLM`) on this GPU, 16384 on GPUs of 70 GiB or more other than the A100 (H100, H200, MI300x, ...) and
+    8192 on others. vLLM's OpenAI server picks half of it (8192 / 2048) for chat latency; rollouts are batch
+    work, so the server runs as vLLM's batch engine would."""
+    if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes <= 0:
+        raise ValueError(f"total_bytes must be a positive int, got {total_bytes!r}")
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str, got {type(device_name).__name__}")
+    return 16384 if total_bytes >= 70 * 2**30 and "a100" not in device_name.lower() else 8192
+
+
+def _serving_gpu_batched_tokens(config: EngineConfig) -> int | None:
+    """`rollout_batched_tokens` of the GPU vLLM will serve on: the first of `inference_gpus` when dedicated and
+    launched here, the first visible device inside a Ray actor (Ray set its `CUDA_VISIBLE_DEVICES` to the
+    inference GPUs), else this process's current CUDA device; None when CUDA is not available here (vLLM then
+    decides)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    if config.placement != "dedicated":
+        index = torch.cuda.current_device()
+    else:
+        index = config.inference_gpus[0] if config.launcher == "local" and config.inference_gpus else 0
+    props = torch.cuda.get_device_properties(index)
+    return rollout_batched_tokens(int(props.total_memory), props.name)
 
 
 def _free_port(host: str) -> int:
@@ -301,6 +336,11 @@ class VLLMServer(ServerProcess):
                 "--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser,
                 "--middleware", "trainer.vllm_middleware.TrainingDataMiddleware",
                 "--disable-uvicorn-access-log"]
+        batched = c.max_num_batched_tokens or _serving_gpu_batched_tokens(c)
+        if batched:
+            argv += ["--max-num-batched-tokens", str(batched)]
+        if not c.log_stats:
+            argv.append("--disable-log-stats")
         if self.can_sleep:
             argv.append("--enable-sleep-mode")
         if self.dedicated and len(c.inference_gpus) > 1:
