@@ -199,10 +199,17 @@ async def measured_train(model, groups, config) -> dict:
     return row
 
 
-def autocast_at(args, call: int) -> bool:
-    """`TrainConfig.lora_autocast` of ours' train call number `call` (from 0) under `--lora-autocast`:
-    alternate is off, on, off, ... so that one run holds both."""
-    return args.lora_autocast == "on" or (args.lora_autocast == "alternate" and call % 2 == 1)
+AUTOCAST_SETTINGS = {"auto": None, "on": True, "off": False}
+
+
+def autocast_at(args, call: int) -> bool | None:
+    """`TrainConfig.lora_autocast` of ours' train call number `call` (from 0) under `--lora-autocast`: auto is
+    the trainer's default (None: on for the bf16 models of a GPU run), alternate is off, on, off, ... so that one
+    run holds both. Rows record this as `lora_autocast_setting` and the trainer's own stat (whether it ran) as
+    `lora_autocast`."""
+    if args.lora_autocast == "alternate":
+        return call % 2 == 1
+    return AUTOCAST_SETTINGS[args.lora_autocast]
 
 
 def vllm_fields(args) -> dict:
@@ -295,7 +302,7 @@ async def ours(args) -> dict:
                     row = await measured_train(model, groups, TrainConfig(
                         learning_rate=1e-5, share_prefix=share, max_tokens_per_micro_batch=args.micro_tokens,
                         lora_autocast=autocast))
-                    row["lora_autocast"] = autocast
+                    row["lora_autocast_setting"] = autocast
                     part.setdefault(key, []).append({k: v for k, v in row.items() if not isinstance(v, dict)})
                     save()
                     print(f"prefix share={share}: {json.dumps(part[key][-1], default=str)[:600]}", flush=True)
@@ -335,7 +342,7 @@ async def ours(args) -> dict:
                         learning_rate=1e-5, max_tokens_per_micro_batch=args.micro_tokens,
                         lora_autocast=autocast_at(args, step)))
                     row = {k: v for k, v in row.items() if not isinstance(v, dict)}
-                    row.update(lora_autocast=autocast_at(args, step), wall_s=time.perf_counter() - t0, rollout_wall_s=rollout_s, sampled_tokens=sampled,
+                    row.update(lora_autocast_setting=autocast_at(args, step), wall_s=time.perf_counter() - t0, rollout_wall_s=rollout_s, sampled_tokens=sampled,
                                rollout_tokens_per_s=sampled / rollout_s)
                     agent["steps"].append(row)
                     save()
@@ -1117,7 +1124,7 @@ def profile(args) -> dict:
 
     checkpointed = False
     counts = sorted(dict.fromkeys(args.prof_sequences))
-    autocasts = [False, True] if args.lora_autocast == "alternate" else [args.lora_autocast == "on"]
+    autocasts = [False, True] if args.lora_autocast == "alternate" else [AUTOCAST_SETTINGS[args.lora_autocast]]
     for ckpt, tokens, k, mode, autocast in itertools.product(settings, sorted(args.act_tokens), counts, modes,
                                                              autocasts):
         if budget.left() <= 0:
@@ -1148,7 +1155,7 @@ def profile(args) -> dict:
                              lora_autocast=autocast,
                              **({"min_shared_prefix": min(shared, 32)} if shared else {}))
         run = {"tokens": shared + each * k, "sequences": k, "shared_prefix": shared, "attention": mode,
-               "checkpointing": ckpt == "on", "lora_autocast": autocast}
+               "checkpointing": ckpt == "on", "lora_autocast_setting": autocast}
         try:
             run["warmup_s"], stats = one_pass(seqs, config)
             times = [one_pass(seqs, config)[0] for _ in range(args.prof_reps)]
@@ -1159,7 +1166,7 @@ def profile(args) -> dict:
             continue
         # rows_as_blocks: what the trainer gave each row (blocks only where their copies fit the mask's memory)
         run.update(rows=stats["rows"], rows_as_blocks=stats["block_rows"], forward_tokens=stats["forward_tokens"],
-                   loss=stats["loss"])
+                   loss=stats["loss"], lora_autocast=stats["lora_autocast"])
         events = []
         for e in prof.key_averages():
             if cuda:  # kernels: the device's own time; operators' rows would count it twice
@@ -1339,9 +1346,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prof-sequences", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[1, 2],
                     help="profile: the sequences each row of --act-tokens tokens is made of, e.g. 1,2")
     ap.add_argument("--prof-reps", type=int, default=2, help="profile: timed passes after the warm-up")
-    ap.add_argument("--lora-autocast", nargs="?", const="on", default="off", choices=["off", "on", "alternate"],
-                    help="ours, profile: TrainConfig(lora_autocast=True), the adapters' matmuls in bf16 under autocast; "
-                         "alternate: ours' train calls off, on, off, ... (an A/B within one run), profile both")
+    ap.add_argument("--lora-autocast", nargs="?", const="on", default="auto",
+                    choices=["auto", "off", "on", "alternate"],
+                    help="ours, profile: TrainConfig.lora_autocast, the adapters' matmuls in bf16 under autocast; "
+                         "auto (default): the trainer's default, on for bf16 models; alternate: ours' train calls "
+                         "off, on, off, ... (an A/B within one run), profile both")
     ap.add_argument("--prof-attention", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
                     default=["mask", "blocks"], help="profile: mask (one 4-D mask per row), blocks (trainer.attention)")
     ap.add_argument("--prof-prefix", type=int, default=0,

@@ -1,7 +1,7 @@
 """`TrainConfig.lora_autocast` on the CPU (torch's CPU autocast, bf16): the adapters get the model's bf16
 activations instead of float32 copies, their weights and gradients stay float32, the loss and gradients agree
-with peft's float32 path to bf16 precision, peft's casting is back on afterwards, and a float32 model is
-unchanged."""
+with peft's float32 path to bf16 precision, peft's casting is back on afterwards, a float32 model is
+unchanged, and the default (None) is on for a bfloat16 model only."""
 
 import pytest
 import torch
@@ -34,11 +34,12 @@ def run(model, config):
              for name, m in model.named_modules() if name.endswith("lora_A.default")]
     try:
         model.zero_grad(set_to_none=True)
-        loss, _ = training.accumulate_loss(model, batch(), config)
+        loss, stats = training.accumulate_loss(model, batch(), config)
     finally:
         for h in hooks:
             h.remove()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert stats["lora_autocast"] == (bool(seen) and set(seen) == {torch.bfloat16})  # the stat says what ran
     return loss, grads, seen
 
 
@@ -50,7 +51,7 @@ def test_autocast_feeds_the_adapters_bf16_and_keeps_their_weights_and_gradients_
     if checkpointing:  # the recomputation in the backward pass must see the bf16 inputs too
         model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.get_base_model().enable_input_require_grads()
-    loss_a, grads_a, seen_a = run(model, TrainConfig(max_tokens_per_micro_batch=4096, **extra))
+    loss_a, grads_a, seen_a = run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=False, **extra))
     loss_b, grads_b, seen_b = run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True, **extra))
     assert seen_a and set(seen_a) == {torch.float32}  # peft's default: each adapted input copied to float32
     assert seen_b and set(seen_b) == {torch.bfloat16}  # autocast: the activations as they are
@@ -73,12 +74,27 @@ def test_a_float32_model_is_unchanged():
     assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
 
 
-def test_a_float16_model_is_refused():
+def test_the_default_is_on_for_a_bfloat16_model_only():
+    model = bf16_model()
+    loss_on, grads_on, seen = run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True))
+    loss_default, grads_default, seen_default = run(model, TrainConfig(max_tokens_per_micro_batch=4096))
+    assert set(seen_default) == {torch.bfloat16} and loss_default == loss_on
+    assert all(torch.equal(grads_on[n], grads_default[n]) for n in grads_on)
+    fp32 = tiny_lora_model()
+    assert set(run(fp32, TrainConfig(max_tokens_per_micro_batch=4096))[2]) == {torch.float32}
+
+
+def test_a_float16_model_is_refused_when_asked_for_and_left_alone_by_default():
     model = bf16_model().to(torch.float16)
     with pytest.raises(ValueError, match="bfloat16 model"):
         run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True))
+    _, _, seen = run(model, TrainConfig(max_tokens_per_micro_batch=4096))  # as peft has it, no error
+    assert set(seen) == {torch.float16}  # `.to` made the adapters float16 too: no autocast, no cast
 
 
 def test_the_switch_is_validated():
     with pytest.raises(ValueError, match="lora_autocast"):
         TrainConfig(lora_autocast="maybe")
+    with pytest.raises(ValueError, match="True, False or None"):
+        with training.lora_autocast(bf16_model(), "yes"):
+            pass

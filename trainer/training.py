@@ -277,19 +277,22 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
 
 
 @contextmanager
-def lora_autocast(model, enabled: bool):
+def lora_autocast(model, enabled: bool | None):
     """`TrainConfig.lora_autocast`: around a batch's forward and backward passes, the adapters get the model's
     bfloat16 activations as they are (peft's cast of each adapted layer's input to the adapters' float32
     disabled) and the forwards run under `torch.autocast` in that dtype (`autocast_forward`), so the LoRA matmuls
-    run in it while the weights and gradients stay float32. A float32 model, or `enabled` False: nothing
-    changes; a float16 model is refused (no gradient scaler)."""
+    run in it while the weights and gradients stay float32. Yields that dtype, or None where nothing changes: a
+    model that is not bfloat16, or `enabled` False. `enabled` None: on for a bfloat16 model. True on a float16
+    model is refused (no gradient scaler)."""
     import torch
 
+    if enabled not in (True, False, None):
+        raise ValueError(f"lora_autocast takes True, False or None (on for a bfloat16 model), not {enabled!r}")
     dtype = _base(model).get_input_embeddings().weight.dtype
     if enabled and dtype == torch.float16:  # fp16 gradients of these small per-token losses underflow unscaled
-        raise ValueError("lora_autocast takes a bfloat16 model: under float16 autocast the adapters' gradients "
-                         "would need a gradient scaler, which this trainer has not")
-    if not enabled or dtype != torch.bfloat16:
+        raise ValueError("lora_autocast=True takes a bfloat16 model: under float16 autocast the adapters' gradients "
+                         "would need a gradient scaler, which this trainer has not (leave it None for float16)")
+    if enabled is False or dtype != torch.bfloat16:
         yield None
         return
     from peft.helpers import disable_input_dtype_casting
@@ -442,7 +445,8 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                       "sequence_tokens": packed.sequence_tokens, "forward_tokens": packed.forward_tokens,
                       "shared_prefix_saving": packed.saving,
                       "rows": packed.rows, "block_rows": block_rows, "shared_prefix_groups": packed.shared_groups,
-                      "unshared_groups": packed.no_shared_prefix, "unmaskable_fallback": packed.unmaskable_fallback}
+                      "unshared_groups": packed.no_shared_prefix, "unmaskable_fallback": packed.unmaskable_fallback,
+                      "lora_autocast": half is not None}
 
 
 def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *,
