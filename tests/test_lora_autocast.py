@@ -76,7 +76,7 @@ def test_a_float32_model_is_unchanged():
 
 def test_the_default_is_on_for_a_bfloat16_model_only():
     model = bf16_model()
-    loss_on, grads_on, seen = run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True))
+    loss_on, grads_on, _ = run(model, TrainConfig(max_tokens_per_micro_batch=4096, lora_autocast=True))
     loss_default, grads_default, seen_default = run(model, TrainConfig(max_tokens_per_micro_batch=4096))
     assert set(seen_default) == {torch.bfloat16} and loss_default == loss_on
     assert all(torch.equal(grads_on[n], grads_default[n]) for n in grads_on)
@@ -95,6 +95,5 @@ def test_a_float16_model_is_refused_when_asked_for_and_left_alone_by_default():
 def test_the_switch_is_validated():
     with pytest.raises(ValueError, match="lora_autocast"):
         TrainConfig(lora_autocast="maybe")
-    with pytest.raises(ValueError, match="True, False or None"):
-        with training.lora_autocast(bf16_model(), "yes"):
-            pass
+    with pytest.raises(ValueError, match="True, False or None"), training.lora_autocast(bf16_model(), "yes"):
+        pass
