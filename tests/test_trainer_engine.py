@@ -254,5 +254,33 @@ def test_the_rollout_server_schedules_as_vllms_batch_engine_and_collects_no_per_
     assert ("--max-num-batched-tokens" in argv()) == torch.cuda.is_available()
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         EngineConfig(engine="vllm", vllm_args={"max_num_batched_tokens": 8192})
+    # vLLM refuses a step budget below max_num_seqs, and below the context with chunked prefill off: said here
+    with pytest.raises(ValueError, match="max_num_batched_tokens=100 is below max_num_seqs=256"):
+        EngineConfig(engine="vllm", max_num_batched_tokens=100)
+    with pytest.raises(ValueError, match="below the served context length 10240 with chunked prefill off"):
+        EngineConfig(engine="vllm", max_num_batched_tokens=8192, max_seq_length=10240,
+                     vllm_args={"no_enable_chunked_prefill": True})
+    EngineConfig(engine="vllm", max_num_batched_tokens=8192, max_seq_length=10240)  # chunked prefill on: fine
+
+
+def test_the_default_step_budget_is_raised_where_vllm_would_raise_its_own(tmp_path, monkeypatch):
+    """The per-GPU default (here as on a GPU that takes 8192) is raised to max_num_seqs, and to the served
+    context length when chunked prefill is off, so a default never fails vLLM's own checks at start."""
+    from trainer import vllm_server
+
+    monkeypatch.setattr(vllm_server, "_serving_gpu_batched_tokens", lambda config: 8192)
+
+    def budget(**engine):
+        argv = VLLMServer("some/model", EngineConfig(engine="vllm", **engine), served_name="m", lora_rank=8,
+                          log_dir=tmp_path, chat_template_file=None, tool_parser="hermes", reasoning_parser=None,
+                          port=8000).command()
+        return int(argv[argv.index("--max-num-batched-tokens") + 1])
+
+    assert budget() == 8192
+    assert budget(max_num_seqs=10000) == 10000
+    assert budget(max_seq_length=32768) == 8192  # chunked prefill on: prompts are prefilled in chunks
+    assert budget(max_seq_length=32768, vllm_args={"no_enable_chunked_prefill": True}) == 32768
+    assert budget(max_model_len=20000, vllm_args={"enable-chunked-prefill": "false"}) == 20000
+    assert budget(max_num_batched_tokens=4096) == 4096  # given: as it is
     with pytest.raises(ValueError, match="log_stats"):
         EngineConfig(engine="vllm", vllm_args={"disable-log-stats": True})

@@ -153,9 +153,12 @@ class EngineConfig(_Strict):
         "vLLM only: `--max-num-batched-tokens`, the most tokens (prefill chunks and decodes) one engine step "
         "schedules. Default None: the value vLLM gives its offline engine (`vllm.LLM`) on the serving GPU, "
         "16384 on GPUs of 70 GiB or more other than the A100 and 8192 on others "
-        "(`trainer.vllm_server.rollout_batched_tokens`); vLLM's own server would take half that, a latency "
-        "setting for chat traffic, while rollouts are batch work (multi-turn agents prefill thousands of new "
-        "tokens per turn). >= 16."))
+        "(`trainer.vllm_server.rollout_batched_tokens`), raised to `max_num_seqs` where that is larger and, with "
+        "chunked prefill turned off in `vllm_args`, to the served context length (as vLLM raises its own); "
+        "vLLM's own server would take a half (large GPUs) or a quarter (others) of it, a latency setting for "
+        "chat traffic, while rollouts are batch work (multi-turn agents prefill thousands of new tokens per "
+        "turn). Set: >= 16 and >= `max_num_seqs` (vLLM refuses less), and with chunked prefill off >= the "
+        "served context length (`max_model_len`, else `max_seq_length`)."))
     log_stats: bool = pydantic.Field(False, description=(
         "vLLM only: keep vLLM's per-step statistics (its periodic throughput log lines and `/metrics`). Default "
         "False: `--disable-log-stats`, as vLLM's offline engine runs, so the engine does not collect them every "
@@ -266,6 +269,33 @@ class EngineConfig(_Strict):
                 raise ValueError(f"vllm_args[{key!r}] is set by the engine itself; use "
                                  f"{_ENGINE_OWNED_FLAGS[flag]} instead")
         return args
+
+    def chunked_prefill_off(self) -> bool:
+        """Whether `vllm_args` turns vLLM's chunked prefill off (`no_enable_chunked_prefill=True`, or
+        `enable_chunked_prefill` given as false)."""
+        for key, value in self.vllm_args.items():
+            flag = key.lstrip("-").replace("-", "_")
+            if flag == "no_enable_chunked_prefill" and value not in (False, None, "false", "False"):
+                return True
+            if flag == "enable_chunked_prefill" and value in (False, "false", "False"):
+                return True
+        return False
+
+    @pydantic.model_validator(mode="after")
+    def _batched_tokens(self) -> EngineConfig:
+        n = self.max_num_batched_tokens
+        if n is None:
+            return self
+        if n < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={n} is below max_num_seqs={self.max_num_seqs}: vLLM needs "
+                             "room for one token of every concurrent sequence in a step; raise it or lower "
+                             "max_num_seqs")
+        served = self.max_model_len or self.max_seq_length
+        if self.chunked_prefill_off() and n < served:
+            raise ValueError(f"max_num_batched_tokens={n} is below the served context length {served} with "
+                             "chunked prefill off (vllm_args): vLLM must prefill a whole prompt in one step; "
+                             "raise it to at least that, or leave it None")
+        return self
 
     @pydantic.model_validator(mode="after")
     def _vllm_only_fields(self) -> EngineConfig:
@@ -429,11 +459,13 @@ class TrainConfig(_Strict):
         "transformers Trainer with `bf16=True` runs peft's adapters) instead of upcasting each adapted layer's "
         "input to float32 (peft's default outside autocast): the LoRA weights, their gradients and the optimizer "
         "state stay float32. Measured on an H200 (`evals/reports/scale`, agent workload): the training part of a "
-        "step 27.7 s with it against 36.1 s without at a 7B shape, 57.0 s against 70.2 s at 14B; the trainer's "
-        "peak 22.4 against 24.7 GiB (7B). None (default): on for a bfloat16 model, off otherwise (float32 and "
-        "float16 models train as peft has them). True: on, and a float16 model is refused (its adapters' "
-        "gradients would need a gradient scaler); on a float32 model nothing changes. False: off. Whether it was "
-        "on is in each step's stats (`lora_autocast`)."))
+        "step 27.7 s with it against 36.1 s without at a 7B shape, 57.0 s against 70.2 s at 14B (a first step); "
+        "the trainer's peak 22.4 against 24.7 GiB at 7B, 45.4 against 44.6 GiB at 14B (other steps, other "
+        "tokens). None (default): on for a bfloat16 model, off otherwise (float32 and float16 models train as "
+        "peft has them). True: on, and a float16 model is refused (its adapters' gradients would need a gradient "
+        "scaler); on a float32 model nothing changes. False: off. Whether it was on is in each step's stats "
+        "(`lora_autocast`). The transformers engine samples without autocast: on a GPU in bf16 its sampled "
+        "logprobs then differ from the trainer's by the adapters' rounding (ratios near 1, not exactly 1)."))
     allow_off_policy_text: bool = pydantic.Field(False, description=(
         "Train choices that carry no served token ids (an API model's answer, a streamed answer): their text "
         "is re-rendered with the served chat template and trained with ratio 1, counted as "

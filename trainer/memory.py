@@ -49,7 +49,10 @@ What the trainer materialises in one pass (`trainer/training.py`, `trainer/packi
 `max(max_tokens_per_micro_batch, max_seq_length)` tokens (a sequence is never split; `prepare` truncates to
 `EngineConfig.max_seq_length`), batch of one, in `ModelConfig.dtype` (bf16 on a GPU, fp32 on the CPU by default;
 the byte counts below say 2 for bf16), LoRA weights in fp32 (peft
-upcasts them), hence an fp32 copy of each adapted layer's input kept for the backward pass. With SDPA or eager
+upcasts them), hence an fp32 copy of each adapted layer's input kept for the backward pass: counted although
+under `TrainConfig.lora_autocast` (on by default for bf16 models) the adapters keep the bf16 input instead, so the
+plan overstates those terms there (an upper bound; the 7B agent step's trainer peak fell 2.2 GiB with it on an
+H200, `evals/reports/scale`). With SDPA or eager
 attention the row's boolean [T x T] mask is passed as a 4-D attention mask: transformers then repeats the KV
 heads (no GQA kernel with a mask) and torch's SDPA turns the mask into an additive one of the activations'
 dtype, kept for the backward pass: T^2 x 2 bytes per layer without checkpointing, one layer's with it. The

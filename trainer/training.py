@@ -446,7 +446,7 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                       "shared_prefix_saving": packed.saving,
                       "rows": packed.rows, "block_rows": block_rows, "shared_prefix_groups": packed.shared_groups,
                       "unshared_groups": packed.no_shared_prefix, "unmaskable_fallback": packed.unmaskable_fallback,
-                      "lora_autocast": half is not None}
+                      "lora_autocast": half is not None, "full_forward": full_forward}
 
 
 def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *,

@@ -15,8 +15,8 @@
   ones, offloads the weights and frees the KV cache; `/wake_up` restores them and runs the queued requests.
   No request is aborted, so none is trained as if it had finished.
 - `--max-num-batched-tokens` and `--disable-log-stats`: the server schedules as vLLM's offline engine does
-  (`rollout_batched_tokens`; vLLM's server defaults halve the tokens per step for chat latency), since rollouts
-  are batch work (`EngineConfig.max_num_batched_tokens`, `log_stats`).
+  (`rollout_batched_tokens`; vLLM's server defaults take a half or a quarter of its tokens per step, for chat
+  latency), since rollouts are batch work (`EngineConfig.max_num_batched_tokens`, `log_stats`).
 - `--generation-config vllm`: sampling defaults are vLLM's (temperature 1), not the model's
   `generation_config.json` (often 0.7): a rollout that sets no temperature samples the policy itself, as on
   the CPU server.
@@ -89,8 +89,8 @@ def lora_serving_rank(rank: int) -> int:
 def rollout_batched_tokens(total_bytes: int, device_name: str) -> int:
     """The `--max-num-batched-tokens` a rollout server gets by default: what vLLM 0.24 gives its offline engine
     (`vllm.LLM`) on this GPU, 16384 on GPUs of 70 GiB or more other than the A100 (H100, H200, MI300x, ...) and
-    8192 on others. vLLM's OpenAI server picks half of it (8192 / 2048) for chat latency; rollouts are batch
-    work, so the server runs as vLLM's batch engine would."""
+    8192 on others. vLLM's OpenAI server picks 8192 / 2048 there, for chat latency; rollouts are batch work, so
+    the server runs as vLLM's batch engine would."""
     if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes <= 0:
         raise ValueError(f"total_bytes must be a positive int, got {total_bytes!r}")
     if not isinstance(device_name, str):
@@ -336,7 +336,12 @@ class VLLMServer(ServerProcess):
                 "--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser,
                 "--middleware", "trainer.vllm_middleware.TrainingDataMiddleware",
                 "--disable-uvicorn-access-log"]
-        batched = c.max_num_batched_tokens or _serving_gpu_batched_tokens(c)
+        batched = c.max_num_batched_tokens
+        if batched is None:  # vLLM's offline value for this GPU, raised where vLLM would raise its own default
+            batched = _serving_gpu_batched_tokens(c)
+            if batched is not None:
+                batched = max(batched, c.max_num_seqs,
+                              (c.max_model_len or c.max_seq_length) if c.chunked_prefill_off() else 0)
         if batched:
             argv += ["--max-num-batched-tokens", str(batched)]
         if not c.log_stats:
