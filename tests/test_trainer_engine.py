@@ -261,11 +261,21 @@ def test_the_rollout_server_schedules_as_vllms_batch_engine_and_collects_no_per_
         EngineConfig(engine="vllm", max_num_batched_tokens=8192, max_seq_length=10240,
                      vllm_args={"no_enable_chunked_prefill": True})
     EngineConfig(engine="vllm", max_num_batched_tokens=8192, max_seq_length=10240)  # chunked prefill on: fine
+    with pytest.warns(UserWarning, match="max_num_batched_tokens"):  # vLLM-only: the CPU engine warns, never refuses
+        EngineConfig(engine="transformers", max_num_batched_tokens=100)
+    # chunked prefill is turned off one way only (vLLM's flag takes no value, and a False flag is never passed)
+    for bad in ({"enable_chunked_prefill": False}, {"no_enable_chunked_prefill": "true"},
+                {"enable-chunked-prefill": "false"}, {"enable_chunked_prefill": True, "no_enable_chunked_prefill": True}):
+        with pytest.raises(ValueError, match="chunked"):
+            EngineConfig(engine="vllm", vllm_args=bad)
+    with pytest.raises(ValueError, match="log_stats"):
+        EngineConfig(engine="vllm", vllm_args={"disable-log-stats": True})
 
 
-def test_the_default_step_budget_is_raised_where_vllm_would_raise_its_own(tmp_path, monkeypatch):
-    """The per-GPU default (here as on a GPU that takes 8192) is raised to max_num_seqs, and to the served
-    context length when chunked prefill is off, so a default never fails vLLM's own checks at start."""
+def test_the_default_step_budget_never_fails_vllms_own_start_checks(tmp_path, monkeypatch):
+    """The per-GPU default (here as on a GPU that takes 8192) is raised to max_num_seqs (vLLM refuses a step
+    budget below it) and, with chunked prefill off, to the served context length (as vLLM raises its own
+    default), so a default never fails vLLM's checks at start."""
     from trainer import vllm_server
 
     monkeypatch.setattr(vllm_server, "_serving_gpu_batched_tokens", lambda config: 8192)
@@ -280,7 +290,9 @@ def test_the_default_step_budget_is_raised_where_vllm_would_raise_its_own(tmp_pa
     assert budget(max_num_seqs=10000) == 10000
     assert budget(max_seq_length=32768) == 8192  # chunked prefill on: prompts are prefilled in chunks
     assert budget(max_seq_length=32768, vllm_args={"no_enable_chunked_prefill": True}) == 32768
-    assert budget(max_model_len=20000, vllm_args={"enable-chunked-prefill": "false"}) == 20000
+    assert budget(max_model_len=20000, vllm_args={"--no-enable-chunked-prefill": True}) == 20000
+    argv = VLLMServer("some/model", EngineConfig(engine="vllm", vllm_args={"--no-enable-chunked-prefill": True}),
+                      served_name="m", lora_rank=8, log_dir=tmp_path, chat_template_file=None, tool_parser="hermes",
+                      reasoning_parser=None, port=8000).command()
+    assert "--no-enable-chunked-prefill" in argv  # a key given with its dashes reaches vLLM as one flag
     assert budget(max_num_batched_tokens=4096) == 4096  # given: as it is
-    with pytest.raises(ValueError, match="log_stats"):
-        EngineConfig(engine="vllm", vllm_args={"disable-log-stats": True})

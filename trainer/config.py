@@ -153,8 +153,9 @@ class EngineConfig(_Strict):
         "vLLM only: `--max-num-batched-tokens`, the most tokens (prefill chunks and decodes) one engine step "
         "schedules. Default None: the value vLLM gives its offline engine (`vllm.LLM`) on the serving GPU, "
         "16384 on GPUs of 70 GiB or more other than the A100 and 8192 on others "
-        "(`trainer.vllm_server.rollout_batched_tokens`), raised to `max_num_seqs` where that is larger and, with "
-        "chunked prefill turned off in `vllm_args`, to the served context length (as vLLM raises its own); "
+        "(`trainer.vllm_server.rollout_batched_tokens`), raised to `max_num_seqs` where that is larger (vLLM "
+        "refuses less) and, with chunked prefill off (`vllm_args={'no_enable_chunked_prefill': True}`), to the "
+        "served context length (as vLLM raises its own default); "
         "vLLM's own server would take a half (large GPUs) or a quarter (others) of it, a latency setting for "
         "chat traffic, while rollouts are batch work (multi-turn agents prefill thousands of new tokens per "
         "turn). Set: >= 16 and >= `max_num_seqs` (vLLM refuses less), and with chunked prefill off >= the "
@@ -271,20 +272,29 @@ class EngineConfig(_Strict):
         return args
 
     def chunked_prefill_off(self) -> bool:
-        """Whether `vllm_args` turns vLLM's chunked prefill off (`no_enable_chunked_prefill=True`, or
-        `enable_chunked_prefill` given as false)."""
-        for key, value in self.vllm_args.items():
-            flag = key.lstrip("-").replace("-", "_")
-            if flag == "no_enable_chunked_prefill" and value not in (False, None, "false", "False"):
-                return True
-            if flag == "enable_chunked_prefill" and value in (False, "false", "False"):
-                return True
-        return False
+        """Whether `vllm_args` turns vLLM's chunked prefill off: `no_enable_chunked_prefill=True`, the one form
+        `_chunked_prefill_flags` lets through."""
+        return any(key.lstrip("-").replace("-", "_") == "no_enable_chunked_prefill" and value is True
+                   for key, value in self.vllm_args.items())
+
+    @pydantic.field_validator("vllm_args")
+    @classmethod
+    def _chunked_prefill_flags(cls, args: dict[str, Any]) -> dict[str, Any]:
+        # vLLM's flag takes no value (--enable-chunked-prefill / --no-enable-chunked-prefill) and a False value
+        # is never passed on: only True means what it says, and the two together contradict each other
+        given = {key.lstrip("-").replace("-", "_"): value for key, value in args.items()}
+        keys = [k for k in ("enable_chunked_prefill", "no_enable_chunked_prefill") if k in given]
+        if len(keys) == 2:
+            raise ValueError("vllm_args: give enable_chunked_prefill or no_enable_chunked_prefill, not both")
+        if keys and given[keys[0]] is not True:
+            raise ValueError(f"vllm_args[{keys[0]!r}] takes True (a flag without a value); to turn chunked "
+                             "prefill off give no_enable_chunked_prefill=True")
+        return args
 
     @pydantic.model_validator(mode="after")
     def _batched_tokens(self) -> EngineConfig:
         n = self.max_num_batched_tokens
-        if n is None:
+        if n is None or self.engine == "transformers":  # vLLM-only: the CPU engine warns (_vllm_only_fields)
             return self
         if n < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens={n} is below max_num_seqs={self.max_num_seqs}: vLLM needs "
@@ -461,7 +471,7 @@ class TrainConfig(_Strict):
         "state stay float32. Measured on an H200 (`evals/reports/scale`, agent workload): the training part of a "
         "step 27.7 s with it against 36.1 s without at a 7B shape, 57.0 s against 70.2 s at 14B (a first step); "
         "the trainer's peak 22.4 against 24.7 GiB at 7B, 45.4 against 44.6 GiB at 14B (other steps, other "
-        "tokens). None (default): on for a bfloat16 model, off otherwise (float32 and float16 models train as "
+        "tokens). Default None: on for a bfloat16 model, off otherwise (float32 and float16 models train as "
         "peft has them). True: on, and a float16 model is refused (its adapters' gradients would need a gradient "
         "scaler); on a float32 model nothing changes. False: off. Whether it was on is in each step's stats "
         "(`lora_autocast`). The transformers engine samples without autocast: on a GPU in bf16 its sampled "

@@ -66,7 +66,8 @@ gradient checkpointing each decoder layer keeps its input (T x hidden x 2 bytes)
 a time; logprobs come from the last hidden state in chunks of `logprob_chunk_size` tokens, so only a [chunk x
 vocabulary] block of logits exists at a time.
 
-Left out: the full-logits fallback (`verify_logprob_path` failing: [T x vocabulary] fp32), the transformers
+Left out: the full-logits fallback (`verify_logprob_path` failing: a row's [T x vocabulary] logits in the
+model's dtype and their gradient, and a float32 copy of the trained positions' rows), the transformers
 engine's generation KV cache (it generates with the trainer's weights, in the rollout phase), mixture-of-experts
 and other non-Llama-like layers (refused), vision towers, LoRA dropout > 0 (peft then keeps an extra fp32 copy of
 each adapted layer's dropped-out input for the backward pass), and a second model registered later on the same

@@ -337,7 +337,7 @@ class VLLMServer(ServerProcess):
                 "--middleware", "trainer.vllm_middleware.TrainingDataMiddleware",
                 "--disable-uvicorn-access-log"]
         batched = c.max_num_batched_tokens
-        if batched is None:  # vLLM's offline value for this GPU, raised where vLLM would raise its own default
+        if batched is None:  # vLLM's offline value for this GPU, raised where vLLM would refuse it
             batched = _serving_gpu_batched_tokens(c)
             if batched is not None:
                 batched = max(batched, c.max_num_seqs,
@@ -358,7 +358,7 @@ class VLLMServer(ServerProcess):
         if self.chat_template_file is not None:
             argv += ["--chat-template", str(self.chat_template_file)]
         for key, value in c.vllm_args.items():
-            flag = "--" + key.replace("_", "-")
+            flag = "--" + key.lstrip("-").replace("_", "-")
             if value is True:
                 argv.append(flag)
             elif value is not False and value is not None:
