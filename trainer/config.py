@@ -103,6 +103,12 @@ class LoRAConfig(_Strict):
             raise ValueError(f"LoRA target_modules {self.target_modules} do not fit {base}: {exc}") from None
 
 
+def vllm_flag_name(key: str) -> str:
+    """A `vllm_args` key as vLLM's argument name: leading dashes dropped, dashes as underscores
+    (`--max-num-seqs` and `max_num_seqs` are one flag)."""
+    return key.lstrip("-").replace("-", "_")
+
+
 class EngineConfig(_Strict):
     """Which engine serves rollouts and how (`trainer.engine.Engine`).
 
@@ -263,7 +269,7 @@ class EngineConfig(_Strict):
     @classmethod
     def _no_owned_flags(cls, args: dict[str, Any]) -> dict[str, Any]:
         for key in args:
-            flag = key.lstrip("-").replace("-", "_")
+            flag = vllm_flag_name(key)
             if not flag:
                 raise ValueError(f"vllm_args: {key!r} is not a flag name")
             if flag in _ENGINE_OWNED_FLAGS:
@@ -274,15 +280,20 @@ class EngineConfig(_Strict):
     def chunked_prefill_off(self) -> bool:
         """Whether `vllm_args` turns vLLM's chunked prefill off: `no_enable_chunked_prefill=True`, the one form
         `_chunked_prefill_flags` lets through."""
-        return any(key.lstrip("-").replace("-", "_") == "no_enable_chunked_prefill" and value is True
+        return any(vllm_flag_name(key) == "no_enable_chunked_prefill" and value is True
                    for key, value in self.vllm_args.items())
+
+    @property
+    def served_length(self) -> int:
+        """The context length vLLM serves (`--max-model-len`): `max_model_len`, else `max_seq_length`."""
+        return self.max_model_len or self.max_seq_length
 
     @pydantic.field_validator("vllm_args")
     @classmethod
     def _chunked_prefill_flags(cls, args: dict[str, Any]) -> dict[str, Any]:
         # vLLM's flag takes no value (--enable-chunked-prefill / --no-enable-chunked-prefill) and a False value
         # is never passed on: only True means what it says, and the two together contradict each other
-        given = {key.lstrip("-").replace("-", "_"): value for key, value in args.items()}
+        given = {vllm_flag_name(key): value for key, value in args.items()}
         keys = [k for k in ("enable_chunked_prefill", "no_enable_chunked_prefill") if k in given]
         if len(keys) == 2:
             raise ValueError("vllm_args: give enable_chunked_prefill or no_enable_chunked_prefill, not both")
@@ -300,9 +311,8 @@ class EngineConfig(_Strict):
             raise ValueError(f"max_num_batched_tokens={n} is below max_num_seqs={self.max_num_seqs}: vLLM needs "
                              "room for one token of every concurrent sequence in a step; raise it or lower "
                              "max_num_seqs")
-        served = self.max_model_len or self.max_seq_length
-        if self.chunked_prefill_off() and n < served:
-            raise ValueError(f"max_num_batched_tokens={n} is below the served context length {served} with "
+        if self.chunked_prefill_off() and n < self.served_length:
+            raise ValueError(f"max_num_batched_tokens={n} is below the served context length {self.served_length} with "
                              "chunked prefill off (vllm_args): vLLM must prefill a whole prompt in one step; "
                              "raise it to at least that, or leave it None")
         return self

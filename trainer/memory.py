@@ -89,7 +89,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import ModelConfig, TrainConfig, vllm_flag_name
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 1 * GIB       # the trainer's CUDA context, cuBLAS handles and kernels
@@ -299,7 +299,7 @@ def weight_shrinking(model_config: ModelConfig, hf_config: Mapping[str, Any]) ->
             method = method.get("quant_method", "") if isinstance(method, Mapping) else method
             return f"config.json's quantization_config ({method or 'quantised weights'})"
     for key, value in model_config.engine.vllm_args.items():
-        flag = key.lstrip("-").replace("-", "_")
+        flag = vllm_flag_name(key)
         if flag in WEIGHT_SHRINKING_FLAGS and value not in (None, False, 0, ""):
             return f"EngineConfig.vllm_args[{key!r}]={value!r}"
     return None

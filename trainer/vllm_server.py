@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from trainer.config import EngineConfig
+from trainer.config import EngineConfig, vllm_flag_name
 
 log = logging.getLogger("ruler.trainer")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed --max-lora-rank values
@@ -331,7 +331,7 @@ class VLLMServer(ServerProcess):
                 "--enable-lora", "--max-lora-rank", str(lora_serving_rank(self.lora_rank)),
                 "--max-loras", "2", "--max-cpu-loras", str(max(2, self.config.keep_adapters + 1)),
                 "--gpu-memory-utilization", str(c.gpu_memory_utilization),
-                "--max-model-len", str(c.max_model_len or c.max_seq_length),
+                "--max-model-len", str(c.served_length),
                 "--max-num-seqs", str(c.max_num_seqs), "--generation-config", "vllm",
                 "--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser,
                 "--middleware", "trainer.vllm_middleware.TrainingDataMiddleware",
@@ -340,8 +340,7 @@ class VLLMServer(ServerProcess):
         if batched is None:  # vLLM's offline value for this GPU, raised where vLLM would refuse it
             batched = _serving_gpu_batched_tokens(c)
             if batched is not None:
-                batched = max(batched, c.max_num_seqs,
-                              (c.max_model_len or c.max_seq_length) if c.chunked_prefill_off() else 0)
+                batched = max(batched, c.max_num_seqs, c.served_length if c.chunked_prefill_off() else 0)
         if batched:
             argv += ["--max-num-batched-tokens", str(batched)]
         if not c.log_stats:
@@ -358,7 +357,7 @@ class VLLMServer(ServerProcess):
         if self.chat_template_file is not None:
             argv += ["--chat-template", str(self.chat_template_file)]
         for key, value in c.vllm_args.items():
-            flag = "--" + key.lstrip("-").replace("_", "-")
+            flag = "--" + vllm_flag_name(key).replace("_", "-")
             if value is True:
                 argv.append(flag)
             elif value is not False and value is not None:
