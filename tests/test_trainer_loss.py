@@ -102,12 +102,17 @@ def test_micro_batches_add_up_to_the_full_batch_in_a_real_train_step(kind):
     assert full["grad_norm"] > 1e-3
 
 
-def test_a_step_says_which_logprob_path_it_trained_on_and_both_give_the_same_loss():
+def test_a_step_says_which_logprob_path_it_trained_on_and_both_give_the_same_loss(monkeypatch):
     model = tiny_lora_model(seed=0)
     config = TrainConfig(max_tokens_per_micro_batch=8192, share_prefix=False)
+    chunks = []  # the chunked path's calls: the stat must name the path that ran
+    chunk_logprobs = training._chunk_logprobs
+    monkeypatch.setattr(training, "_chunk_logprobs", lambda *a: chunks.append(1) or chunk_logprobs(*a))
     loss_chunked, chunked = training.accumulate_loss(model, micro_batch_sequences(), config)
+    ran_chunked = len(chunks)
     model.zero_grad(set_to_none=True)
     loss_full, full = training.accumulate_loss(model, micro_batch_sequences(), config, full_forward=True)
+    assert ran_chunked > 0 and len(chunks) == ran_chunked  # the full forward computed no chunk
     assert (chunked["full_forward"], full["full_forward"]) == (False, True)
     assert loss_full == pytest.approx(loss_chunked, abs=1e-5) and loss_chunked != 0
 
