@@ -93,15 +93,15 @@ def _openai_choices(items: Any) -> Any:
 
 def convert_litellm_choice_to_openai(choice: Any) -> Choice:
     """An OpenAI `Choice` from a litellm response choice, keeping what the server sent beside the standard
-    fields (`prompt_token_ids`, `token_ids`, `token_logprobs`, `policy_step`, which litellm keeps in
-    `provider_specific_fields`): training needs them. Same name and use as ART's helper."""
+    fields (`prompt_token_ids`, `token_ids`, `token_logprobs`, `policy_step`, `constrained`, `aborted`, which
+    litellm keeps in `provider_specific_fields`): training needs them. Same name and use as ART's helper."""
     if isinstance(choice, Choice):
         return choice
     if not hasattr(choice, "model_dump") or not hasattr(choice, "message"):
         raise TypeError(f"expected a litellm or OpenAI choice, got {type(choice).__name__}")
     data = choice.model_dump()
     nested = data.get("provider_specific_fields") or {}
-    for key in ("prompt_token_ids", "token_ids", "token_logprobs", "policy_step"):
+    for key in ("prompt_token_ids", "token_ids", "token_logprobs", "policy_step", "constrained", "aborted"):
         if data.get(key) is None and isinstance(nested, dict) and nested.get(key) is not None:
             data[key] = nested[key]
     return Choice.model_validate(data)

@@ -139,3 +139,45 @@ async def test_choices_sampled_under_a_grammar_are_marked_constrained_and_train_
             assert raw.get("constrained", False) is marked, extra
             turn = served_turn(Choice.model_validate(raw))
             assert turn.completion == [7, 8] and (turn.logprobs is None) is marked, extra
+
+
+async def test_an_aborted_turn_is_never_trained_even_after_litellm_rewrites_its_finish_reason(monkeypatch):
+    """vLLM answers an aborted request with `finish_reason: "abort"`; litellm turns that into `stop`. The
+    middleware marks the choice `aborted`, which survives litellm (real HTTP on loopback, real litellm), and
+    training refuses the turn whichever way the choice reaches the trajectory."""
+    import litellm
+
+    from ruler import Trajectory, TrajectoryGroup
+    from ruler.trajectory import convert_litellm_choice_to_openai
+    from trainer import TrainConfig
+    from trainer.sequences import AbortedTurnError, training_sequences
+    from trainer.server import BackgroundServer
+    from trainer.training import prepare
+
+    async def cut_short(request: Request):
+        response = await chat(request)
+        body = json.loads(response.body)
+        body["choices"][0]["finish_reason"] = "abort"
+        return JSONResponse(body)
+
+    monkeypatch.setenv("RULER_SERVED_NAME", "agent")
+    app = TrainingDataMiddleware(Starlette(routes=[Route("/v1/chat/completions", cut_short, methods=["POST"])]))
+    server = BackgroundServer(app, "127.0.0.1")
+    await server.start()
+    try:
+        msgs = [{"role": "user", "content": "hi"}]
+        reply = await litellm.acompletion(model="hosted_vllm/agent", api_base=server.url, api_key="x",
+                                          messages=msgs, n=2)
+    finally:
+        await server.stop()
+    first, second = reply.choices
+    assert first.finish_reason == "stop" and second.finish_reason == "stop"  # litellm's rewrite of "abort"
+    for kept in (first, convert_litellm_choice_to_openai(first)):
+        with pytest.raises(AbortedTurnError, match=r"messages_and_choices\[1\] was aborted"):
+            training_sequences(Trajectory(messages_and_choices=[*msgs, kept]))
+    (seq,) = training_sequences(Trajectory(messages_and_choices=[*msgs, second]))  # the finished one trains
+    assert sum(seq.trained) == 2
+    group = TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, c], reward=r)
+                             for c, r in ((first, 0.0), (second, 1.0), (second, 3.0))])
+    seqs, stats = prepare([group], None, TrainConfig(), 512)
+    assert stats["skipped"] == {"trajectory with an aborted turn": 1} and len(seqs) == 2

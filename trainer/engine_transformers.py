@@ -1,7 +1,15 @@
 """The transformers engine (a `trainer.engine.GeneratingEngine`): generation on CPU or GPU with the very model
 being trained (peft LoRA on top of the base), for development and CI. No adapter swapping is needed: the
 served weights are the trained ones. Generation and training take turns under one lock, so a request that
-arrives during a training step waits for it instead of being cut short; there is nothing to put to sleep."""
+arrives during a training step waits for it instead of being cut short; there is nothing to put to sleep.
+
+What is sampled is what is reported: the model's `generation_config.json` takes no part in sampling (as vLLM's
+`--generation-config vllm`), so its repetition penalty, n-gram bans, suppressed tokens, minimum lengths or default
+top-k/top-p (Qwen2.5-Instruct ships `repetition_penalty` 1.05) never reshape the distribution the reported
+logprobs come from. At temperature 1 and top_p 1 (the trainer's rollouts, `litellm_completion_params`) the
+tokens are drawn from exactly the distribution whose logprobs each choice carries; another temperature or top_p
+samples the tempered / nucleus distribution while the logprobs stay the policy's own temperature-1 ones, as
+vLLM reports them by default (its `raw_logprobs` mode)."""
 
 from __future__ import annotations
 
@@ -10,6 +18,53 @@ import threading
 from pathlib import Path
 
 from trainer.engine import Sample
+
+
+def _hf_models(model) -> list:
+    """`model` and, under peft, the transformers model it wraps: the objects whose `generation_config`
+    `generate()` reads (peft's `generate` copies its own onto the wrapped model's first)."""
+    found = [model]
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else None
+    if inner is not None and inner is not model:
+        found.append(inner)
+    return found
+
+
+def _neutral_generation_config(model, stop_token_ids: list[int]):
+    """A `GenerationConfig` with nothing but the model's special token ids: every logits processor and warper
+    off (transformers fills what a config leaves unset from its own neutral defaults, and top-k, its one
+    non-neutral default, is given as None with each call)."""
+    from transformers import GenerationConfig
+
+    own = getattr(_hf_models(model)[-1], "generation_config", None)
+    ids = {k: getattr(own, k, None) for k in ("bos_token_id", "decoder_start_token_id")}
+    return GenerationConfig(**{k: v for k, v in ids.items() if v is not None}, eos_token_id=list(stop_token_ids),
+                            pad_token_id=stop_token_ids[0])
+
+
+class _generation_config:
+    """Within the block, `generate()` reads `config` instead of the model's own `generation_config` (restored
+    after): the engine's calls sample under nothing but the arguments they pass."""
+
+    def __init__(self, model, config):
+        self.models, self.config, self.saved = _hf_models(model), config, []
+
+    def __enter__(self):
+        self.saved = [(m, m.__dict__.get("generation_config", _MISSING)) for m in self.models]
+        for m in self.models:
+            m.generation_config = self.config
+        return self
+
+    def __exit__(self, *exc):
+        for m, value in self.saved:
+            if value is _MISSING:
+                m.__dict__.pop("generation_config", None)
+            else:
+                m.generation_config = value
+        return False
+
+
+_MISSING = object()
 
 
 class TransformersEngine:
@@ -30,6 +85,7 @@ class TransformersEngine:
         self.lock = lock or threading.Lock()
         self.stop_token_ids = list(stop_token_ids)
         self.policy_step = 0  # changed with the weights, under `lock` (trainer.engine.GeneratingEngine)
+        self._neutral = _neutral_generation_config(model, self.stop_token_ids)
 
     async def start(self) -> None:
         return None
@@ -74,7 +130,7 @@ class TransformersEngine:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if grammar is not None:
             kwargs["logits_processor"] = [self._logits_processor(grammar)]
-        with self.lock, torch.inference_mode():
+        with self.lock, torch.inference_mode(), _generation_config(self.model, self._neutral):
             was_training = self.model.training
             self.model.eval()
             if seed is not None:

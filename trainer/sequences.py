@@ -92,6 +92,13 @@ def _extra(choice: Choice, key: str) -> Any:
     return nested.get(key) if isinstance(nested, dict) else None
 
 
+def aborted(choice: Choice) -> bool:
+    """Whether the server aborted `choice` (an unfinished turn): its `finish_reason` says `abort`, or, since
+    clients rewrite the finish reason (litellm maps vLLM's `abort` to `stop`), the `aborted` mark the trainer's
+    middleware in vLLM's server puts on such a choice (`trainer/vllm_middleware.py`)."""
+    return choice.finish_reason == "abort" or _extra(choice, "aborted") is True
+
+
 def _ints(value: Any) -> list[int] | None:
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
@@ -168,7 +175,7 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
         if not isinstance(item, Choice):
             before.append(item)
             continue
-        if item.finish_reason == "abort":
+        if aborted(item):
             raise AbortedTurnError(f"{where}: messages_and_choices[{i}] was aborted by the server")
         turn = served_turn(item)
         if turn is None:

@@ -15,6 +15,9 @@ rollout carries what token-exact training needs without the rollout code asking 
   each choice: vLLM computes its logprobs after the grammar's mask (a token the grammar forces has logprob 0), so
   they are not the policy's; training then takes the trainer's own logprobs as the old policy for such turns
   (the CPU server's logprobs under a grammar are the policy's: it does not mark them).
+- a choice vLLM aborted (`finish_reason: "abort"`: the request was cut off, e.g. by a pause or shutdown that
+  aborts in-flight requests) gets `aborted: true`. Clients rewrite the finish reason (litellm maps `abort` to
+  `stop`), so training reads this field, which they keep, and never trains such a turn.
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
 - `POST /v1/load_lora_adapter`: passed through; once vLLM has loaded `<name>@<step>`, the bare name means
@@ -217,6 +220,8 @@ class _TrainingFields:
                     choice["policy_step"] = self.policy_step
                 if self.constrained:
                     choice["constrained"] = True
+                if choice.get("finish_reason") == "abort":
+                    choice["aborted"] = True
                 content = (choice.get("logprobs") or {}).get("content")
                 if self.compact and content is not None:
                     choice["token_logprobs"] = [entry["logprob"] for entry in content]

@@ -17,9 +17,10 @@
 - `--max-num-batched-tokens` and `--disable-log-stats`: the server schedules as vLLM's offline engine does
   (`rollout_batched_tokens`; vLLM's server defaults take a half or a quarter of its tokens per step, for chat
   latency), since rollouts are batch work (`EngineConfig.max_num_batched_tokens`, `log_stats`).
-- `--generation-config vllm`: sampling defaults are vLLM's (temperature 1), not the model's
-  `generation_config.json` (often 0.7): a rollout that sets no temperature samples the policy itself, as on
-  the CPU server.
+- `--generation-config vllm`: sampling defaults are vLLM's (temperature 1, no penalties), not the model's
+  `generation_config.json` (often temperature 0.7, Qwen2.5's repetition penalty 1.05): a rollout that sets no
+  sampling parameters draws from the policy whose logprobs it reports. The CPU engine does the same: it hides
+  the model's generation config from `generate()` (`trainer/engine_transformers.py`).
 
 Tool-call and reasoning parsers default by model family (`default_parsers`) and are configurable
 (`EngineConfig.tool_call_parser`, `reasoning_parser`). vLLM itself is never imported in this process.
