@@ -3,52 +3,19 @@
 backend trains the real tiny model with it, never asking which engine it holds."""
 
 import threading
-from typing import ClassVar
 
 import pytest
 from openai.types.chat.chat_completion import Choice
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from ruler import Trajectory, TrajectoryGroup
+from tests.scripted_vllm import ScriptedVLLM
 from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from trainer import checkpoints as ckpt
 from trainer.engine import Engine, GeneratingEngine, Sample
-from trainer.server import BackgroundServer
 from trainer.vllm_server import VLLMServer
 
 BASE = "local/smollm2-135m-instruct"
 MSGS = [{"role": "user", "content": "Capital of France?"}]
-
-
-class ScriptedVLLM(VLLMServer):
-    """`VLLMServer` with every control call real, whose child process is replaced by a loopback server that
-    records the calls vLLM would get."""
-
-    calls: ClassVar[list[tuple[str, str]]] = []
-
-    async def start(self) -> None:
-        async def record(request: Request):
-            body = await request.body()
-            ScriptedVLLM.calls.append((request.url.path, body.decode() or str(request.query_params)))
-            return Response(status_code=404 if b"/missing" in body else 200)
-
-        app = Starlette(routes=[Route(p, record, methods=["POST"])
-                                for p in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/sleep", "/wake_up")])
-        self.fake = BackgroundServer(app, self.host)
-        await self.fake.start()
-        self.port = int(self.fake.url.rsplit(":", 1)[1].split("/")[0])
-        import httpx
-
-        self.http = httpx.AsyncClient(base_url=f"http://{self.host}:{self.port}", timeout=30)
-
-    async def close(self) -> None:
-        await super().close()
-        if getattr(self, "fake", None) is not None:
-            await self.fake.stop()
-            self.fake = None
 
 
 async def test_both_engines_implement_the_protocol_and_only_the_transformers_one_generates_in_process(tmp_path):

@@ -21,11 +21,13 @@ MSGS = [{"role": "system", "content": "Answer with one word."}, {"role": "user",
 STALE = TrainConfig(max_off_policy_steps=1, sampler_correction="tis")
 
 
-def choice(policy_step, prompt=(1, 2, 3), tokens=(7, 8)) -> Choice:
+def choice(policy_step, prompt=(1, 2, 3), tokens=(7, 8), constrained=False) -> Choice:
     data = {"index": 0, "finish_reason": "stop", "logprobs": None, "message": {"role": "assistant", "content": "x"},
             "prompt_token_ids": list(prompt), "token_ids": list(tokens), "token_logprobs": [-1.0] * len(tokens)}
     if policy_step is not None:
         data["policy_step"] = policy_step
+    if constrained:  # sampled under a grammar: the middleware marks it, its logprobs are not the policy's
+        data["constrained"] = True
     return Choice.model_validate(data)
 
 
@@ -74,6 +76,64 @@ def test_trajectories_older_than_the_bound_are_refused_naming_them_and_newer_one
         prepare([group(5, 5)], None, TrainConfig(), 512, policy_step=-1)
 
 
+def test_a_turn_newer_than_the_trainer_is_refused_wherever_it_sits_in_the_trajectory():
+    """Turns of steps [1, 3] with the trainer at 2: the oldest is within the bound, the newest is ahead."""
+    with pytest.raises(StalePolicyError, match="group 0 trajectory 0 has a turn sampled by policy step 3, newer "
+                                               "than the trainer's step 2"):
+        prepare([group((1, 3), 2)], None, STALE, 512, policy_step=2)
+    with pytest.raises(StalePolicyError, match="policy step 3, newer"):
+        prepare([group((3, 1), 2)], None, STALE, 512, policy_step=2)
+    seqs, _ = prepare([group((1, 2), 2)], None, STALE, 512, policy_step=2)
+    assert len(seqs) == 2 and seqs[0].newest_policy_step == 2 and seqs[0].policy_step == 1
+
+
+def test_stale_turns_without_sampled_logprobs_are_counted_as_uncorrected():
+    """A constrained turn's old policy is the trainer's own (importance weight 1): when it is stale, nothing
+    corrects for that, and the step says how many such turns it trained."""
+    def one(step, constrained, reward):
+        return Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, choice(step, constrained=constrained)],
+                          reward=reward)
+
+    batch = TrajectoryGroup([one(4, True, 0.0), one(4, False, 1.0), one(5, True, 3.0)])
+    _, stats = prepare([batch], None, STALE, 512, policy_step=5)
+    assert stats["stale_turns_uncorrected"] == 1 and stats["turns_without_logprobs"] == 2
+    assert stats["stale_trajectories"] == 2 and stats["policy_lag_max"] == 1
+    _, on_policy = prepare([TrajectoryGroup([one(5, True, 0.0), one(5, False, 1.0)])], None, STALE, 512, policy_step=5)
+    assert on_policy["stale_turns_uncorrected"] == 0
+
+
+def test_rewards_are_split_by_the_policy_step_that_sampled_them():
+    seqs, stats = prepare([group(5, 4, reward=(2.0, 6.0)), group(None, 4, reward=(1.0, 3.0))], None, STALE, 512,
+                          policy_step=5)
+    # a trajectory without a label counts as the trainer's step (on-policy)
+    assert stats["reward_by_policy_step"] == {"4": 4.5, "5": 1.5}
+    assert stats["rollouts_by_policy_step"] == {"4": 2, "5": 2}
+
+
+def test_checkpoints_are_credited_with_the_rewards_of_the_rollouts_they_sampled():
+    """Pipelined with lag 1, step 3 trains on rollouts of policy 1: they are checkpoint 1's, not checkpoint 2's.
+    Rows logged before the split (no `reward_by_policy_step`) keep the on-policy reading (row step - 1)."""
+    from trainer.backend import _credit_by_policy_step
+
+    rows = [{"step": 1, "trained": True, "reward_mean": 0.5, "reward_by_policy_step": {"0": 0.5},
+             "rollouts_by_policy_step": {"0": 8}},
+            {"step": 2, "trained": True, "reward_mean": 0.6, "reward_by_policy_step": {"0": 0.6},
+             "rollouts_by_policy_step": {"0": 8}},
+            {"step": 3, "trained": True, "reward_mean": 0.9, "reward_by_policy_step": {"1": 0.9},
+             "rollouts_by_policy_step": {"1": 8}, "loss": 0.25},
+            {"step": 4, "trained": True, "reward_mean": 0.2, "reward_by_policy_step": {"2": 0.1, "1": 0.3},
+             "rollouts_by_policy_step": {"2": 6, "1": 2}, "loss": 0.75},
+            {"step": 5, "trained": False, "reward_mean": 9.0, "reward_by_policy_step": {"3": 9.0}},
+            {"step": 6, "trained": True, "reward_mean": 0.4, "loss": 0.5}]  # an older log line: no split
+    credit = _credit_by_policy_step(rows, "reward_mean")
+    assert credit[0] == pytest.approx((0.5 * 8 + 0.6 * 8, 16)) and 3 not in credit
+    assert credit[1] == pytest.approx((0.9 * 8 + 0.3 * 2, 10)) and credit[2] == pytest.approx((0.1 * 6, 6))
+    assert credit[5] == pytest.approx((0.4, 1))
+    # another metric goes whole to the step that sampled most of the row's rollouts
+    assert _credit_by_policy_step(rows, "loss") == {1: pytest.approx((0.25, 1)), 2: pytest.approx((0.75, 1)),
+                                                    5: pytest.approx((0.5, 1))}
+
+
 async def test_the_pipeline_helper_validates_its_input():
     class Model:
         async def get_step(self):
@@ -116,6 +176,8 @@ async def two_pipelined_steps(model) -> dict[int, TrajectoryGroup]:
     assert [r["step"] for r in rows] == [1, 2] and all(r["trained"] for r in rows)
     assert (rows[0]["policy_lag_max"], rows[0]["stale_trajectories"]) == (0, 0)
     assert (rows[1]["policy_lag_max"], rows[1]["stale_trajectories"]) == (1, 4)
+    assert [r["reward_by_policy_step"] for r in rows] == [{"0": 1.5}, {"0": 1.5}]
+    assert [r["rollouts_by_policy_step"] for r in rows] == [{"0": 4}, {"0": 4}]
     assert await model.get_step() == 2 and ckpt.latest_checkpoint(model.run_dir) == 2
     return gathered
 
@@ -154,6 +216,10 @@ async def test_dedicated_cpu_placement_overlaps_rollouts_with_training_one_step_
         row = await model.train([fresh], TrainConfig(learning_rate=1e-3, **STALE_KW))
         assert row["policy_lag_max"] == 0 and row["step"] == 3
         assert math.isclose(row["sampler_weight_mean"], 1.0, abs_tol=2e-3), row["sampler_weight_mean"]
+        # steps 1 and 2 trained on policy 0's rollouts, step 3 on policy 2's: checkpoint 1 produced none, so
+        # the best checkpoint by reward is 2 (kept with the latest, 3), not 1 (what "row step - 1" would say)
+        assert row["reward_by_policy_step"] == {"2": 1.5}
+        assert await model.delete_checkpoints() == [1] and ckpt.list_checkpoints(model.run_dir) == [2, 3]
     finally:
         await backend.close()
     assert engine.proc is None

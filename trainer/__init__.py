@@ -10,7 +10,7 @@ from judges.extras import require
 
 require("train", "the trainer (import trainer)")  # before anything below imports torch
 
-from trainer.backend import LocalBackend
+from trainer.backend import LocalBackend, StepFailedError, TrainerStateError
 from trainer.config import EngineConfig, LoRAConfig, MemoryCheckConfig, ModelConfig, TrainConfig
 from trainer.memory import MemoryPlanError, plan_memory
 from ruler.gather import TooManyExceptions, gather_trajectory_groups
@@ -19,5 +19,5 @@ from trainer.pipeline import train_pipelined
 from trainer.record import record_trajectory
 
 __all__ = ["EngineConfig", "LoRAConfig", "LocalBackend", "MemoryCheckConfig", "MemoryPlanError", "ModelConfig",
-           "TooManyExceptions", "TrainConfig", "TrainableModel", "gather_trajectory_groups", "plan_memory", "record_trajectory",
+           "StepFailedError", "TooManyExceptions", "TrainConfig", "TrainableModel", "TrainerStateError", "gather_trajectory_groups", "plan_memory", "record_trajectory",
            "train_pipelined"]

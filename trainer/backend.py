@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,23 @@ from trainer.server import BackgroundServer, Served, create_server_app
 from trainer.training import prepare, train_step, verify_logprob_path, verify_packed_rows
 
 log = logging.getLogger("ruler.trainer")
+
+
+class StepFailedError(RuntimeError):
+    """A training step failed after it began changing the trainer's state (the update, its checkpoint, the
+    server's adapter load, vLLM's wake-up) and was rolled back whole: the adapter weights and optimizer state are
+    those of the last completed step again, the failed step's checkpoint is not on disk, the server still serves
+    the last step's adapter. Retrying the step applies its update once. The cause is `__cause__`."""
+
+    def __init__(self, message: str, *, step: int):
+        super().__init__(message)
+        self.step = step  # the step that was not applied
+
+
+class TrainerStateError(RuntimeError):
+    """The trainer cannot vouch for its in-memory state (a step was interrupted, or rolling back a failed step
+    failed): it takes no further step. Close the backend and register the model again: it resumes from the last
+    complete checkpoint."""
 
 
 def resolve_base_model(name: str) -> str:
@@ -173,6 +191,43 @@ def _after_step(on_step, row: dict, seqs: list[TrainingSequence]) -> None:
                     type(exc).__name__, exc)
 
 
+def _credit_by_policy_step(rows: list[dict], metric: str) -> dict[int, tuple[float, float]]:
+    """`{policy step: (sum of metric x weight, weight)}` over the run log's trained rows: `reward_mean` split by
+    `reward_by_policy_step` (weighted by `rollouts_by_policy_step`); another metric, or a row without the split,
+    credited whole to the step that sampled most of its rollouts, else to the row's step minus one."""
+    credit: dict[int, list[float]] = {}
+
+    def add(step: int, value, weight: float) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and weight > 0:
+            total = credit.setdefault(step, [0.0, 0.0])
+            total[0] += float(value) * weight
+            total[1] += weight
+
+    for row in rows:
+        if row.get("trained") != True:  # noqa: E712 - a numpy bool from the DataFrame counts
+            continue
+        split, counts = row.get("reward_by_policy_step"), row.get("rollouts_by_policy_step")
+        counts = counts if isinstance(counts, dict) else {}
+        if metric == "reward_mean" and isinstance(split, dict) and split:
+            for k, value in split.items():
+                add(int(k), value, float(counts.get(k, 1)))
+        elif counts:
+            add(int(max(counts, key=lambda k: (counts[k], -int(k)))), row.get(metric), 1.0)
+        elif isinstance(row.get("step"), (int, float)) and math.isfinite(row["step"]):
+            add(int(row["step"]) - 1, row.get(metric), 1.0)
+    return {k: (v[0], v[1]) for k, v in credit.items()}
+
+
+def _state_on_cpu(peft_model, optimizer) -> tuple[dict, dict]:
+    """A copy, on the CPU, of the adapter's weights (peft's saved form) and the optimizer's state."""
+    import copy
+
+    from peft import get_peft_model_state_dict
+
+    adapter = {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(peft_model).items()}
+    return adapter, copy.deepcopy(optimizer.state_dict())
+
+
 @dataclass
 class _Run:
     model: Any
@@ -190,6 +245,9 @@ class _Run:
     memory_plan: Any = None  # trainer.memory.MemoryPlan made at register (None: no plan)
     replan: Any = None  # TrainConfig -> MemoryPlan, the same plan for a step's TrainConfig
     offload: Any = None  # trainer.offload.WeightOffload with ModelConfig.offload_during_rollouts
+    initial_state: Any = None  # (adapter state, optimizer state) on the CPU before step 1: what a failed first
+    # step rolls back to (later steps roll back to their predecessor's checkpoint)
+    broken: str | None = None  # why the trainer takes no further step (TrainerStateError), or None
 
 
 class LocalBackend:
@@ -297,6 +355,7 @@ class LocalBackend:
         peft_model = cfg.lora.wrap(hf, base)
         optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-5)
         step = ckpt.latest_checkpoint(run_dir) or 0
+        initial = _state_on_cpu(peft_model, optimizer) if not step else None
         if step:
             from safetensors.torch import load_file
 
@@ -374,7 +433,7 @@ class LocalBackend:
             log.info("%s: %.1f GiB of base weights moved to CPU memory in %.1f s (offload_during_rollouts)",
                      model.name, offload.bytes / 2**30, offload.to_cpu())
         return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward,
-                    masks=masks, memory_plan=plan, replan=replan, offload=offload)
+                    masks=masks, memory_plan=plan, replan=replan, offload=offload, initial_state=initial)
 
     def _launch(self, make, engine_cfg, name: str, run_dir: Path):
         """The dedicated server `make(host=...)` builds: a child process of this one on the backend's host
@@ -427,6 +486,9 @@ class LocalBackend:
         trained on (each with its `advantage`, `group` and `position`; none when no step was taken); what it
         raises is logged, not raised, since the step is taken by then (model.train's tracing hook)."""
         run = self._run(model)
+        if run.broken:
+            raise TrainerStateError(f"{run.broken}; no further step is taken: close the backend and register the "
+                                    "model again to resume from the last complete checkpoint")
         if not isinstance(config, TrainConfig):
             raise TypeError("config must be a trainer.TrainConfig")
         if on_step is not None and not callable(on_step):
@@ -446,75 +508,169 @@ class LocalBackend:
             run.last_train_end = time.perf_counter()
             _after_step(on_step, row, seqs)
             return row
-        for g in run.optimizer.param_groups:
-            g["lr"], g["weight_decay"] = config.learning_rate, config.weight_decay
-        # an engine that cannot sleep keeps its memory: vLLM without sleep mode keeps answering with the previous
-        # adapter, the transformers engine's requests wait on the training lock
-        sleeps = run.engine.can_sleep
-        sleep_started = time.perf_counter()
-        if sleeps:
-            await run.engine.sleep()
-        slept = time.perf_counter() - sleep_started
-        moved = 0.0
+        if prep["stale_turns_uncorrected"]:
+            log.warning("step %d: %d stale turn(s) without sampled logprobs (constrained, or none sent) are trained "
+                        "with the trainer's own logprobs as the old policy: no importance weight corrects their "
+                        "staleness (stale_turns_uncorrected)", run.served.step + 1, prep["stale_turns_uncorrected"])
+        step = run.served.step + 1
+        sleeps = run.engine.can_sleep  # vLLM without sleep mode keeps answering with the previous adapter, the
+        slept = moved = 0.0            # transformers engine's requests wait on the training lock
         try:
-            if run.offload is not None:  # the base weights back on the GPU vLLM's sleep just freed
-                moved += await asyncio.to_thread(run.offload.to_device)
-            stats = await asyncio.to_thread(self._train_locked, run, seqs, config)
-            step = run.served.step + 1
-            where = await asyncio.to_thread(ckpt.save_checkpoint, run.run_dir, step, run.peft_model, run.optimizer,
-                                            {"reward_mean": prep["reward_mean"], "loss": stats["loss"]})
-        finally:
-            if run.offload is not None:  # and off it again before vLLM wakes
-                moved += await asyncio.to_thread(run.offload.to_cpu)
-            wake_started = time.perf_counter()
+            sleep_started = time.perf_counter()
             if sleeps:
-                await run.engine.wake()
-            slept += time.perf_counter() - wake_started
-        swap_started = time.perf_counter()
-        await run.engine.load_adapter(step, where)
-        run.served.step = step
+                await run.engine.sleep()
+            slept = time.perf_counter() - sleep_started
+            try:
+                if run.offload is not None:  # the base weights back on the GPU vLLM's sleep just freed
+                    moved += await asyncio.to_thread(run.offload.to_device)
+                stats, where = await asyncio.to_thread(self._train_and_save, run, seqs, config, step,
+                                                       {"reward_mean": prep["reward_mean"]})
+            finally:
+                if run.offload is not None:  # and off it again before vLLM wakes
+                    moved += await asyncio.to_thread(run.offload.to_cpu)
+                wake_started = time.perf_counter()
+                if sleeps:
+                    await run.engine.wake()
+                slept += time.perf_counter() - wake_started
+            swap_started = time.perf_counter()
+            await run.engine.load_adapter(step, where)
+        except Exception as exc:
+            await self._roll_back(run, step, exc)  # raises
+        except BaseException:  # cancelled or interrupted: a thread may still be writing the weights or the checkpoint
+            run.broken = (f"step {step} was interrupted before it completed, so the adapter weights, the optimizer "
+                          "state and the checkpoints may be at either step")
+            raise
+        with run.lock:  # the step is complete: the served step moves with the in-process engine's
+            run.served.step = step
+            if isinstance(run.engine, GeneratingEngine):
+                run.engine.policy_step = step
+        run.initial_state = None  # a checkpoint holds the state to roll back to from now on
         if run.offload is not None:
             row["offload_s"] = moved
         row.update(trained=True, step=step, **stats, sleep_wake_s=slept,
                    adapter_swap_s=time.perf_counter() - swap_started, step_s=time.perf_counter() - started)
-        append_row(run.run_dir, row, wandb_run=run.wandb_run)
+        try:
+            append_row(run.run_dir, row, wandb_run=run.wandb_run)
+        except Exception as exc:  # the step is complete (checkpoint, served adapter): say so, do not undo it
+            log.error("step %d is applied and checkpointed, but its run-log row could not be written (%s: %s): %s",
+                      step, type(exc).__name__, exc, row)
         run.last_train_end = time.perf_counter()
         _after_step(on_step, row, seqs)
         return row
 
-    def _train_locked(self, run: _Run, seqs, config: TrainConfig) -> dict:
+    def _train_and_save(self, run: _Run, seqs, config: TrainConfig, step: int, state: dict) -> tuple[dict, Path]:
+        """The update and its checkpoint under the training lock, so the in-process engine never samples with
+        weights whose checkpoint is not written; `(stats, checkpoint folder)`."""
         import torch
 
         with run.lock:
+            for g in run.optimizer.param_groups:
+                g["lr"], g["weight_decay"] = config.learning_rate, config.weight_decay
             try:
                 stats = train_step(run.peft_model, run.optimizer, seqs, config, full_forward=run.full_forward,
                                    masks=run.masks)
-                if isinstance(run.engine, GeneratingEngine):  # it generates with these weights from now on
-                    run.engine.policy_step = run.served.step + 1
-                if torch.cuda.is_available():  # hand the activations' cached blocks back before vLLM wakes
-                    torch.cuda.empty_cache()
-                return stats
             except torch.OutOfMemoryError:
                 run.optimizer.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
                 raise MemoryError("out of memory in the training step (nothing applied; the last checkpoint is "
                                   "intact): lower max_tokens_per_micro_batch or max_seq_length, or enable "
                                   "gradient_checkpointing") from None
+            if torch.cuda.is_available():  # hand the activations' cached blocks back before vLLM wakes
+                torch.cuda.empty_cache()
+            where = ckpt.save_checkpoint(run.run_dir, step, run.peft_model, run.optimizer,
+                                         {**state, "loss": stats["loss"]})
+            if isinstance(run.engine, GeneratingEngine):  # it samples with these weights from now on
+                run.engine.policy_step = step
+            return stats, where
+
+    async def _roll_back(self, run: _Run, step: int, exc: Exception) -> None:
+        """Undo a step that failed at any point after it began: the adapter weights and the optimizer state as
+        the last completed step left them (its checkpoint, or the state before step 1), the failed step's
+        checkpoint removed, the in-process engine's step back. Raises `StepFailedError` from `exc`; the trainer's
+        own errors that promise nothing was applied (out of memory, a non-finite gradient) are raised as they
+        are; `TrainerStateError` when the rollback itself fails (no further step is taken)."""
+        try:
+            await asyncio.to_thread(self._restore, run)
+            await asyncio.to_thread(ckpt.remove_checkpoint, run.run_dir, step)
+        except Exception as again:
+            run.broken = (f"step {step} failed ({type(exc).__name__}: {exc}) and rolling it back failed too "
+                          f"({type(again).__name__}: {again})")
+            raise TrainerStateError(f"{run.broken}; no further step is taken: close the backend and register the "
+                                    "model again to resume from the last complete checkpoint") from exc
+        serving = await self._serve_again(run, step)
+        log.warning("step %d failed (%s: %s) and was rolled back: the trainer is at step %d", step,
+                    type(exc).__name__, exc, run.served.step)
+        if isinstance(exc, (MemoryError, FloatingPointError)):
+            raise exc
+        raise StepFailedError(f"step {step} was not applied: {type(exc).__name__}: {exc}. The trainer is back at "
+                              f"step {run.served.step} (adapter weights, optimizer state and checkpoints as that "
+                              f"step left them; {serving}): retrying applies step {step} once", step=step) from exc
+
+    async def _serve_again(self, run: _Run, failed: int) -> str:
+        """After a rollback, make an engine with a server of its own serve the trainer's step again (in case the
+        failed step's adapter reached it: a load that failed on this side after it succeeded on the server's):
+        the step's checkpoint loaded once more, or at step 0 the failed step's adapter unloaded. Best effort (the
+        trainer's own state is already whole); what happened, for the error message."""
+        if run.engine.base_url is None:
+            return "the in-process engine samples with the restored weights"
+        step = run.served.step
+        try:
+            if step:
+                await run.engine.load_adapter(step, ckpt.checkpoint_dir(run.run_dir, step))
+            else:
+                await run.engine.unload_adapter(failed)
+        except Exception as exc:
+            log.info("after rolling back step %d, the %s server could not be pointed at step %d again (%s: %s)",
+                     failed, run.engine.name, step, type(exc).__name__, exc)
+            return (f"the {run.engine.name} server serves step {step}'s adapter unless the failed load reached it: "
+                    f"pointing it at step {step} again failed ({type(exc).__name__})")
+        return f"the {run.engine.name} server serves step {step}'s adapter"
+
+    def _restore(self, run: _Run) -> None:
+        """Under the training lock: the adapter weights and optimizer state of the served step."""
+        import torch
+        from peft import set_peft_model_state_dict
+
+        step = run.served.step
+        if step == 0:
+            adapter, optimizer = run.initial_state
+        else:
+            from safetensors.torch import load_file
+
+            where = ckpt.checkpoint_dir(run.run_dir, step)
+            adapter = load_file(str(where / "adapter_model.safetensors"))
+            optimizer = (torch.load(where / "optimizer.pt", map_location="cpu") if (where / "optimizer.pt").is_file()
+                         else None)
+        with run.lock:
+            run.optimizer.zero_grad(set_to_none=True)
+            set_peft_model_state_dict(run.peft_model, adapter)
+            if optimizer is None:  # a checkpoint written without optimizer state: resumed with a fresh optimizer
+                run.optimizer.state.clear()
+            else:
+                run.optimizer.load_state_dict(optimizer)
+            if isinstance(run.engine, GeneratingEngine):
+                run.engine.policy_step = step
 
     async def delete_checkpoints(self, model, metric: str = "reward_mean") -> list[int]:
-        """Keep the latest checkpoint and the best one (whose own rollouts scored the highest `metric`)."""
+        """Keep the latest checkpoint and the best one, the checkpoint whose own rollouts scored the highest
+        `metric`; the steps deleted. Rollouts are credited to the policy step that sampled them (each served
+        choice's `policy_step`; a row's `reward_by_policy_step` splits its rewards by it), so with pipelining,
+        where a step trains on rollouts of the policy one step older, the rewards still reach the checkpoint
+        that produced them. Other metrics (and rows logged without the split) go to the step that sampled most
+        of the row's rollouts, or the one before the row's step when that is unknown (on-policy)."""
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(f"metric must be a run-log column name, got {metric!r}")
         run = self._run(model)
         steps = ckpt.list_checkpoints(run.run_dir)
         keep = {run.served.step}
         try:
-            df = load_run_log(run.run_dir)
-            # the row of step s scores the rollouts of the policy at step s-1
-            scored = df[df.get("trained", True) == True].dropna(subset=[metric])
-            best = {int(r.step) - 1: getattr(r, metric) for r in scored.itertuples() if int(r.step) - 1 in steps}
-            if best:
-                keep.add(max(best, key=best.get))
-        except (FileNotFoundError, KeyError):
-            pass
+            rows = load_run_log(run.run_dir).to_dict("records")
+        except FileNotFoundError:
+            rows = []
+        credit = _credit_by_policy_step(rows, metric)
+        best = {s: total / weight for s, (total, weight) in credit.items() if s in steps and weight > 0}
+        if best:
+            keep.add(max(best, key=best.get))
         return await asyncio.to_thread(ckpt.delete_checkpoints, run.run_dir, keep)
 
     async def close(self) -> None:

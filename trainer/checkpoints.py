@@ -52,17 +52,30 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer=None, state
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{step:04d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    with open(tmp / STATE, "w", encoding="utf-8") as f:
-        json.dump({"step": step, "saved_at": time.time(), **(state or {})}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if final.exists():  # a step re-done after a crash that came after the rename
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    try:
+        model.save_pretrained(str(tmp))
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        with open(tmp / STATE, "w", encoding="utf-8") as f:
+            json.dump({"step": step, "saved_at": time.time(), **(state or {})}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():  # a step re-done after a crash that came after the rename
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:  # a full disk, say: no half-written folder is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final
+
+
+def remove_checkpoint(run_dir: str | Path, step: int) -> bool:
+    """Delete step `step`'s checkpoint folder (a step rolled back); whether there was one."""
+    where = checkpoint_dir(run_dir, step)
+    if not where.exists():
+        return False
+    shutil.rmtree(where)
+    return True
 
 
 def delete_checkpoints(run_dir: str | Path, keep: set[int]) -> list[int]:

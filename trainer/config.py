@@ -509,7 +509,8 @@ class TrainConfig(_Strict):
         "placement). A trajectory with a turn older than the bound, or sampled by a step newer than the "
         "trainer's, is refused (`StalePolicyError`, naming group, trajectory, its step and the bound; "
         "nothing is applied); turns without a `policy_step` (an API model's, a hand-made choice) are not "
-        "checked and are counted as `turns_without_policy_step`. Above 0 it needs "
+        "checked and are counted as `turns_without_policy_step`; stale turns without sampled logprobs "
+        "(constrained ones) get no importance weight and are counted as `stale_turns_uncorrected`. Above 0 it needs "
         "`sampler_correction='tis'`: the decoupled objective (PPO clip against the trainer's own logprobs "
         "before the update, each token weighted by min(pi_trainer / pi_sampler, sampler_cap)) is what corrects "
         "for the stale sampler."))

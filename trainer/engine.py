@@ -88,6 +88,12 @@ class Engine(Protocol):
         served name mean it. An engine that generates with the trained weights themselves has nothing to do."""
         ...
 
+    async def unload_adapter(self, step: int) -> None:
+        """Stop serving step `step`'s adapter (a step that failed after its load and was rolled back); the bare
+        served name then means the latest adapter still held, or the base model. Nothing to do for an engine
+        that generates with the trained weights themselves."""
+        ...
+
     async def sleep(self) -> None:
         """Free memory for training; requests that arrive meanwhile wait, none is cut short."""
         ...

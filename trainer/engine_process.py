@@ -97,6 +97,10 @@ def build_app(spec: dict):
                     reasoning_parser=spec["reasoning_parser"], end_of_turn=spec["end_of_turn"])
     app = create_server_app({name: served})
 
+    from peft import get_peft_model_state_dict
+
+    initial = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}  # step 0's adapter
+
     def swap(step: int, weights: dict) -> None:
         with lock:  # between two generations: every sample is wholly one step's
             set_peft_model_state_dict(model, weights)
@@ -117,7 +121,12 @@ def build_app(spec: dict):
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_adapter(req: UnloadAdapter):
-        return {"unloaded": req.lora_name}  # only the latest adapter is held: nothing to release
+        # only the latest adapter is held: unloading it (a step rolled back at step 1) goes back to step 0's;
+        # any other name has nothing to release
+        prefix, _, step = req.lora_name.rpartition("@")
+        if prefix == name and step.isdigit() and int(step) == served.step and served.step > 0:
+            await asyncio.to_thread(swap, 0, initial)
+        return {"unloaded": req.lora_name}
 
     return app
 

@@ -156,6 +156,9 @@ class TransformersEngine:
     async def load_adapter(self, step: int, path: Path) -> None:
         return None  # the served weights are the trained ones already
 
+    async def unload_adapter(self, step: int) -> None:
+        return None  # a rolled-back step restores the trained weights themselves
+
     async def sleep(self) -> None:
         return None
 

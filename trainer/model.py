@@ -118,7 +118,8 @@ class TrainableModel:
         `config.max_off_policy_steps` (`trainer.sequences.StalePolicyError`), a choice without served token ids,
         or a batch whose trajectories with a learning signal hold no served choice at all, only plain messages
         (`trainer.sequences.MissingTokenIdsError`: ART skips such a batch silently); once it is taken, tracing it
-        (`ruler.tracing`) never raises."""
+        (`ruler.tracing`) never raises. A step that fails once its update has begun (a full disk, a failed adapter
+        load) is rolled back whole and raises `trainer.StepFailedError`; retrying it applies it once."""
         if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
             raise TypeError(f"groups must be a list of TrajectoryGroup, got {type(groups).__name__}")
         groups = list(groups)

@@ -19,7 +19,7 @@ chat template, trained with ratio 1 (no sampled logprobs) and counted.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
@@ -36,8 +36,8 @@ class AbortedTurnError(ValueError):
 
 
 class StalePolicyError(ValueError):
-    """A trajectory was sampled by a policy step further behind the trainer than
-    `TrainConfig.max_off_policy_steps` allows (or by a step ahead of it)."""
+    """A trajectory holds a turn sampled by a policy step further behind the trainer than
+    `TrainConfig.max_off_policy_steps` allows, or by a step ahead of it."""
 
 
 @dataclass
@@ -49,6 +49,9 @@ class TrainingSequence:
     old_logprobs: list[float]
     turns: int = 0
     policy_step: int | None = None  # the oldest policy step that sampled one of its turns (None: none known)
+    newest_policy_step: int | None = None  # the newest one
+    unweighted_turn_steps: list[int] = field(default_factory=list)  # policy steps of its turns without sampled
+    # logprobs (constrained or not sent): trained with the trainer's own logprobs as the old policy, ratio 1
     advantage: float = 0.0
     trajectory: int = 0  # the trajectory's index in its batch (losses normalise per trajectory)
     group: int = 0       # its group's index (sequences of one group may share their prefix in training)
@@ -135,6 +138,19 @@ def served_turn(choice: Choice) -> _Turn | None:
     return _Turn(list(prompt), list(completion), lps, step)
 
 
+def trajectory_policy_steps(trajectory: Trajectory) -> list[int]:
+    """The `policy_step` of every served choice in `trajectory` (its main history and each additional one), in
+    order; choices that do not say are left out."""
+    steps = []
+    for items in [trajectory.messages_and_choices, *(h.messages_and_choices for h in trajectory.additional_histories)]:
+        for item in items:
+            if isinstance(item, Choice):
+                step = _extra(item, "policy_step")
+                if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                    steps.append(step)
+    return steps
+
+
 def end_of_turn_ids(tokenizer, generation_config=None) -> list[int]:
     """The ids that end an assistant turn: the generation config's `eos_token_id` (an id or a list, e.g.
     Gemma's `<end_of_turn>`) and the tokenizer's, deduplicated, in that order."""
@@ -214,6 +230,10 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
         if turn.policy_step is not None:
             current.policy_step = (turn.policy_step if current.policy_step is None
                                    else min(current.policy_step, turn.policy_step))
+            current.newest_policy_step = (turn.policy_step if current.newest_policy_step is None
+                                          else max(current.newest_policy_step, turn.policy_step))
+            if turn.logprobs is None:
+                current.unweighted_turn_steps.append(turn.policy_step)
     return seqs
 
 

@@ -27,6 +27,7 @@ from trainer.sequences import (
     StalePolicyError,
     TrainingSequence,
     training_sequences,
+    trajectory_policy_steps,
 )
 
 
@@ -135,15 +136,21 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
     and field), and `MissingTokenIdsError` (naming the group and trajectory) for a generated turn without
     served token ids, unless `config.allow_off_policy_text`, or when no trajectory with a learning signal holds a
     generated turn at all (every assistant turn a plain message: a rollout that recorded text, not choices).
-    With `policy_step` (the step of the policy being trained) every trained trajectory's oldest `policy_step`
-    label must be within `config.max_off_policy_steps` of it and not newer, else `StalePolicyError` naming group,
-    trajectory, its step and the bound (turns without a label are counted in `turns_without_policy_step`); the stats
-    then say `policy_lag_max` and `stale_trajectories` (trained trajectories sampled by an older step).
+    With `policy_step` (the step of the policy being trained) every turn of a trained trajectory must have been
+    sampled within `config.max_off_policy_steps` steps of it and by no newer step, else `StalePolicyError` naming
+    group, trajectory, the offending step and the bound (turns without a label are counted in
+    `turns_without_policy_step`); the stats then say `policy_lag_max`, `stale_trajectories` (trained trajectories
+    with a turn sampled by an older step) and `stale_turns_uncorrected` (stale turns without sampled logprobs —
+    constrained ones, or a server that sent none: their old policy is the trainer's own, so the importance weight
+    that corrects the other stale turns is 1 for them). The stats also split the rewards by the policy step that
+    sampled each trajectory (its oldest labelled turn; a trajectory with no label counts as `policy_step`'s):
+    `reward_by_policy_step` and `rollouts_by_policy_step`, keyed by the step as a string.
     """
     if policy_step is not None and (isinstance(policy_step, bool) or not isinstance(policy_step, int)
                                     or policy_step < 0):
         raise ValueError(f"policy_step must be an int >= 0 or None, got {policy_step!r}")
-    lag_max, stale = 0, 0
+    lag_max, stale, uncorrected = 0, 0, 0
+    by_step: dict[int, list[float]] = {}  # policy step that sampled a trajectory -> its rewards
     skipped: Counter = Counter()
     report = SequenceReport()
     rewards: list[float] = []
@@ -162,6 +169,11 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
             skipped["group with fewer than 2 trajectories"] += 1
             continue
         rewards += values  # finite: validate_trajectories refused NaN/inf above
+        for traj in trajs:
+            steps = trajectory_policy_steps(traj)
+            sampled_by = min(steps) if steps else policy_step
+            if sampled_by is not None:
+                by_step.setdefault(sampled_by, []).append(traj.reward)
         if not group_has_signal(values):
             skipped["group with all-equal rewards"] += 1
             continue
@@ -179,10 +191,12 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
             sampled = [seq.policy_step for seq in found if seq.policy_step is not None]
             if policy_step is not None and sampled:
                 lag = policy_step - min(sampled)
-                if max(sampled) > policy_step:
+                newest = max(seq.newest_policy_step for seq in found if seq.newest_policy_step is not None)
+                if newest > policy_step:  # any turn, not only the oldest
                     raise StalePolicyError(
-                        f"group {g} trajectory {t} was sampled by policy step {max(sampled)}, newer than the "
-                        f"trainer's step {policy_step}: it comes from another run or a later checkpoint")
+                        f"group {g} trajectory {t} has a turn sampled by policy step {newest}, newer than the "
+                        f"trainer's step {policy_step}: it comes from another run, a later checkpoint or a step "
+                        "that failed and was rolled back (nothing was applied)")
                 if lag > config.max_off_policy_steps:
                     raise StalePolicyError(
                         f"group {g} trajectory {t} was sampled by policy step {min(sampled)}; the trainer is at "
@@ -190,6 +204,7 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                         f"{config.max_off_policy_steps} (nothing was applied: gather fresh rollouts, or allow "
                         f"more staleness with sampler_correction='tis')")
                 lag_max, stale = max(lag_max, lag), stale + (lag > 0)
+                uncorrected += sum(step < policy_step for seq in found for step in seq.unweighted_turn_steps)
             kept = []
             for seq in found:
                 if len(seq.token_ids) > max_seq_length:
@@ -221,7 +236,10 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                   "off_policy_turns": report.off_policy_turns,
                   "turns_without_logprobs": report.turns_without_logprobs, "truncated": report.truncated,
                   "turns_without_policy_step": report.turns_without_policy_step, "policy_lag_max": lag_max,
-                  "stale_trajectories": stale, "skipped": dict(skipped)}
+                  "stale_trajectories": stale, "stale_turns_uncorrected": uncorrected,
+                  "reward_by_policy_step": {str(k): sum(v) / len(v) for k, v in sorted(by_step.items())},
+                  "rollouts_by_policy_step": {str(k): len(v) for k, v in sorted(by_step.items())},
+                  "skipped": dict(skipped)}
 
 
 def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, masked: bool, force_mask: bool = False,
@@ -456,6 +474,7 @@ def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConf
 
     started = time.perf_counter()
     model.train()
+    optimizer.zero_grad(set_to_none=True)  # nothing a failed earlier call left behind is added to this step
     loss_sum, stats = accumulate_loss(model, seqs, config, full_forward=full_forward, masks=masks)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()

@@ -20,8 +20,9 @@ rollout carries what token-exact training needs without the rollout code asking 
   `stop`), so training reads this field, which they keep, and never trains such a turn.
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
-- `POST /v1/load_lora_adapter`: passed through; once vLLM has loaded `<name>@<step>`, the bare name means
-  that adapter. A request is routed when it arrives: one that arrives while the server sleeps for a
+- `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`: passed through; once vLLM has loaded
+  `<name>@<step>`, the bare name means that adapter; once it has unloaded the one the bare name means (a step
+  rolled back), the bare name means the latest adapter still loaded, or the base model. A request is routed when it arrives: one that arrives while the server sleeps for a
   training step is queued for the adapter that was latest on arrival (its tokens and logprobs are that
   adapter's, so training on it stays exact, one step off-policy). `model.get_inference_name()` names a step.
 
@@ -71,7 +72,7 @@ class TrainingDataMiddleware:
     def __init__(self, app):
         self.app = app
         self.served = os.environ.get("RULER_SERVED_NAME", "")
-        self.current: str | None = None
+        self.loaded: list[str] = []  # our adapters vLLM holds, oldest first; the last is the bare name's
         self.tools_unsupported = os.environ.get("RULER_TOOLS_UNSUPPORTED") == "1"
 
     async def __call__(self, scope, receive, send):
@@ -79,8 +80,8 @@ class TrainingDataMiddleware:
             return await self.app(scope, receive, send)
         if scope["path"] == "/v1/chat/completions":
             return await self._chat(scope, receive, send)
-        if scope["path"] == "/v1/load_lora_adapter":
-            return await self._load_adapter(scope, receive, send)
+        if scope["path"] in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            return await self._adapter(scope, receive, send)
         return await self.app(scope, receive, send)
 
     async def _chat(self, scope, receive, send):
@@ -94,8 +95,8 @@ class TrainingDataMiddleware:
         if self.tools_unsupported and body.get("tools"):
             return await _reject(send, 400, "this model's chat template cannot render tools; give one that can "
                                             "(EngineConfig.chat_template)")
-        if self.current and body.get("model") == self.served:
-            body["model"] = self.current
+        if self.loaded and body.get("model") == self.served:
+            body["model"] = self.loaded[-1]
         body["return_token_ids"] = True
         asked = bool(body.get("logprobs"))
         tops = body.get("top_logprobs")
@@ -125,7 +126,7 @@ class TrainingDataMiddleware:
         base, _, step = model.rpartition("@")
         return int(step) if base == self.served and step.isdigit() else None
 
-    async def _load_adapter(self, scope, receive, send):
+    async def _adapter(self, scope, receive, send):
         raw = await _read_body(receive)
         status = {}
 
@@ -139,8 +140,12 @@ class TrainingDataMiddleware:
             name = _loads(raw).get("lora_name", "")
         except (ValueError, AttributeError):
             return
-        if status.get("code") == 200 and isinstance(name, str) and name.startswith(f"{self.served}@"):
-            self.current = name
+        if status.get("code") != 200 or not isinstance(name, str) or not name.startswith(f"{self.served}@"):
+            return
+        if name in self.loaded:
+            self.loaded.remove(name)
+        if scope["path"] == "/v1/load_lora_adapter":
+            self.loaded.append(name)
 
 
 async def _reject(send, status: int, message: str) -> None:

@@ -266,12 +266,28 @@ class ServerProcess:
         the checkpoint writes anyway (README, Scale)."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
+        # in place: a step re-done after a rollback replaces whatever an earlier attempt left under its name
         await self._post("/v1/load_lora_adapter", json={"lora_name": f"{self.served_name}@{step}",
-                                                        "lora_path": str(path)})
+                                                        "lora_path": str(path), "load_inplace": True})
+        if step in self.loaded:
+            self.loaded.remove(step)
         self.loaded.append(step)
-        while len(self.loaded) > self.config.keep_adapters:
+        while len(self.loaded) > self.config.keep_adapters:  # housekeeping: a failure here fails no step
             old = self.loaded.pop(0)
-            await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{old}"})
+            try:
+                await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{old}"})
+            except (RuntimeError, httpx.HTTPError) as exc:
+                log.warning("%s server: unloading the adapter of step %d failed (%s); it stays loaded", self.name,
+                            old, exc)
+
+    async def unload_adapter(self, step: int) -> None:
+        """Stop serving `NAME@step` (a step rolled back); the bare name then means the latest adapter still
+        loaded, or the base model when none is (`trainer/vllm_middleware.py`)."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{step}"})
+        if step in self.loaded:
+            self.loaded.remove(step)
 
     async def sleep(self) -> None:
         raise RuntimeError(f"the {self.name} server does not sleep")

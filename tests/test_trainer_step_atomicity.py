@@ -1,0 +1,178 @@
+"""A training step is all or nothing. A full disk while the checkpoint is written, or a server that fails to
+load the new adapter, leaves the trainer exactly at the previous step — adapter weights and optimizer state
+bit for bit, no checkpoint of the failed step, the server pointed at the previous adapter — and a retry applies
+the update once (Adam's step count says how many updates the weights have had). The real tiny model on the
+CPU; the vLLM-side calls go over real HTTP to a scripted stand-in for vLLM's server."""
+
+import errno
+
+import pytest
+import torch
+
+from ruler import Trajectory, TrajectoryGroup
+from tests.scripted_vllm import ScriptedVLLM
+from tests.test_trainer_engine import MSGS, served_choice
+from trainer import (
+    EngineConfig,
+    LocalBackend,
+    ModelConfig,
+    StepFailedError,
+    TrainableModel,
+    TrainConfig,
+    TrainerStateError,
+)
+from trainer import checkpoints as ckpt
+
+pytestmark = pytest.mark.slow
+BASE = "local/smollm2-135m-instruct"
+
+
+def snapshot(run) -> dict:
+    """Every trainable weight and every optimizer state tensor, copied."""
+    params = {n: p.detach().clone() for n, p in run.peft_model.named_parameters() if p.requires_grad}
+    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+             for i, s in enumerate(run.optimizer.state[p] for p in run.optimizer.param_groups[0]["params"])}
+    return {"params": params, "state": state}
+
+
+def assert_same(run, before: dict) -> None:
+    now = snapshot(run)
+    assert now["params"].keys() == before["params"].keys()
+    for name, p in before["params"].items():
+        assert torch.equal(now["params"][name], p), f"{name} changed"
+    assert now["state"].keys() == before["state"].keys()
+    for i, s in before["state"].items():
+        assert now["state"][i].keys() == s.keys()
+        for k, v in s.items():
+            assert torch.equal(now["state"][i][k], v) if torch.is_tensor(v) else now["state"][i][k] == v
+
+
+def adam_steps(run) -> set[int]:
+    """How many updates Adam has applied, per parameter (one value when they agree)."""
+    return {int(s["step"]) for s in run.optimizer.state.values()}
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def group(tokenizer) -> TrajectoryGroup:
+    return TrajectoryGroup([Trajectory(messages_and_choices=[*MSGS, served_choice(tokenizer, text)], reward=r)
+                            for text, r in (("Paris.", 1.0), ("Lyon, I think.", 0.0))])
+
+
+async def test_a_failed_adapter_load_or_a_full_disk_rolls_the_step_back_whole(tmp_path, monkeypatch):
+    from trainer import vllm_server
+
+    monkeypatch.setattr(vllm_server, "VLLMServer", ScriptedVLLM)
+    ScriptedVLLM.calls, ScriptedVLLM.refuse = [], set()
+    model = TrainableModel("v", "p", BASE, ModelConfig(engine=EngineConfig(engine="vllm", keep_adapters=2)))
+    backend = LocalBackend(tmp_path)
+    await model.register(backend)
+    run = backend._runs["v"]
+    config = TrainConfig(learning_rate=1e-3)
+    try:
+        batch = [group(run.tokenizer)]
+        assert (await model.train(batch, config))["step"] == 1 and adam_steps(run) == {1}
+        after_one = snapshot(run)
+
+        # vLLM fails to load step 2's adapter after the checkpoint is written: nothing of step 2 remains
+        ScriptedVLLM.calls, ScriptedVLLM.refuse = [], {"v@2"}
+        with pytest.raises(StepFailedError, match=r"step 2 was not applied: RuntimeError: .*HTTP 500.* back at step 1"
+                                                  r".*serves step 1's adapter.*retrying applies step 2 once") as err:
+            await model.train(batch, config)
+        assert err.value.step == 2 and isinstance(err.value.__cause__, RuntimeError)
+        assert await model.get_step() == 1 and model.get_inference_name() == "v@1"
+        assert_same(run, after_one)
+        assert ckpt.list_checkpoints(model.run_dir) == [1]
+        loads = [body for path, body in ScriptedVLLM.calls if path == "/v1/load_lora_adapter"]
+        assert len(loads) == 2 and '"v@2"' in loads[0] and '"v@1"' in loads[1]  # pointed back at step 1
+        assert '"load_inplace":true' in loads[0].replace(" ", "")
+
+        # the retry applies step 2 once: Adam has made two updates, not three
+        ScriptedVLLM.refuse = set()
+        row = await model.train(batch, config)
+        assert row["step"] == 2 and await model.get_step() == 2 and adam_steps(run) == {2}
+        saved = torch.load(ckpt.checkpoint_dir(model.run_dir, 2) / "optimizer.pt")
+        assert {int(s["step"]) for s in saved["state"].values()} == {2}
+        after_two = snapshot(run)
+
+        # the disk fills up while step 3's optimizer state is written: no step 3, no half-written folder
+        ScriptedVLLM.calls = []
+        monkeypatch.setattr(torch, "save", no_space)
+        with pytest.raises(StepFailedError, match=r"step 3 was not applied: OSError: .*No space left on device"):
+            await model.train(batch, config)
+        monkeypatch.undo()
+        assert await model.get_step() == 2 and adam_steps(run) == {2}
+        assert_same(run, after_two)
+        assert sorted(p.name for p in (model.run_dir / "checkpoints").iterdir()) == ["0001", "0002"]
+        paths = [p for p, _ in ScriptedVLLM.calls]
+        assert paths == ["/sleep", "/wake_up", "/v1/load_lora_adapter"]  # woken, then step 2 served again
+        assert '"v@2"' in ScriptedVLLM.calls[-1][1]
+    finally:
+        await backend.close()
+
+
+async def test_a_failed_first_step_goes_back_to_the_initial_adapter_and_the_server_keeps_labelling_step_zero(
+        tmp_path, monkeypatch):
+    """The CPU engine samples with the trained weights themselves: after a failed first step it samples with
+    the initial adapter again, labelled step 0."""
+    model = TrainableModel("c", "p", BASE)
+    backend = LocalBackend(tmp_path)
+    await model.register(backend)
+    run = backend._runs["c"]
+    try:
+        client = model.openai_client()
+
+        async def rollouts():
+            reply = await client.chat.completions.create(model=model.name, messages=MSGS, n=3, max_tokens=6,
+                                                         temperature=1.0, seed=5)
+            return reply, TrajectoryGroup([Trajectory(messages_and_choices=[*MSGS, c], reward=r)
+                                           for c, r in zip(reply.choices, (0.0, 1.0, 3.0))])
+
+        reply, batch = await rollouts()
+        initial = snapshot(run)
+        assert initial["state"] == {i: {} for i in initial["state"]}  # no update yet
+        monkeypatch.setattr(torch, "save", no_space)
+        with pytest.raises(StepFailedError, match="step 1 was not applied.*back at step 0.*in-process engine"):
+            await model.train([batch], TrainConfig(learning_rate=1e-3))
+        monkeypatch.undo()
+        assert_same(run, initial)
+        assert await model.get_step() == 0 and not (model.run_dir / "checkpoints").exists() or \
+            list((model.run_dir / "checkpoints").iterdir()) == []
+        again, batch = await rollouts()  # the same seed: the same tokens, the same logprobs, still step 0
+        assert [c.model_extra["policy_step"] for c in again.choices] == [0, 0, 0]
+        assert [c.model_extra["token_ids"] for c in again.choices] == [c.model_extra["token_ids"]
+                                                                       for c in reply.choices]
+        row = await model.train([batch], TrainConfig(learning_rate=1e-3))
+        assert row["step"] == 1 and adam_steps(run) == {1} and row["ratio_dev_max"] < 1e-3
+    finally:
+        await backend.close()
+
+
+async def test_a_step_that_cannot_be_rolled_back_stops_the_trainer_until_it_is_registered_again(tmp_path,
+                                                                                               monkeypatch):
+    model = TrainableModel("b", "p", BASE)
+    backend = LocalBackend(tmp_path)
+    await model.register(backend)
+    run = backend._runs["b"]
+    try:
+        async def rollouts():
+            reply = await model.openai_client().chat.completions.create(model=model.name, messages=MSGS, n=2,
+                                                                        max_tokens=4, seed=1)
+            return [TrajectoryGroup([Trajectory(messages_and_choices=[*MSGS, c], reward=r)
+                                     for c, r in zip(reply.choices, (0.0, 1.0))])]
+
+        await model.train(await rollouts(), TrainConfig(learning_rate=1e-3))
+        batch = await rollouts()
+        # step 1's checkpoint, which a rollback of step 2 would restore, is gone; then step 2 fails
+        ckpt.remove_checkpoint(model.run_dir, 1)
+        monkeypatch.setattr(torch, "save", no_space)
+        with pytest.raises(TrainerStateError, match="step 2 failed .*No space left.* rolling it back failed too"):
+            await model.train(batch, TrainConfig(learning_rate=1e-3))
+        monkeypatch.undo()
+        with pytest.raises(TrainerStateError, match="no further step is taken: close the backend and register"):
+            await model.train(batch, TrainConfig(learning_rate=1e-3))
+        assert run.broken
+    finally:
+        await backend.close()
