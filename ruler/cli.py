@@ -235,8 +235,13 @@ def resolve_rubric(value: str) -> str:
     raise JudgeConfigError(f"unknown rubric {value!r}: not a rubric name ({', '.join(RUBRICS)}) and no such file")
 
 
+SCORE_TIMEOUT_S = 180.0
+"""`ruler score`'s default `--timeout`: a judge call gets three minutes, retries included (a large group judged by
+a reasoning model takes one or two), and a judge that never answers fails after that, not after ten."""
+
+
 def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: bool, permutations: int,
-           timeout: float = 600.0, retries: int = 4, max_prompt_tokens: int | None = None):
+           timeout: float = SCORE_TIMEOUT_S, retries: int = 4, max_prompt_tokens: int | None = None):
     from judges import RetryPolicy
     from ruler import ruler_score_group
 
@@ -294,8 +299,9 @@ def score(
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the judge cache."),
     permutations: int = typer.Option(1, "--permutations", "-k", min=1, max=MAX_PERMUTATIONS,
                                      help=f"Judge under k orderings (1-{MAX_PERMUTATIONS}) and average: k judge calls."),
-    timeout: float = typer.Option(600.0, "--timeout", min=0.1, max=86_400.0,
-                                  help="Seconds one judge call may take in all, retries and waits included."),
+    timeout: float = typer.Option(SCORE_TIMEOUT_S, "--timeout", min=0.1, max=86_400.0,
+                                  help="Seconds one judge call may take in all, retries and waits included (a judge "
+                                  "that never answers fails after this)."),
     retries: int = typer.Option(4, "--retries", min=0, max=MAX_ATTEMPTS - 1,
                                 help="Retries of a judge call after 429, 5xx, timeouts or connection errors."),
     max_prompt_tokens: Optional[int] = typer.Option(
@@ -457,6 +463,15 @@ def serve(
     max_group_attempts: int = typer.Option(3, "--max-group-attempts", min=1, max=100,
                                            help="Attempts at a job group whose judge stays unavailable."),
     metrics_key: bool = typer.Option(False, "--metrics-require-key", help="Protect /metrics with an API key."),
+    header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.01, max=3600.0,
+                                         help="Seconds a request's headers may take to arrive (idle and slow "
+                                         "connections): 408."),
+    max_per_ip: int = typer.Option(256, "--max-connections-per-ip", min=0,
+                                   help="Connections from one client address; over it the oldest one still waiting "
+                                   "for its headers is closed (0: no limit, e.g. behind a reverse proxy)."),
+    max_connections: int = typer.Option(1000, "--max-connections", min=1,
+                                        help="Connections in all; over it the oldest one still waiting for its "
+                                        "headers is closed."),
 ) -> None:
     """Run the judging service (FastAPI + uvicorn): /v1/score, /v1/jobs, /healthz, /metrics, /docs."""
     require("serve", "the judging service (ruler serve)")
@@ -465,6 +480,7 @@ def serve(
     import uvicorn
 
     from ruler.service.app import ServiceConfig, create_app
+    from ruler.service.connections import ConnectionLimits, uvicorn_options
 
     _not_empty(judge, "--judge")
     cfg = ServiceConfig(db_path=str(db), judge_model=judge, judge_params={"api_base": judge_api_base} if judge_api_base else {},
@@ -478,10 +494,11 @@ def serve(
                         rate_per_minute=rate_per_minute, max_inflight_per_key=max_inflight,
                         judge_timeout_s=judge_timeout, judge_retries=judge_retries, worker_concurrency=workers,
                         max_group_attempts=max_group_attempts, metrics_require_key=metrics_key)
+    limits = ConnectionLimits(header_timeout_s=header_timeout, max_per_ip=max_per_ip, max_connections=max_connections)
     service = create_app(cfg)  # opens the database and the rubric folder: their errors come before the server
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    uvicorn.run(service, host=host, port=port, log_level="warning", timeout_keep_alive=5,
-                timeout_graceful_shutdown=30, limit_concurrency=1024)
+    uvicorn.run(service, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
+                **uvicorn_options(limits))
 
 
 if __name__ == "__main__":  # pragma: no cover  (`python -m ruler` is the documented way)

@@ -25,7 +25,9 @@ async def gather_trajectory_groups(
     max_exceptions: int | float = 0,
     pbar_desc: str | None = "gather",
 ) -> list[TrajectoryGroup]:
-    """The finished groups, in the order given (groups dropped by `after_each` left out).
+    """The finished groups, in the order given (groups dropped by `after_each` left out). A group whose every
+    rollout raised is kept empty, with its exceptions, without calling `after_each` (`ruler_score_group` refuses
+    an empty group; training skips it).
 
     `max_exceptions`: how many rollouts may raise (an int) or what fraction of them (a float < 1) before
     the whole gather fails with TooManyExceptions; rollouts that raised are kept in `group.exceptions`.
@@ -49,7 +51,7 @@ async def gather_trajectory_groups(
         state["exceptions"] += len(group.exceptions)
         state["trajectories"] += len(group) + len(group.exceptions)
         tracing.rollouts_gathered(tracer, group)  # ids and rollout traces, when tracing is on; never raises
-        if after_each is not None:
+        if after_each is not None and len(group) > 0:  # a group whose every rollout raised has nothing to score
             result = after_each(group)
             group = await result if inspect.isawaitable(result) else result
         bar.update(1)

@@ -29,8 +29,8 @@ from ruler.parse import TrajectoryScore
 from ruler.prompt import flatten_histories
 from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge
 from ruler.results import EXPLANATION_KEY, NOTES_KEY, RulerResult
-from ruler.trajectory import (Choice, Trajectory, TrajectoryGroup, choice_to_message, require_task_stated,
-                              validate_message_lists, validate_trajectories)
+from ruler.trajectory import (Choice, Problem, Trajectory, TrajectoryError, TrajectoryGroup, choice_to_message,
+                              require_task_stated, validate_message_lists, validate_trajectories)
 
 __all__ = ["MAX_PERMUTATIONS", "MAX_PROMPT_TOKENS", "MIN_PROMPT_TOKENS", "UNKNOWN_CONTEXT_TOKENS", "RulerResult",
            "ruler", "ruler_result", "ruler_score_group"]
@@ -74,6 +74,7 @@ async def ruler_result(message_lists: list[list[dict]], judge_model: JudgeSpec =
     as for `ruler`."""
     opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, debug=debug, caller="ruler", **options)
     checked = validate_message_lists(message_lists, limits=opts.limits)
+    _require_trajectories(checked)
     tracer = tracing.current_tracer()  # None when tracing is off (ruler.tracing)
     with tracing.judging(tracer) as judging_id:
         try:
@@ -104,8 +105,9 @@ async def ruler_score_group(
     `metadata["ruler_trajectory_id"]` (kept if it has one; `ruler.tracing`); the group's metadata gets the
     judge, its calls and bill, and what was done to judge it (`ruler.results.score_notes`; also in each
     trajectory's `logs` as "RULER note: ..."). The input group is
-    not modified. With `swallow_exceptions=True` a failure of the group (input that cannot be judged, a
-    judge that fails) returns None instead of raising, as ART does; a mistake in the call itself (an unknown
+    not modified. An empty group is refused (`TrajectoryError`: there is nothing to judge). With
+    `swallow_exceptions=True` a failure of the group (input that cannot be judged, an empty group, a judge that
+    fails) returns None instead of raising, as ART does; a mistake in the call itself (an unknown
     or impossible option, an unknown rubric) is raised all the same. Options as for `ruler`, except `tools`:
     the judge is shown the trajectories' own.
 
@@ -126,6 +128,7 @@ async def ruler_score_group(
     tracer = tracing.current_tracer()
     judging_id = None
     try:
+        _require_trajectories(group.trajectories)
         validate_trajectories(group, limits=opts.limits)
         # every conversation is judged: additional histories follow the main one in the trajectory's block
         message_lists = [flatten_histories(t.messages(), [_history_messages(h) for h in t.additional_histories])
@@ -145,10 +148,17 @@ async def ruler_score_group(
     return scored
 
 
+def _require_trajectories(items: list) -> None:
+    """An empty group is a mistake upstream (every rollout failed, a filter dropped them all), never a judgment:
+    `TrajectoryError`, before any judge call."""
+    if not items:
+        raise TrajectoryError([Problem((), "a group needs at least one trajectory: this one is empty, so there is "
+                                           "nothing to judge")])
+
+
 async def _judge_group(message_lists: list[list[dict]], opts: RulerOptions) -> RulerResult:
-    """Scores for checked conversations from the judge, or from each judge of a panel; notes on the group first."""
-    if not message_lists:
-        return RulerResult(scores=[])
+    """Scores for checked, non-empty conversations from the judge, or from each judge of a panel; notes on the
+    group first."""
     notes = []
     if len(message_lists) == 1:
         notes.append("single trajectory: scored on its own, without relative grounding")

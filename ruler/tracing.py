@@ -47,6 +47,7 @@ Not to be confused with the judge's in-prompt numbering ("1".."N", `ruler.result
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import logging
 import os
@@ -208,6 +209,26 @@ def flush() -> None:
     tracer = _explicit if _explicit is not None else (_from_env[1] if _from_env else None)
     if tracer:
         _safely("flush", tracer.flush)
+
+
+def _bounded(fn, seconds: float, what: str) -> bool:
+    """Run `fn` in a daemon thread and wait at most `seconds` for it; whether it finished (a warning when not:
+    the thread is left to the process's exit)."""
+    done = threading.Event()
+
+    def run():
+        try:
+            fn()
+        except Exception as exc:
+            log.warning("tracing: could not %s (%s: %s)", what, type(exc).__name__, exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="ruler-tracing-flush", daemon=True).start()
+    if not done.wait(seconds):
+        log.warning("tracing: could not %s within %g s; what was buffered is dropped", what, seconds)
+        return False
+    return True
 
 
 def _safely(what: str, fn, *args, **kwargs):
@@ -400,13 +421,15 @@ class LangfuseTracer:
     exports OpenTelemetry spans). Keys and host default to `LANGFUSE_PUBLIC_KEY`, `LANGFUSE_SECRET_KEY` and
     `LANGFUSE_HOST` (or `LANGFUSE_BASE_URL`; Langfuse Cloud when neither is set). `capture_content=False`
     sends sizes instead of the conversations, judge prompts and answers. `timeout`: seconds one export may
-    take. The SDK's spans go through a tracer provider of their own (the process's global OpenTelemetry
-    provider is left alone). Raises `MissingExtraError` without the `tracing` extra, ValueError for missing
-    or malformed settings."""
+    take. `flush_timeout_s`: the longest `flush()`, and the shutdown at the process's exit, wait for the SDK to
+    hand over what it buffered (a Langfuse that is down or silent then costs that much, not the SDK's retries:
+    what is not sent by then is dropped, with a warning). The SDK's spans go through a tracer provider of their
+    own (the process's global OpenTelemetry provider is left alone). Raises `MissingExtraError` without the
+    `tracing` extra, ValueError for missing or malformed settings."""
 
     def __init__(self, public_key: str | None = None, secret_key: str | None = None, host: str | None = None, *,
                  environment: str | None = None, release: str | None = None, capture_content: bool = True,
-                 timeout: int | None = None, flush_interval: float | None = None):
+                 timeout: int | None = None, flush_interval: float | None = None, flush_timeout_s: float = 3.0):
         from judges.extras import require
 
         require("tracing", "tracing to Langfuse", "or unset LANGFUSE_PUBLIC_KEY/LANGFUSE_SECRET_KEY to trace nothing")
@@ -425,6 +448,9 @@ class LangfuseTracer:
         if flush_interval is not None and (isinstance(flush_interval, bool)
                                            or not isinstance(flush_interval, (int, float)) or not flush_interval > 0):
             raise ValueError(f"flush_interval must be a number of seconds > 0, got {flush_interval!r}")
+        if isinstance(flush_timeout_s, bool) or not isinstance(flush_timeout_s, (int, float)) \
+                or not 0 < flush_timeout_s <= 600:
+            raise ValueError(f"flush_timeout_s must be a number of seconds in (0, 600], got {flush_timeout_s!r}")
         from langfuse import Langfuse, propagate_attributes
         from opentelemetry.sdk.trace import TracerProvider
 
@@ -433,9 +459,16 @@ class LangfuseTracer:
         self._propagate = propagate_attributes
         self._client = Langfuse(public_key=public_key, secret_key=secret_key, base_url=host or None,
                                 environment=environment, release=release, timeout=timeout,
-                                flush_interval=flush_interval, tracer_provider=TracerProvider())
+                                flush_interval=flush_interval,
+                                tracer_provider=TracerProvider(shutdown_on_exit=False))  # close() at exit instead
         self._sent: OrderedDict[str, None] = OrderedDict()
         self._sent_lock = threading.Lock()
+        self.flush_timeout_s = float(flush_timeout_s)
+        # the SDK shuts down at exit with no bound (its exporter retries a dead host for seconds): ours is bounded
+        resources = getattr(self._client, "_resources", None)
+        if resources is not None and callable(getattr(resources, "shutdown", None)):
+            atexit.unregister(resources.shutdown)
+        atexit.register(self.close)
 
     @property
     def client(self):
@@ -580,4 +613,9 @@ class LangfuseTracer:
                           "model": model_name})
 
     def flush(self) -> None:
-        self._client.flush()
+        """Hand what is buffered to Langfuse, waiting at most `flush_timeout_s`."""
+        _bounded(self._client.flush, self.flush_timeout_s, f"flush to {self.host or 'Langfuse'}")
+
+    def close(self) -> None:
+        """Flush and stop the SDK's threads, waiting at most `flush_timeout_s` (also run at the process's exit)."""
+        _bounded(self._client.shutdown, self.flush_timeout_s, f"shut down the export to {self.host or 'Langfuse'}")

@@ -25,6 +25,7 @@ from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_g
 from ruler.cli import app as cli
 from ruler.errors import JudgeConfigError, JudgeUnavailableError, TrajectoryError
 from ruler.service.app import ServiceConfig, create_app
+from ruler.service.connections import ConnectionLimits, uvicorn_options
 from ruler.service.store import Store
 from ruler.testing import SilentJudge, free_port
 from ruler.trajectory import Limits, group_from_data, validate_trajectories
@@ -392,6 +393,22 @@ def test_cli_silent_judge_fails_within_timeout(tmp_path):
     assert elapsed < 4
 
 
+def test_cli_score_gives_a_silent_judge_three_minutes_by_default(tmp_path, monkeypatch):
+    """Not the ten minutes of an HTTP client's default: the deadline `_score` hands the judge call."""
+    import ruler.cli as cli_module
+
+    asked = {}
+
+    def fake_score(group, judge, api_base, rubric, cache, permutations, timeout, retries, max_prompt_tokens):
+        asked.update(timeout=timeout)
+        raise JudgeUnavailableError("judge gave no answer")
+
+    monkeypatch.setattr(cli_module, "_score", fake_score)
+    res = runner.invoke(cli, ["score", str(write(tmp_path, GOOD_FILE)), "--judge", MODEL], env=ENV)
+    assert res.exit_code == 1 and asked == {"timeout": 180.0}
+    assert "180" in runner.invoke(cli, ["score", "--help"], env=ENV).output
+
+
 @pytest.mark.parametrize("retries,code", [(0, 1), (1, 0)])
 def test_cli_retries_flag_sets_the_attempts(tmp_path, judge, retries, code):
     judge.script = ["503"]
@@ -429,11 +446,16 @@ def test_cli_json_output_is_strict_json(tmp_path, judge):
 # --- the service ---------------------------------------------------------------------------------
 
 class Service:
-    def __init__(self, cfg: ServiceConfig):
+    """The service on loopback in a thread, served as `ruler serve` serves it (`uvicorn_options`), with
+    `limits` (the defaults unless given) or, with `plain=True`, uvicorn's own protocol as it was before them."""
+
+    def __init__(self, cfg: ServiceConfig, limits: ConnectionLimits | None = None, *, plain: bool = False):
         self.cfg = cfg
         self.port = free_port()
+        options = {"limit_concurrency": 1024, "timeout_keep_alive": 5} if plain else \
+            uvicorn_options(limits or ConnectionLimits())
         self.server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=self.port,
-                                                    log_level="critical"))
+                                                    log_level="critical", **options))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 20
@@ -443,6 +465,10 @@ class Service:
         self.store = Store(cfg.db_path)
         self.key = self.store.create_key("tests")[0]
         self.headers = {"Authorization": f"Bearer {self.key}"}
+
+    def get(self, path: str) -> httpx.Response:
+        """A GET on a connection of its own (a kept-alive one could be closed by the connection limits)."""
+        return httpx.get(f"{self.base}{path}", timeout=30, headers={**self.headers, "Connection": "close"})
 
     def post(self, path: str, body, headers: dict | None = None, **kw) -> httpx.Response:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -527,12 +553,17 @@ SERVICE_CASES = [
     ("a-list-not-an-object", [traj()], 422, ["body"], "valid dictionary"),
     ("idempotency-key-too-long", body(), 422, ["header", "idempotency-key"], "at most 200 characters"),
     ("content-length-over-limit", b"{}", 413, None, "request body over 1000000 bytes"),
+    ("text-plain-body", body(), 415, None, "the body must be JSON: the request has Content-Type 'text/plain'"),
+    ("form-body", body(), 415, None, "Content-Type 'application/x-www-form-urlencoded'; send it as application/json"),
+    ("no-content-type", body(), 415, None, "the request has no Content-Type"),
     ("no-key", body(), 401, None, "missing API key"),
     ("forged-key", body(), 401, None, "unknown or revoked API key"),
 ] + [
     (f"group-{case}", body(items), 422, None, message) for case, items, message in BAD_GROUPS
 ]
 HEADERS = {"idempotency-key-too-long": {"Idempotency-Key": "k" * 201}, "content-length-over-limit": None,
+           "text-plain-body": {"content-type": "text/plain"},
+           "form-body": {"content-type": "application/x-www-form-urlencoded"}, "no-content-type": {"content-type": ""},
            "no-key": {"Authorization": ""}, "forged-key": {"Authorization": "Bearer rk_forged"}}
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_group
-from ruler.errors import JudgeConfigError, JudgeOutputError, JudgeUnavailableError
+from ruler.errors import JudgeConfigError, JudgeOutputError, JudgeUnavailableError, TrajectoryError
 from tests.helpers import SYSTEM, USER, convo
 
 FAST = RetryPolicy(attempts=4, initial_wait=0.01, max_wait=0.05, timeout=5)
@@ -204,9 +204,13 @@ async def test_response_format_asks_for_exact_schema(judge):
     assert [i["properties"]["trajectory_id"]["const"] for i in items] == ["1", "2"]
 
 
-async def test_empty_group_returns_empty_group(judge):
-    scored = await score(judge, TrajectoryGroup([]))
-    assert len(scored) == 0 and judge.requests == []
+async def test_an_empty_group_is_refused_before_any_judge_call(judge):
+    with pytest.raises(TrajectoryError, match="a group needs at least one trajectory: this one is empty"):
+        await score(judge, TrajectoryGroup([]))
+    with pytest.raises(TrajectoryError, match="a group needs at least one trajectory"):
+        await ruler([], MODEL, judge.params, retry=FAST)
+    assert await ruler_score_group(TrajectoryGroup([]), MODEL, judge.params, swallow_exceptions=True) is None
+    assert judge.requests == []
 
 
 async def test_single_trajectory_is_scored_with_a_note(judge):
@@ -307,3 +311,18 @@ async def test_notes_are_a_field_of_the_scored_group_and_replaced_on_rescoring(j
     two = await score(judge, TrajectoryGroup([*one.trajectories, *group("BAD b").trajectories],
                                              metadata=one.metadata), cache=False)
     assert score_notes(two) == []  # the earlier judgment's notes are gone with it
+
+
+async def test_gathering_keeps_a_group_whose_rollouts_all_raised_without_scoring_it(judge):
+    from ruler.gather import gather_trajectory_groups
+
+    async def boom():
+        raise RuntimeError("rollout failed")
+
+    async def scored(g):
+        return await ruler_score_group(g, MODEL, judge.params, retry=FAST)
+
+    kept = await gather_trajectory_groups([TrajectoryGroup([boom(), boom()]), group("GOOD a", "BAD b")],
+                                          after_each=scored, max_exceptions=2, pbar_desc=None)
+    assert [len(g) for g in kept] == [0, 2] and len(kept[0].exceptions) == 2
+    assert len(judge.requests) == 1  # only the group with trajectories was judged

@@ -572,3 +572,34 @@ async def test_traced_advantages_are_the_losses_own_and_no_tracing_failure_loses
     finally:
         tracing.set_tracer(None)
         await backend.close()
+
+
+EXIT_SCRIPT = """
+import socket, sys, threading, time
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(64)  # accepts, never answers
+threading.Thread(target=lambda: [srv.accept() for _ in iter(int, 1)], daemon=True).start()
+from ruler.tracing import LangfuseTracer
+if sys.argv[1] == "traced":
+    tracer = LangfuseTracer(public_key="pk-lf-x", secret_key="sk-lf-x",
+                            host=f"http://127.0.0.1:{srv.getsockname()[1]}", flush_timeout_s=0.5)
+    tracer.client.create_event(name="buffered")
+print(time.monotonic(), flush=True)
+"""
+
+
+def seconds_to_exit(mode: str) -> float:
+    """From the end of a script's work to the end of its process (its exit handlers and teardown)."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    done = float(proc.stdout.readline())
+    proc.wait(timeout=120)
+    return time.monotonic() - done
+
+
+def test_a_silent_langfuse_costs_an_exiting_process_at_most_the_flush_bound():
+    """The SDK's own shutdown retries a host that accepts and never answers for about 5 s at every exit; the
+    tracer's shutdown waits `flush_timeout_s` (0.5 s here) and drops what is left."""
+    baseline, traced = seconds_to_exit("plain"), seconds_to_exit("traced")
+    assert traced - baseline < 2.0, (baseline, traced)

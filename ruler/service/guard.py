@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from fastapi import Request
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from ruler.service.metrics import Metrics
@@ -138,13 +139,26 @@ class JSONRequest(Request):
         return self._json
 
 
+def json_media_type(content_type: str | None) -> bool:
+    """Whether a Content-Type header names JSON (`application/json`, or a `+json` type), parameters aside."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 class JSONRoute(APIRoute):
-    """A route that parses its request's body with `JSONRequest`."""
+    """A route that parses its request's body with `JSONRequest`; a body that does not say it is JSON gets a
+    415 naming the Content-Type it came with (instead of a validation error about its shape)."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()
+        takes_body = self.body_field is not None
 
         async def route_handler(request: Request):
+            if takes_body and not json_media_type(request.headers.get("content-type")):
+                given = request.headers.get("content-type")
+                said = f"Content-Type {given!r}" if given else "no Content-Type"
+                return JSONResponse({"detail": f"the body must be JSON: the request has {said}; send it as "
+                                               "application/json"}, status_code=415)
             return await handler(JSONRequest(request.scope, request.receive))
 
         return route_handler

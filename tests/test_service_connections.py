@@ -1,0 +1,177 @@
+"""The service under hostile connections, served as `ruler serve` serves it: thousands of idle connections,
+headers that never end or never stop, a body far over the limit. Real sockets and HTTP on loopback, the
+real service with the scripted judge."""
+
+import http.client
+import resource
+import socket
+import time
+
+import pytest
+
+from ruler.service.connections import ConnectionLimits, GuardedH11Protocol
+from tests.test_hostile_input import Service, body, runner, service_config, svc  # noqa: F401  (a fixture)
+
+HALF = b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # headers never finished
+
+
+@pytest.fixture(scope="module")
+def many_files():
+    """Room for a few thousand sockets in this process (the attacker's and the server's ends)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 6000 if hard == resource.RLIM_INFINITY else min(hard, 6000)
+    if want < 4500:
+        pytest.skip(f"needs about 4,500 open files, the hard limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def idle(port: int, n: int, source: str = "127.0.0.1") -> list[socket.socket]:
+    """`n` connections that send half a request's headers and then nothing."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+        s.sendall(HALF)
+        socks.append(s)
+    return socks
+
+
+def open_on_server_side(socks: list[socket.socket]) -> int:
+    """How many of `socks` the server still holds open (no EOF or reset waiting to be read)."""
+    time.sleep(0.3)
+    alive = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            alive += s.recv(1, socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            alive += 1
+        except OSError:
+            pass
+    return alive
+
+
+def timed(call):
+    started = time.monotonic()
+    result = call()
+    return result, time.monotonic() - started
+
+
+def test_authorised_requests_are_answered_under_2000_idle_connections_from_one_address(tmp_path, judge,
+                                                                                       many_files):
+    service = Service(service_config(tmp_path, judge))
+    socks = []
+    try:
+        socks = idle(service.port, 2000)
+        for _ in range(3):
+            health, seconds = timed(lambda: service.get("/healthz"))
+            assert health.status_code == 200 and seconds < 5, (health.status_code, seconds)
+            scored, seconds = timed(lambda: service.post("/v1/score", body()))
+            assert scored.status_code == 200 and seconds < 5, (scored.status_code, seconds)
+        # the flood evicted itself: the server holds at most --max-connections-per-ip of it
+        assert open_on_server_side(socks) <= ConnectionLimits().max_per_ip
+    finally:
+        for s in socks:
+            s.close()
+        service.stop()
+
+
+def test_without_the_limits_the_same_flood_turns_every_answer_into_a_503(tmp_path, judge, many_files):
+    """What the limits prevent: uvicorn's own protocol with the service's former settings."""
+    service = Service(service_config(tmp_path, judge), plain=True)
+    socks = []
+    try:
+        socks = idle(service.port, 1100)
+        assert service.get("/healthz").status_code == 503
+    finally:
+        for s in socks:
+            s.close()
+        service.stop()
+
+
+def test_headers_have_a_deadline_however_they_are_paced(tmp_path, judge):
+    service = Service(service_config(tmp_path, judge), ConnectionLimits(header_timeout_s=0.5))
+    try:
+        for pace in (None, 0.1):  # half the headers at once, or a byte every 0.1 s
+            with socket.create_connection(("127.0.0.1", service.port), timeout=5) as s:
+                started = time.monotonic()
+                if pace is None:
+                    s.sendall(HALF)
+                else:
+                    s.settimeout(pace)
+                    for byte in HALF:
+                        s.sendall(bytes([byte]))
+                        try:
+                            if s.recv(1, socket.MSG_PEEK):
+                                break
+                        except TimeoutError:
+                            pass
+                    s.settimeout(5)
+                answer = s.recv(4096).decode()
+                assert answer.startswith("HTTP/1.1 408 Request Timeout"), answer
+                assert "request headers not complete within 0.5 s" in answer
+                assert 0.4 < time.monotonic() - started < 2.5
+        # a kept-alive connection: the next request's headers have their own deadline
+        conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=5)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() and conn.sock is not None
+        conn.sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+        assert conn.sock.recv(4096).startswith(b"HTTP/1.1 408")
+        assert service.get("/healthz").status_code == 200
+    finally:
+        service.stop()
+
+
+def test_oversized_headers_and_bodies_get_an_answer_not_a_reset(svc):
+    """With Python's own http.client, which sends everything before it reads the answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=30)
+    conn.putrequest("GET", "/healthz")
+    conn.putheader("X-Padding", "a" * 1_000_000)
+    conn.endheaders()
+    big = conn.getresponse()
+    assert big.status == 431 and big.read() == b"request headers over 65536 bytes"
+    conn = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=30)
+    conn.request("POST", "/v1/score", body=b"x" * 9_000_000,
+                 headers={"Content-Type": "application/json", **svc.headers})
+    over = conn.getresponse()
+    assert over.status == 413 and b"request body over 1000000 bytes" in over.read()
+    assert svc.post("/v1/score", body()).status_code == 200  # and the service keeps serving
+
+
+def test_a_crowded_address_makes_room_from_its_own_idle_connections_only(tmp_path, judge):
+    service = Service(service_config(tmp_path, judge), ConnectionLimits(max_per_ip=8, max_connections=40))
+    try:
+        other = idle(service.port, 8, source="127.0.0.2")
+        mine = idle(service.port, 30)
+        assert open_on_server_side(other) == 8  # another address's connections are left alone
+        assert open_on_server_side(mine) == 8   # this address's oldest idle ones were closed to make room
+        crowd = idle(service.port, 30, source="127.0.0.3")
+        # 40 in all: the oldest idle connections anywhere make room for the newest
+        assert open_on_server_side(other) + open_on_server_side(mine) + open_on_server_side(crowd) <= 40
+        assert open_on_server_side(crowd) == 8
+        assert service.get("/healthz").status_code == 200
+        for s in other + mine + crowd:
+            s.close()
+    finally:
+        service.stop()
+
+
+def test_serve_flags_reach_the_connection_limits(tmp_path, monkeypatch):
+    import uvicorn
+
+    from ruler.cli import app as ruler_cli
+
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
+    res = runner.invoke(ruler_cli, ["serve", "--db", str(tmp_path / "svc.db"), "--header-timeout", "3",
+                                    "--max-connections-per-ip", "0", "--max-connections", "50"])
+    assert res.exit_code == 0, res.output
+    protocol = started["http"]
+    assert issubclass(protocol, GuardedH11Protocol)
+    assert protocol.limits == ConnectionLimits(header_timeout_s=3.0, max_per_ip=0, max_connections=50)
+    assert started["limit_concurrency"] > 50
+    res = runner.invoke(ruler_cli, ["serve", "--db", str(tmp_path / "svc.db"), "--max-connections", "0"])
+    assert res.exit_code == 2 and "--max-connections" in res.output
+    with pytest.raises(ValueError, match="header_timeout_s must be a number >= 0.01"):
+        ConnectionLimits(header_timeout_s=0)
