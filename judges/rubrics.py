@@ -118,14 +118,21 @@ def load_rubric_folder(folder: str | Path) -> dict[str, RubricText]:
     """Named rubrics from a folder: `<name>.txt` or `<name>.md` becomes rubric `<name>`.
 
     For a server's own rubrics (`ruler serve --rubric-dir`): read once, at start; names follow
-    `RUBRIC_NAME` and may not replace a built-in rubric.
+    `RUBRIC_NAME` and may not replace a built-in rubric. A symbolic link is followed only to a file inside the
+    folder: one that leads out of it (to `/etc/passwd`, a key file) is refused with the folder's other errors.
     """
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise JudgeConfigError(f"rubric folder {str(folder)!r} is not a folder")
+    inside = folder.resolve()
     found: dict[str, str] = {}
     for path in sorted(folder.iterdir()):
-        if path.suffix not in (".txt", ".md") or not path.is_file():
+        if path.suffix not in (".txt", ".md"):
+            continue
+        if path.is_symlink() and not path.resolve().is_relative_to(inside):
+            raise JudgeConfigError(f"rubric file {path.name} is a link out of the rubric folder (to "
+                                   f"{path.resolve()}): rubrics are read from the folder only")
+        if not path.is_file():
             continue
         name = path.stem
         if not RUBRIC_NAME.fullmatch(name):

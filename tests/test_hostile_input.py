@@ -1188,3 +1188,27 @@ def test_whatever_passes_validation_can_be_rendered_and_serialised():
         truncate_group(conversations, 500)
         json.dumps(group.model_dump(mode="json"), allow_nan=False)
     assert accepted > 150  # the random groups reach the renderer, not only the validation
+
+
+def test_the_rubric_folder_follows_no_link_out_of_it(tmp_path, monkeypatch):
+    import uvicorn
+
+    from judges.rubrics import load_rubric_folder
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET)
+    folder = tmp_path / "rubrics"
+    folder.mkdir()
+    (folder / "house.txt").write_text("Cite the email.")
+    (folder / "alias.md").symlink_to(folder / "house.txt")  # a link inside the folder is fine
+    assert load_rubric_folder(folder) == {"alias": "Cite the email.", "house": "Cite the email."}
+    (folder / "leak.txt").symlink_to(secret)
+    with pytest.raises(JudgeConfigError, match=r"rubric file leak.txt is a link out of the rubric folder"):
+        load_rubric_folder(folder)
+    (folder / "leak.txt").unlink()
+    (folder / "up.md").symlink_to("../secret.txt")
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app))
+    res = runner.invoke(cli, ["serve", "--db", str(tmp_path / "svc.db"), "--rubric-dir", str(folder)])
+    assert res.exit_code != 0 and started == {} and "up.md is a link out of the rubric folder" in res.output
+    assert SECRET not in res.output

@@ -224,8 +224,9 @@ class EngineConfig(_Strict):
         "Needs `pip install 'ruler-rl[ray]'`."))
     placement_timeout_s: float = pydantic.Field(120, gt=0, description=(
         "`launcher='ray'` only: how long the placement group may wait for the cluster to have room for its "
-        "bundle, in seconds. Default 120; > 0. Past it, register fails naming the bundle and the cluster's "
-        "resources (an infeasible bundle would otherwise wait forever)."))
+        "bundle, in seconds, and how long connecting to the cluster `RAY_ADDRESS` names may take. Default 120; "
+        "> 0. Past it, register fails naming the bundle and the cluster's resources (an infeasible bundle would "
+        "otherwise wait forever), or the address that did not answer."))
 
     @pydantic.field_validator("inference_gpus", "trainer_gpus")
     @classmethod

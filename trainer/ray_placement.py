@@ -72,12 +72,59 @@ def inference_bundle(config: EngineConfig) -> dict[str, float]:
     return {"GPU": float(len(config.inference_gpus)), "CPU": 1.0} if config.inference_gpus else {"CPU": 1.0}
 
 
-def connect(trainer_gpus: list[int] | None = None) -> bool:
+class RayConnectionError(ConnectionError):
+    """The Ray cluster `RAY_ADDRESS` names cannot be reached: nothing listens there, or it did not answer within
+    `EngineConfig.placement_timeout_s`."""
+
+
+def _probe_address(address: str, timeout_s: float) -> None:
+    """A TCP connection to `address` (`host:port` or `ray://host:port`) within `timeout_s`: `RayConnectionError`
+    at once when nothing listens there. Forms without a port (`auto`, `local`) are left to Ray."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+            return
+    except OSError as exc:
+        raise RayConnectionError(f"nothing answers at RAY_ADDRESS={address!r} ({type(exc).__name__}: {exc}); start "
+                                 "the cluster (ray start --head) or unset RAY_ADDRESS to start a local one") from None
+
+
+def _init_within(ray, address: str, timeout_s: float) -> None:
+    """`ray.init(address=address)` given at most `timeout_s` (Ray itself waits minutes for a GCS that accepts
+    connections and never answers): `RayConnectionError` past it (Ray's attempt is left to give up on its own)."""
+    _probe_address(address, min(5.0, timeout_s))
+    done = threading.Event()
+    outcome: dict[str, BaseException] = {}
+
+    def init():
+        try:
+            ray.init(address=address)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=init, name="ruler-ray-init", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise RayConnectionError(f"the Ray cluster at RAY_ADDRESS={address!r} did not answer within "
+                                 f"placement_timeout_s={timeout_s:g} s (something accepts connections there but "
+                                 "does not speak Ray's protocol, or the cluster is overloaded)")
+    if "error" in outcome:
+        raise RayConnectionError(f"could not connect to the Ray cluster at RAY_ADDRESS={address!r}: "
+                                 f"{type(outcome['error']).__name__}: {outcome['error']}") from outcome["error"]
+
+
+def connect(trainer_gpus: list[int] | None = None, *, timeout_s: float = 120.0) -> bool:
     """Connect this process to Ray: the cluster it is already connected to (`ray.is_initialized()`), else the
-    one `RAY_ADDRESS` names, else a local one started now with `ray.init()`. A local cluster started here is
-    shown only this process's visible GPUs that are not in `trainer_gpus` (so Ray never places the server on
-    the trainer's). Returns True when this call started the cluster. Each call counts one user; `disconnect()`
-    releases it."""
+    one `RAY_ADDRESS` names (reached within `timeout_s`, else `RayConnectionError`), else a local one started now
+    with `ray.init()`. A local cluster started here is shown only this process's visible GPUs that are not in
+    `trainer_gpus` (so Ray never places the server on the trainer's). Returns True when this call started the
+    cluster. Each call counts one user; `disconnect()` releases it."""
     global _started_here, _users
     if trainer_gpus is not None and (not isinstance(trainer_gpus, list)
                                      or any(isinstance(g, bool) or not isinstance(g, int) or g < 0
@@ -88,7 +135,7 @@ def connect(trainer_gpus: list[int] | None = None) -> bool:
         started = False
         if not ray.is_initialized():
             if os.environ.get("RAY_ADDRESS"):
-                ray.init(address=os.environ["RAY_ADDRESS"])
+                _init_within(ray, os.environ["RAY_ADDRESS"], timeout_s)
             else:
                 _init_local(ray, trainer_gpus or [])
                 started = _started_here = True
@@ -201,14 +248,15 @@ class RayServer(ServerProcess):
         return self.info.get("base_url")
 
     async def start(self) -> None:
-        """Connect to Ray, reserve the bundle (`PlacementTimeoutError` naming it and the cluster's resources
+        """Connect to Ray (`RayConnectionError` when `RAY_ADDRESS` names a cluster that cannot be reached within
+        `placement_timeout_s`), reserve the bundle (`PlacementTimeoutError` naming it and the cluster's resources
         past `placement_timeout_s`), start the actor and through it the server; on any failure what was
         created is released."""
         ray = require_ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        await asyncio.to_thread(connect, self.config.trainer_gpus)
+        await asyncio.to_thread(connect, self.config.trainer_gpus, timeout_s=self.config.placement_timeout_s)
         self._connected = True
         try:
             self.placement_group = placement_group([self.bundle], strategy="STRICT_PACK",
