@@ -13,6 +13,12 @@ plain transformers model folder (`config.json` + weights; a merged fine-tune), o
 (`adapter_config.json` + `adapter_model.safetensors`, e.g. what `ruler distill` writes), loaded on its base
 model and merged (needs peft, from the `train` extra). An adapter's base is `ruler_judge.json`'s `base` when
 the folder has one (the embedded model's name, a folder or a hub id), else its `base_model_name_or_path`.
+
+A folder is code and data someone else may have written, so loading it reaches no network: a base model named
+by a hub id is read from the local Hugging Face cache only, unless `$RULER_LOCAL_MODELS_FROM_HUB=1` (`ruler
+score` / `ruler serve --allow-hub-downloads`) lets it download; its chat template renders within
+`TEMPLATE_SECONDS` and `TEMPLATE_MAX_GROWTH` (`judges.bounded`), a template that loops being a
+`JudgeConfigError`; no `trust_remote_code`.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import shutil
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +50,35 @@ ADAPTER_CONFIG = "adapter_config.json"
 JUDGE_META = "ruler_judge.json"  # what ruler distill records about a judge it wrote (its base, its teacher)
 LOCK_POLL_S = 0.05  # how often a generation waiting for the lock looks whether it was cancelled
 PREFILL_CHUNK = 512  # prompt tokens read per forward pass: a cancelled call stops between two (~1-2 s on a CPU)
+HUB_ENV = "RULER_LOCAL_MODELS_FROM_HUB"  # "1": a local judge's base model named by a hub id may be downloaded
+TEMPLATE_SECONDS = 10.0  # one chat-template render (judge prompts render in milliseconds)
+TEMPLATE_MAX_GROWTH = 1024 * 1024**2  # memory a render may add to this process
+
+
+def hub_downloads_allowed() -> bool:
+    """Whether local judges may download a base model named by a hub id (`$RULER_LOCAL_MODELS_FROM_HUB`)."""
+    return os.environ.get(HUB_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+_offline_lock = threading.Lock()
+
+
+@contextmanager
+def _hub_offline(offline: bool):
+    """With `offline`, huggingface_hub's offline mode for the block: every request it would make (downloads, and
+    the telemetry it sends even for `local_files_only` loads) raises instead. A process-wide switch, restored
+    after; blocks that use it run one at a time."""
+    if not offline:
+        yield
+        return
+    import huggingface_hub.constants as hub
+
+    with _offline_lock:
+        saved, hub.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE, True
+        try:
+            yield
+        finally:
+            hub.HF_HUB_OFFLINE = saved
 
 
 class GenerationCancelled(Exception):
@@ -136,19 +172,49 @@ class EmbeddedModel:
         adapter = is_adapter(path)
         base = adapter_base(Path(path)) if adapter else Path(path)
         own_tokenizer = (Path(path) / "tokenizer_config.json").is_file()
-        self.tokenizer = AutoTokenizer.from_pretrained(path if own_tokenizer else base)
-        # fp32 for the prompt (CPU bf16 matmuls are slow on long inputs), a bf16 copy for token-by-token
-        # decoding (memory-bound: half the bytes, ~3x faster); the prompt's KV cache is cast between them
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        offline = not hub_downloads_allowed()
+        try:
+            with _hub_offline(offline):
+                self.tokenizer = AutoTokenizer.from_pretrained(path if own_tokenizer else base,
+                                                               local_files_only=offline)
+                # fp32 for the prompt (CPU bf16 matmuls are slow on long inputs), a bf16 copy for token-by-token
+                # decoding (memory-bound: half the bytes, ~3x faster); the prompt's KV cache is cast between them
+                model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, local_files_only=offline)
+        except OSError as exc:
+            if not offline or isinstance(base, Path):
+                raise
+            raise JudgeConfigError(f"local model {path}: its base model {base!r} is not a folder and not in the "
+                                   "Hugging Face cache, and local judges do not download (put the base model in a "
+                                   f"folder and name it in {JUDGE_META}, or set {HUB_ENV}=1 / "
+                                   f"--allow-hub-downloads to let it be downloaded): {exc}") from None
+        self.template_problem: str | None = None
         if adapter:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+            with _hub_offline(offline):
+                model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
         self.model = model.eval()
         self.decoder = copy.deepcopy(self.model).to(torch.bfloat16).eval()
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 8192))
         self._grammar_compiler = None
         self._grammars: dict[str, Any] = {}
+
+    def _render(self, messages: list[dict]):
+        """The prompt's token ids (a dict of tensors), rendered by the folder's chat template within
+        `TEMPLATE_SECONDS` and `TEMPLATE_MAX_GROWTH`; a template that broke a bound once is refused after."""
+        from judges.bounded import BoundExceeded, run_bounded
+
+        if self.template_problem:
+            raise JudgeConfigError(self.template_problem)
+        try:
+            return run_bounded(lambda: self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True),
+                seconds=TEMPLATE_SECONDS, max_growth_bytes=TEMPLATE_MAX_GROWTH,
+                what=f"the chat template of the local model {self.path}")
+        except BoundExceeded as exc:
+            self.template_problem = (f"{exc}: it loops or builds too much, so this model is not used (fix the "
+                                     "template in its tokenizer_config.json or chat_template.jinja)")
+            raise JudgeConfigError(self.template_problem) from None
 
     def _compiled_grammar(self, schema: dict):
         import xgrammar as xgr
@@ -186,9 +252,7 @@ class EmbeddedModel:
 
         if max_new_tokens < 1:
             raise JudgeConfigError(f"max_tokens must be >= 1, got {max_new_tokens}")
-        inputs = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
+        inputs = self._render(messages)
         n_prompt = int(inputs["input_ids"].shape[1])
         if n_prompt + 1 > self.max_context:
             raise JudgeConfigError(

@@ -17,7 +17,7 @@ from judges.errors import JudgeConfigError
 
 # the modules each extra installs that its code imports (import names, not distribution names)
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "embedded": ("torch", "transformers", "accelerate", "gguf", "xgrammar"),
+    "embedded": ("torch", "transformers", "accelerate", "gguf", "xgrammar", "psutil"),
     "serve": ("fastapi", "uvicorn", "prometheus_client"),
     "train": ("torch", "transformers", "peft", "accelerate", "fastapi", "uvicorn", "pandas", "matplotlib", "psutil"),
     "gpu": ("vllm",),

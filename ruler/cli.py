@@ -235,6 +235,17 @@ def resolve_rubric(value: str) -> str:
     raise JudgeConfigError(f"unknown rubric {value!r}: not a rubric name ({', '.join(RUBRICS)}) and no such file")
 
 
+ALLOW_HUB_HELP = ("Let a local/<folder> judge whose base model is a hub id download it (by default local judges "
+                  "read only folders and the local Hugging Face cache; also $RULER_LOCAL_MODELS_FROM_HUB=1).")
+
+
+def _allow_hub(allow: bool) -> None:
+    if allow:
+        from judges.embedded import HUB_ENV
+
+        os.environ[HUB_ENV] = "1"
+
+
 SCORE_TIMEOUT_S = 180.0
 """`ruler score`'s default `--timeout`: a judge call gets three minutes, retries included (a large group judged by
 a reasoning model takes one or two), and a judge that never answers fails after that, not after ten."""
@@ -309,10 +320,12 @@ def score(
         help=f"Largest judge prompt in tokens (default: the judge's context; {UNKNOWN_CONTEXT_TOKENS:,} when litellm "
              "does not know it). Longer groups have long bodies cut, then are split."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    allow_hub: bool = typer.Option(False, "--allow-hub-downloads", help=ALLOW_HUB_HELP),
 ) -> None:
     from ruler import TrajectoryGroup
     from ruler.errors import TrajectoryError
 
+    _allow_hub(allow_hub)
     _not_empty(judge, "--judge")
     _check_api_base(api_base)
     rubric_text = resolve_rubric(rubric)
@@ -472,9 +485,11 @@ def serve(
     max_connections: int = typer.Option(1000, "--max-connections", min=1,
                                         help="Connections in all; over it the oldest one still waiting for its "
                                         "headers is closed."),
+    allow_hub: bool = typer.Option(False, "--allow-hub-downloads", help=ALLOW_HUB_HELP),
 ) -> None:
     """Run the judging service (FastAPI + uvicorn): /v1/score, /v1/jobs, /healthz, /metrics, /docs."""
     require("serve", "the judging service (ruler serve)")
+    _allow_hub(allow_hub)
     import logging
 
     import uvicorn

@@ -1,5 +1,6 @@
 """A small MCP server (stdio) for MCP·RL's bad-input tests: `echo` answers, `boom` raises, `hang` never returns,
-`die` kills the server, `getenv` and `getcwd` show the server's environment and working directory; one resource.
+`die` kills the server, `getenv` and `getcwd` show the server's environment and working directory, `huge` answers
+megabytes, `shout` writes megabytes to stderr; one resource. `--http PORT`: over streamable HTTP instead of stdio.
 
 `--mode silent`: a process that reads its stdin and never answers (a server stuck before the handshake)."""
 
@@ -51,6 +52,23 @@ def getcwd() -> str:
     return os.getcwd()
 
 
+@server.tool()
+def huge(megabytes: int) -> str:
+    """A result of that many megabytes."""
+    return "x" * (megabytes * 2**20)
+
+
+@server.tool()
+def shout(megabytes: int) -> str:
+    """Writes that many megabytes to stderr, then answers."""
+    block = "e" * 2**20
+    for _ in range(megabytes):
+        sys.stderr.write(block)
+    sys.stderr.write("\nlast words\n")
+    sys.stderr.flush()
+    return "shouted"
+
+
 @server.resource("faults://runbook", name="runbook", description="What to do when a tool fails.")
 def runbook() -> str:
     return "Retry once, then report."
@@ -61,4 +79,6 @@ if __name__ == "__main__":
         for _ in sys.stdin:  # read the handshake, never answer
             pass
         sys.exit(0)  # the client closed the pipe
+    if sys.argv[1:2] == ["--http"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     server.run("stdio")

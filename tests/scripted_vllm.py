@@ -17,7 +17,7 @@ class ScriptedVLLM(VLLMServer):
     records the calls vLLM would get."""
 
     calls: ClassVar[list[tuple[str, str]]] = []
-    refuse: ClassVar[set[str]] = set()  # adapter names whose load fails with HTTP 500
+    refuse: ClassVar[set[str]] = set()  # adapter names whose load fails with HTTP 500, and "/wake_up" to fail it
 
     async def start(self) -> None:
         async def record(request: Request):
@@ -25,6 +25,8 @@ class ScriptedVLLM(VLLMServer):
             ScriptedVLLM.calls.append((request.url.path, body.decode() or str(request.query_params)))
             if request.url.path == "/v1/load_lora_adapter" and json.loads(body)["lora_name"] in ScriptedVLLM.refuse:
                 return Response(status_code=500, content=b"the engine failed to load the adapter")
+            if request.url.path in ScriptedVLLM.refuse:
+                return Response(status_code=500, content=b"the engine failed")
             return Response(status_code=404 if b"/missing" in body else 200)
 
         app = Starlette(routes=[Route(p, record, methods=["POST"])

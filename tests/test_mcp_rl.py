@@ -21,6 +21,7 @@ from ruler import TrajectoryGroup, gather_trajectory_groups
 from ruler.errors import TooManyExceptions
 from ruler.testing import FakeJudge, free_port
 from trainer.mcp_rl import (
+    STDERR_KEEP_BYTES,
     MCPRLConfig,
     MCPServerError,
     MCPTask,
@@ -35,7 +36,8 @@ from trainer.mcp_rl import (
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-FAULTS = f"{sys.executable} {ROOT / 'tests' / 'mcp_fault_server.py'}"
+FAULTS_SCRIPT = str(ROOT / "tests" / "mcp_fault_server.py")
+FAULTS = f"{sys.executable} {FAULTS_SCRIPT}"
 TOOLS = [{"type": "function", "function": {"name": "search_emails", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "read_email", "parameters": {"type": "object"}}}]
 
@@ -307,7 +309,7 @@ async def test_tools_that_raise_or_hang_become_tool_messages(judge):
                                                                                       "arguments": "{bad json"}}]},
                     {"content": "Done: the echo said hi."}]
     async with MCPToolbox(FAULTS, env=ENV, tool_timeout=1.5) as box:
-        assert box.tool_names == ["echo", "boom", "hang", "die", "getenv", "getcwd"]
+        assert box.tool_names == ["echo", "boom", "hang", "die", "getenv", "getcwd", "huge", "shout"]
         started = time.monotonic()
         t = await rollout(MCPTask(id="t", task="Echo hi, then try the other tools."), box, policy, "fake-agent")
         assert time.monotonic() - started < 15  # the hanging tool was cut at its timeout
@@ -433,3 +435,62 @@ async def test_rollout_refuses_a_tool_choice_naming_no_tool_of_the_server(judge)
         t = await rollout(MCPTask(id="t", task="Echo hi."), box, policy, "fake-agent", tool_choice="required")
     # the first turn carries the forced choice, later turns are "auto" so the agent can answer
     assert [r["tool_choice"] for r in judge.requests] == ["required", "auto"] and t.metrics["answered"] is True
+
+
+# ---- what the client reads is bounded ------------------------------------------------------------------------
+
+
+def rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+async def test_a_50_mb_tool_result_is_not_read_over_stdio_and_the_call_ends_with_an_error():
+    async with MCPToolbox(FAULTS, env=ENV, tool_timeout=60) as box:
+        before = rss()
+        result = await box.call("huge", {"megabytes": 50})
+        assert result.is_error and "over 1,048,576 bytes; MCP·RL stopped reading it" in result.text
+        assert rss() - before < 40 * 2**20  # the 50 MB never reached this process
+        small = await box.call("huge", {"megabytes": 0})  # and the session goes on
+        assert not small.is_error
+        fits = await box.call("echo", {"text": "y" * 20000})
+        assert fits.text.startswith("echo: yyy") and "[... cut:" in fits.text  # under the limit: cut as before
+
+
+@pytest.fixture
+def faults_over_http():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, FAULTS_SCRIPT, "--http", str(port)], cwd=ROOT, env={**os.environ, **ENV},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def test_a_50_mb_tool_result_is_cut_off_over_streamable_http(faults_over_http):
+    async with MCPToolbox(url=faults_over_http, tool_timeout=60, max_message_bytes=64 * 1024) as box:
+        before = rss()
+        result = await box.call("huge", {"megabytes": 50})
+        assert result.is_error and "over 65,536 bytes; MCP·RL stopped reading it" in result.text
+        assert rss() - before < 40 * 2**20
+        assert (await box.call("echo", {"text": "still here"})).text == "echo: still here"
+
+
+async def test_a_server_that_floods_its_stderr_leaves_only_the_end_of_it():
+    async with MCPToolbox(FAULTS, env=ENV, tool_timeout=60) as box:
+        before = rss()
+        assert (await box.call("shout", {"megabytes": 30})).text == "shouted"
+        tail = box.stderr_tail()
+        assert tail.endswith("last words") and len(tail) <= 2000
+        assert rss() - before < 20 * 2**20 and len(box._errlog._kept) <= STDERR_KEEP_BYTES  # kept: the end only

@@ -100,6 +100,8 @@ def test_stale_turns_without_sampled_logprobs_are_counted_as_uncorrected():
     assert stats["stale_trajectories"] == 2 and stats["policy_lag_max"] == 1
     _, on_policy = prepare([TrajectoryGroup([one(5, True, 0.0), one(5, False, 1.0)])], None, STALE, 512, policy_step=5)
     assert on_policy["stale_turns_uncorrected"] == 0
+    _, cut = prepare([batch], None, STALE, 3, policy_step=5)  # the turns cut off by max_seq_length train nothing
+    assert cut["stale_turns_uncorrected"] == 0 and cut["truncated"] == 3
 
 
 def test_rewards_are_split_by_the_policy_step_that_sampled_them():
@@ -152,10 +154,10 @@ async def test_the_pipeline_helper_validates_its_input():
         await train_pipelined(Model(), lambda step: [], steps=1)
 
 
-async def rollouts(model, seed: int) -> TrajectoryGroup:
+async def rollouts(model, seed: int, reward_base: float = 0.0) -> TrajectoryGroup:
     reply = await model.openai_client().chat.completions.create(model=model.name, messages=MSGS, n=4, max_tokens=8,
                                                                 temperature=1.0, seed=seed)
-    return TrajectoryGroup([Trajectory(messages_and_choices=[*MSGS, c], reward=float(i))
+    return TrajectoryGroup([Trajectory(messages_and_choices=[*MSGS, c], reward=reward_base + i)
                             for i, c in enumerate(reply.choices)])
 
 
@@ -166,7 +168,7 @@ async def two_pipelined_steps(model) -> dict[int, TrajectoryGroup]:
     gathered: dict[int, TrajectoryGroup] = {}
 
     async def gather(step):
-        gathered[step] = await rollouts(model, seed=step)
+        gathered[step] = await rollouts(model, seed=step, reward_base=10.0 * step)
         return [gathered[step]]
 
     rows = await train_pipelined(model, gather, steps=2, config=TrainConfig(learning_rate=1e-3, **STALE_KW))
@@ -176,7 +178,7 @@ async def two_pipelined_steps(model) -> dict[int, TrajectoryGroup]:
     assert [r["step"] for r in rows] == [1, 2] and all(r["trained"] for r in rows)
     assert (rows[0]["policy_lag_max"], rows[0]["stale_trajectories"]) == (0, 0)
     assert (rows[1]["policy_lag_max"], rows[1]["stale_trajectories"]) == (1, 4)
-    assert [r["reward_by_policy_step"] for r in rows] == [{"0": 1.5}, {"0": 1.5}]
+    assert [r["reward_by_policy_step"] for r in rows] == [{"0": 1.5}, {"0": 11.5}]
     assert [r["rollouts_by_policy_step"] for r in rows] == [{"0": 4}, {"0": 4}]
     assert await model.get_step() == 2 and ckpt.latest_checkpoint(model.run_dir) == 2
     return gathered
@@ -216,10 +218,21 @@ async def test_dedicated_cpu_placement_overlaps_rollouts_with_training_one_step_
         row = await model.train([fresh], TrainConfig(learning_rate=1e-3, **STALE_KW))
         assert row["policy_lag_max"] == 0 and row["step"] == 3
         assert math.isclose(row["sampler_weight_mean"], 1.0, abs_tol=2e-3), row["sampler_weight_mean"]
-        # steps 1 and 2 trained on policy 0's rollouts, step 3 on policy 2's: checkpoint 1 produced none, so
-        # the best checkpoint by reward is 2 (kept with the latest, 3), not 1 (what "row step - 1" would say)
+        # steps 1 and 2 trained on policy 0's rollouts (step 2's rewarded 10 higher), step 3 on policy 2's:
+        # checkpoint 1 produced none, so the best checkpoint by reward is 2 (kept with the latest, 3), not 1
+        # (what "row step - 1" would credit with step 2's rewards)
         assert row["reward_by_policy_step"] == {"2": 1.5}
         assert await model.delete_checkpoints() == [1] and ckpt.list_checkpoints(model.run_dir) == [2, 3]
+
+        # a step whose adapter reached the server and was then rolled back: dropping it serves step 3 again
+        served = await rollouts(model, seed=9)
+        await engine.load_adapter(4, ckpt.checkpoint_dir(model.run_dir, 2))  # step 2's weights, as "step 4"
+        assert {t.messages_and_choices[-1].model_extra["policy_step"] for t in await rollouts(model, seed=9)} == {4}
+        await engine.unload_adapter(4)
+        again = await rollouts(model, seed=9)
+        assert {t.messages_and_choices[-1].model_extra["policy_step"] for t in again} == {3}
+        assert [t.messages_and_choices[-1].model_extra["token_ids"] for t in again] == \
+            [t.messages_and_choices[-1].model_extra["token_ids"] for t in served]
     finally:
         await backend.close()
     assert engine.proc is None

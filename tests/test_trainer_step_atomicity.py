@@ -61,11 +61,11 @@ def group(tokenizer) -> TrajectoryGroup:
                             for text, r in (("Paris.", 1.0), ("Lyon, I think.", 0.0))])
 
 
-async def test_a_failed_adapter_load_or_a_full_disk_rolls_the_step_back_whole(tmp_path, monkeypatch):
+async def test_a_failed_adapter_load_wake_up_or_checkpoint_write_rolls_the_step_back_whole(tmp_path, monkeypatch):
     from trainer import vllm_server
 
     monkeypatch.setattr(vllm_server, "VLLMServer", ScriptedVLLM)
-    ScriptedVLLM.calls, ScriptedVLLM.refuse = [], set()
+    ScriptedVLLM.calls, ScriptedVLLM.refuse = [], {"v@1"}
     model = TrainableModel("v", "p", BASE, ModelConfig(engine=EngineConfig(engine="vllm", keep_adapters=2)))
     backend = LocalBackend(tmp_path)
     await model.register(backend)
@@ -73,6 +73,15 @@ async def test_a_failed_adapter_load_or_a_full_disk_rolls_the_step_back_whole(tm
     config = TrainConfig(learning_rate=1e-3)
     try:
         batch = [group(run.tokenizer)]
+        initial = snapshot(run)
+        # the first step's adapter is refused: back to the initial adapter, the server told to drop v@1
+        with pytest.raises(StepFailedError, match=r"step 1 was not applied: .*HTTP 500.* back at step 0.*serves "
+                                                  r"step 0's adapter"):
+            await model.train(batch, config)
+        assert_same(run, initial) and await model.get_step() == 0
+        assert [p for p, _ in ScriptedVLLM.calls] == ["/sleep", "/wake_up", "/v1/load_lora_adapter",
+                                                      "/v1/unload_lora_adapter"]
+        ScriptedVLLM.calls, ScriptedVLLM.refuse = [], set()
         assert (await model.train(batch, config))["step"] == 1 and adam_steps(run) == {1}
         after_one = snapshot(run)
 
@@ -85,9 +94,16 @@ async def test_a_failed_adapter_load_or_a_full_disk_rolls_the_step_back_whole(tm
         assert await model.get_step() == 1 and model.get_inference_name() == "v@1"
         assert_same(run, after_one)
         assert ckpt.list_checkpoints(model.run_dir) == [1]
-        loads = [body for path, body in ScriptedVLLM.calls if path == "/v1/load_lora_adapter"]
-        assert len(loads) == 2 and '"v@2"' in loads[0] and '"v@1"' in loads[1]  # pointed back at step 1
-        assert '"load_inplace":true' in loads[0].replace(" ", "")
+        assert [p for p, _ in ScriptedVLLM.calls] == ["/sleep", "/wake_up", "/v1/load_lora_adapter",
+                                                      "/v1/unload_lora_adapter"]
+        load, unload = ScriptedVLLM.calls[2][1], ScriptedVLLM.calls[3][1]
+        assert '"v@2"' in load and "load_inplace" not in load and '"v@2"' in unload
+
+        # vLLM does not wake up after step 2 trained: rolled back too
+        ScriptedVLLM.refuse = {"/wake_up"}
+        with pytest.raises(StepFailedError, match=r"step 2 was not applied: RuntimeError: .*/wake_up: HTTP 500"):
+            await model.train(batch, config)
+        assert_same(run, after_one) and ckpt.list_checkpoints(model.run_dir) == [1]
 
         # the retry applies step 2 once: Adam has made two updates, not three
         ScriptedVLLM.refuse = set()
@@ -106,9 +122,7 @@ async def test_a_failed_adapter_load_or_a_full_disk_rolls_the_step_back_whole(tm
         assert await model.get_step() == 2 and adam_steps(run) == {2}
         assert_same(run, after_two)
         assert sorted(p.name for p in (model.run_dir / "checkpoints").iterdir()) == ["0001", "0002"]
-        paths = [p for p, _ in ScriptedVLLM.calls]
-        assert paths == ["/sleep", "/wake_up", "/v1/load_lora_adapter"]  # woken, then step 2 served again
-        assert '"v@2"' in ScriptedVLLM.calls[-1][1]
+        assert [p for p, _ in ScriptedVLLM.calls] == ["/sleep", "/wake_up", "/v1/unload_lora_adapter"]
     finally:
         await backend.close()
 
@@ -138,8 +152,8 @@ async def test_a_failed_first_step_goes_back_to_the_initial_adapter_and_the_serv
             await model.train([batch], TrainConfig(learning_rate=1e-3))
         monkeypatch.undo()
         assert_same(run, initial)
-        assert await model.get_step() == 0 and not (model.run_dir / "checkpoints").exists() or \
-            list((model.run_dir / "checkpoints").iterdir()) == []
+        assert await model.get_step() == 0
+        assert not (model.run_dir / "checkpoints").exists() or list((model.run_dir / "checkpoints").iterdir()) == []
         again, batch = await rollouts()  # the same seed: the same tokens, the same logprobs, still step 0
         assert [c.model_extra["policy_step"] for c in again.choices] == [0, 0, 0]
         assert [c.model_extra["token_ids"] for c in again.choices] == [c.model_extra["token_ids"]
@@ -174,5 +188,44 @@ async def test_a_step_that_cannot_be_rolled_back_stops_the_trainer_until_it_is_r
         with pytest.raises(TrainerStateError, match="no further step is taken: close the backend and register"):
             await model.train(batch, TrainConfig(learning_rate=1e-3))
         assert run.broken
+    finally:
+        await backend.close()
+
+
+async def test_a_rollout_during_a_failing_step_is_sampled_by_the_weights_its_label_names(tmp_path, monkeypatch):
+    """The CPU engine waits on the training lock; a step that fails while saving restores the previous weights
+    before it lets go of the lock, so a rollout that was waiting samples the step-0 weights it is labelled with."""
+    import asyncio
+    import time
+
+    model = TrainableModel("r", "p", BASE)
+    backend = LocalBackend(tmp_path)
+    await model.register(backend)
+    client = model.openai_client()
+    try:
+        async def ask():
+            reply = await client.chat.completions.create(model=model.name, messages=MSGS, n=2, max_tokens=6,
+                                                         temperature=1.0, seed=5)
+            return ([c.model_extra["policy_step"] for c in reply.choices],
+                    [c.model_extra["token_ids"] for c in reply.choices],
+                    [c.model_extra["token_logprobs"] for c in reply.choices], reply)
+
+        before = await ask()
+        batch = [TrajectoryGroup([Trajectory(messages_and_choices=[*MSGS, c], reward=r)
+                                  for c, r in zip(before[3].choices, (0.0, 1.0))])]
+
+        def slow_full_disk(*args, **kwargs):
+            time.sleep(1.5)  # the rollout below is waiting on the training lock by now
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(ckpt, "save_checkpoint", slow_full_disk)
+        training = asyncio.create_task(model.train(batch, TrainConfig(learning_rate=5e-2)))
+        await asyncio.sleep(0.5)
+        with pytest.raises(RuntimeError, match="a step of 'r' is being trained already"):
+            await model.train(batch, TrainConfig(learning_rate=5e-2))  # a second step at once is refused
+        during = await ask()
+        with pytest.raises(StepFailedError):
+            await training
+        assert during[0] == [0, 0] and during[1:3] == before[1:3]  # step 0's weights, as labelled
     finally:
         await backend.close()

@@ -38,11 +38,17 @@ async def load(request: Request):
     return Response(status_code=404 if body["lora_path"] == "/missing" else 200, content="ok")
 
 
+async def unload(request: Request):
+    body = await request.json()
+    return Response(status_code=404 if body.get("lora_path") == "/missing" else 200, content="ok")
+
+
 @pytest.fixture
 def client(monkeypatch):
     monkeypatch.setenv("RULER_SERVED_NAME", "agent")
     app = TrainingDataMiddleware(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                                                   Route("/v1/load_lora_adapter", load, methods=["POST"])]))
+                                                   Route("/v1/load_lora_adapter", load, methods=["POST"]),
+                                                   Route("/v1/unload_lora_adapter", unload, methods=["POST"])]))
     seen.clear()
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm")
 
@@ -115,6 +121,27 @@ async def test_every_choice_says_which_policy_step_sampled_it(client):
         assert await steps("other-model", n=1) == [None]
         await client.post("/v1/load_lora_adapter", json={"lora_name": "agent@4", "lora_path": "/missing"})
         assert await steps("agent", n=1) == [3]  # a failed load changes nothing
+
+
+async def test_unloading_the_adapter_the_bare_name_means_falls_back_to_the_one_before(client):
+    """A step rolled back after its adapter reached vLLM: once it is unloaded, the bare name means the adapter
+    loaded before it, and the base model (step 0) once none is left; a failed unload changes nothing."""
+    async with client:
+        msgs = [{"role": "user", "content": "hi"}]
+
+        async def bare():
+            r = await client.post("/v1/chat/completions", json={"model": "agent", "messages": msgs})
+            return seen[-1]["model"], r.json()["choices"][0]["policy_step"]
+
+        for step in (1, 2):
+            await client.post("/v1/load_lora_adapter", json={"lora_name": f"agent@{step}", "lora_path": f"/c/{step}"})
+        assert await bare() == ("agent@2", 2)
+        await client.post("/v1/unload_lora_adapter", json={"lora_name": "agent@2"})
+        assert await bare() == ("agent@1", 1)
+        await client.post("/v1/unload_lora_adapter", json={"lora_name": "agent@1", "lora_path": "/missing"})
+        assert await bare() == ("agent@1", 1)  # vLLM refused (404 here): still loaded
+        await client.post("/v1/unload_lora_adapter", json={"lora_name": "agent@1"})
+        assert await bare() == ("agent", 0)
 
 
 async def test_choices_sampled_under_a_grammar_are_marked_constrained_and_train_on_the_trainers_logprobs(client):

@@ -248,6 +248,8 @@ class _Run:
     initial_state: Any = None  # (adapter state, optimizer state) on the CPU before step 1: what a failed first
     # step rolls back to (later steps roll back to their predecessor's checkpoint)
     broken: str | None = None  # why the trainer takes no further step (TrainerStateError), or None
+    dirty: bool = False  # the weights / optimizer state may differ from the served step's (a step is underway)
+    stepping: bool = False  # a train() call is between its prepare and its end
 
 
 class LocalBackend:
@@ -513,25 +515,38 @@ class LocalBackend:
                         "with the trainer's own logprobs as the old policy: no importance weight corrects their "
                         "staleness (stale_turns_uncorrected)", run.served.step + 1, prep["stale_turns_uncorrected"])
         step = run.served.step + 1
+        if run.stepping:
+            raise RuntimeError(f"a step of {model.name!r} is being trained already: await it before the next one")
+        run.stepping = True
+        try:
+            return await self._step(run, step, seqs, config, row, prep, started, on_step)
+        finally:
+            run.stepping = False
+
+    async def _step(self, run: _Run, step: int, seqs, config: TrainConfig, row: dict, prep: dict, started: float,
+                    on_step) -> dict:
+        """Train, checkpoint and serve step `step`, all or nothing (`_roll_back`)."""
         sleeps = run.engine.can_sleep  # vLLM without sleep mode keeps answering with the previous adapter, the
         slept = moved = 0.0            # transformers engine's requests wait on the training lock
         try:
-            sleep_started = time.perf_counter()
-            if sleeps:
-                await run.engine.sleep()
-            slept = time.perf_counter() - sleep_started
             try:
+                sleep_started = time.perf_counter()
+                if sleeps:
+                    await run.engine.sleep()
+                slept = time.perf_counter() - sleep_started
                 if run.offload is not None:  # the base weights back on the GPU vLLM's sleep just freed
                     moved += await asyncio.to_thread(run.offload.to_device)
                 stats, where = await asyncio.to_thread(self._train_and_save, run, seqs, config, step,
                                                        {"reward_mean": prep["reward_mean"]})
             finally:
-                if run.offload is not None:  # and off it again before vLLM wakes
-                    moved += await asyncio.to_thread(run.offload.to_cpu)
-                wake_started = time.perf_counter()
-                if sleeps:
-                    await run.engine.wake()
-                slept += time.perf_counter() - wake_started
+                try:
+                    if run.offload is not None:  # and off it again before vLLM wakes
+                        moved += await asyncio.to_thread(run.offload.to_cpu)
+                finally:
+                    wake_started = time.perf_counter()
+                    if sleeps:  # also after a failed sleep: whatever it left asleep is woken
+                        await run.engine.wake()
+                    slept += time.perf_counter() - wake_started
             swap_started = time.perf_counter()
             await run.engine.load_adapter(step, where)
         except Exception as exc:
@@ -542,6 +557,7 @@ class LocalBackend:
             raise
         with run.lock:  # the step is complete: the served step moves with the in-process engine's
             run.served.step = step
+            run.dirty = False
             if isinstance(run.engine, GeneratingEngine):
                 run.engine.policy_step = step
         run.initial_state = None  # a checkpoint holds the state to roll back to from now on
@@ -560,44 +576,77 @@ class LocalBackend:
 
     def _train_and_save(self, run: _Run, seqs, config: TrainConfig, step: int, state: dict) -> tuple[dict, Path]:
         """The update and its checkpoint under the training lock, so the in-process engine never samples with
-        weights whose checkpoint is not written; `(stats, checkpoint folder)`."""
+        weights whose checkpoint is not written: a failure once the update has begun restores the last step's
+        state before the lock is let go. `(stats, checkpoint folder)`."""
         import torch
+
+        def updating():
+            run.dirty = True  # from here on the weights and the optimizer state may be the new step's
 
         with run.lock:
             for g in run.optimizer.param_groups:
                 g["lr"], g["weight_decay"] = config.learning_rate, config.weight_decay
             try:
                 stats = train_step(run.peft_model, run.optimizer, seqs, config, full_forward=run.full_forward,
-                                   masks=run.masks)
+                                   masks=run.masks, before_update=updating)
+                if torch.cuda.is_available():  # hand the activations' cached blocks back before vLLM wakes
+                    torch.cuda.empty_cache()
+                where = ckpt.save_checkpoint(run.run_dir, step, run.peft_model, run.optimizer,
+                                             {**state, "loss": stats["loss"]})
             except torch.OutOfMemoryError:
-                run.optimizer.zero_grad(set_to_none=True)
+                self._undo_locked(run, step, "out of memory")
                 torch.cuda.empty_cache()
                 raise MemoryError("out of memory in the training step (nothing applied; the last checkpoint is "
                                   "intact): lower max_tokens_per_micro_batch or max_seq_length, or enable "
                                   "gradient_checkpointing") from None
-            if torch.cuda.is_available():  # hand the activations' cached blocks back before vLLM wakes
-                torch.cuda.empty_cache()
-            where = ckpt.save_checkpoint(run.run_dir, step, run.peft_model, run.optimizer,
-                                         {**state, "loss": stats["loss"]})
+            except BaseException as exc:
+                self._undo_locked(run, step, f"{type(exc).__name__}: {exc}", exc)
+                raise
             if isinstance(run.engine, GeneratingEngine):  # it samples with these weights from now on
                 run.engine.policy_step = step
             return stats, where
 
-    async def _roll_back(self, run: _Run, step: int, exc: Exception) -> None:
-        """Undo a step that failed at any point after it began: the adapter weights and the optimizer state as
-        the last completed step left them (its checkpoint, or the state before step 1), the failed step's
-        checkpoint removed, the in-process engine's step back. Raises `StepFailedError` from `exc`; the trainer's
-        own errors that promise nothing was applied (out of memory, a non-finite gradient) are raised as they
-        are; `TrainerStateError` when the rollback itself fails (no further step is taken)."""
+    def _undo_locked(self, run: _Run, step: int, why: str, exc: BaseException | None = None) -> None:
+        """Inside `_train_and_save`, a failure: gradients dropped and, when the update had begun, the last step's
+        state restored; `TrainerStateError` (and the trainer stopped) when that restore fails."""
+        run.optimizer.zero_grad(set_to_none=True)
+        if not run.dirty:
+            return
         try:
-            await asyncio.to_thread(self._restore, run)
-            await asyncio.to_thread(ckpt.remove_checkpoint, run.run_dir, step)
+            self._restore_locked(run)
         except Exception as again:
-            run.broken = (f"step {step} failed ({type(exc).__name__}: {exc}) and rolling it back failed too "
-                          f"({type(again).__name__}: {again})")
+            run.broken = (f"step {step} failed ({why}) and rolling it back failed too ({type(again).__name__}: "
+                          f"{again})")
             raise TrainerStateError(f"{run.broken}; no further step is taken: close the backend and register the "
                                     "model again to resume from the last complete checkpoint") from exc
-        serving = await self._serve_again(run, step)
+
+    async def _roll_back(self, run: _Run, step: int, exc: Exception) -> None:
+        """Undo a step that failed at any point after it began: the failed step's checkpoint removed first (a
+        crash after that resumes from the last completed step), the adapter weights and the optimizer state as
+        that step left them (its checkpoint, or the state before step 1) unless they are already, the in-process
+        engine's step back, and an engine with a server of its own told to stop serving the failed step's adapter.
+        Raises `StepFailedError` from `exc`; the trainer's own errors that promise nothing was applied (out of
+        memory, a non-finite gradient) are raised as they are; `TrainerStateError` when the rollback itself fails
+        (no further step is taken). Interrupted (cancelled), it leaves the trainer refusing further steps."""
+        if isinstance(exc, TrainerStateError):  # the restore under the lock failed already
+            await asyncio.to_thread(ckpt.remove_checkpoint, run.run_dir, step)
+            raise exc
+        try:
+            try:
+                await asyncio.to_thread(ckpt.remove_checkpoint, run.run_dir, step)
+                if run.dirty:
+                    await asyncio.to_thread(self._restore, run)
+            except Exception as again:
+                run.broken = (f"step {step} failed ({type(exc).__name__}: {exc}) and rolling it back failed too "
+                              f"({type(again).__name__}: {again})")
+                raise TrainerStateError(f"{run.broken}; no further step is taken: close the backend and register "
+                                        "the model again to resume from the last complete checkpoint") from exc
+            serving = await self._serve_again(run, step)
+        except BaseException as interrupted:
+            if not isinstance(interrupted, Exception):
+                run.broken = (f"step {step} failed ({type(exc).__name__}: {exc}) and its rollback was interrupted, so "
+                              "the adapter weights and the optimizer state may be at either step")
+            raise
         log.warning("step %d failed (%s: %s) and was rolled back: the trainer is at step %d", step,
                     type(exc).__name__, exc, run.served.step)
         if isinstance(exc, (MemoryError, FloatingPointError)):
@@ -607,27 +656,29 @@ class LocalBackend:
                               f"step left them; {serving}): retrying applies step {step} once", step=step) from exc
 
     async def _serve_again(self, run: _Run, failed: int) -> str:
-        """After a rollback, make an engine with a server of its own serve the trainer's step again (in case the
-        failed step's adapter reached it: a load that failed on this side after it succeeded on the server's):
-        the step's checkpoint loaded once more, or at step 0 the failed step's adapter unloaded. Best effort (the
+        """After a rollback, an engine with a server of its own is told to stop serving the failed step's adapter,
+        in case its load reached the server (a load that failed on this side after it succeeded on the server's):
+        the server then serves the latest adapter it still holds, the last completed step's. Best effort (the
         trainer's own state is already whole); what happened, for the error message."""
         if run.engine.base_url is None:
             return "the in-process engine samples with the restored weights"
-        step = run.served.step
         try:
-            if step:
-                await run.engine.load_adapter(step, ckpt.checkpoint_dir(run.run_dir, step))
-            else:
-                await run.engine.unload_adapter(failed)
+            await run.engine.unload_adapter(failed)
         except Exception as exc:
-            log.info("after rolling back step %d, the %s server could not be pointed at step %d again (%s: %s)",
-                     failed, run.engine.name, step, type(exc).__name__, exc)
-            return (f"the {run.engine.name} server serves step {step}'s adapter unless the failed load reached it: "
-                    f"pointing it at step {step} again failed ({type(exc).__name__})")
-        return f"the {run.engine.name} server serves step {step}'s adapter"
+            log.warning("after rolling back step %d, the %s server could not be told to drop its adapter (%s: %s)",
+                        failed, run.engine.name, type(exc).__name__, exc)
+            return (f"the {run.engine.name} server could not be told to drop step {failed}'s adapter "
+                    f"({type(exc).__name__}), which it holds only if the failed load reached it")
+        return f"the {run.engine.name} server serves step {run.served.step}'s adapter"
 
     def _restore(self, run: _Run) -> None:
-        """Under the training lock: the adapter weights and optimizer state of the served step."""
+        """The adapter weights and optimizer state of the served step, under the training lock."""
+        with run.lock:
+            self._restore_locked(run)
+
+    def _restore_locked(self, run: _Run) -> None:
+        """`_restore` with the training lock held by the caller: the old optimizer state is let go before the
+        saved one is loaded (one copy at a time on the device)."""
         import torch
         from peft import set_peft_model_state_dict
 
@@ -641,15 +692,14 @@ class LocalBackend:
             adapter = load_file(str(where / "adapter_model.safetensors"))
             optimizer = (torch.load(where / "optimizer.pt", map_location="cpu") if (where / "optimizer.pt").is_file()
                          else None)
-        with run.lock:
-            run.optimizer.zero_grad(set_to_none=True)
-            set_peft_model_state_dict(run.peft_model, adapter)
-            if optimizer is None:  # a checkpoint written without optimizer state: resumed with a fresh optimizer
-                run.optimizer.state.clear()
-            else:
-                run.optimizer.load_state_dict(optimizer)
-            if isinstance(run.engine, GeneratingEngine):
-                run.engine.policy_step = step
+        run.optimizer.zero_grad(set_to_none=True)
+        set_peft_model_state_dict(run.peft_model, adapter)
+        run.optimizer.state.clear()
+        if optimizer is not None:  # None: a checkpoint written without optimizer state, resumed with a fresh one
+            run.optimizer.load_state_dict(optimizer)
+        if isinstance(run.engine, GeneratingEngine):
+            run.engine.policy_step = step
+        run.dirty = False
 
     async def delete_checkpoints(self, model, metric: str = "reward_mean") -> list[int]:
         """Keep the latest checkpoint and the best one, the checkpoint whose own rollouts scored the highest

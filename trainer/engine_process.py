@@ -99,7 +99,9 @@ def build_app(spec: dict):
 
     from peft import get_peft_model_state_dict
 
-    initial = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}  # step 0's adapter
+    # the adapters it served, newest last (at most two): unloading the newest (a step rolled back) goes back to the
+    # one before, as vLLM's bare name does
+    held = [(0, {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()})]
 
     def swap(step: int, weights: dict) -> None:
         with lock:  # between two generations: every sample is wholly one step's
@@ -117,16 +119,16 @@ def build_app(spec: dict):
             raise HTTPException(404, f"no adapter at {path}")
         weights = await asyncio.to_thread(load_file, str(path))
         await asyncio.to_thread(swap, int(step), weights)
+        held[:] = [*[h for h in held if h[0] != int(step)][-1:], (int(step), weights)]
         return {"loaded": req.lora_name}
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_adapter(req: UnloadAdapter):
-        # only the latest adapter is held: unloading it (a step rolled back at step 1) goes back to step 0's;
-        # any other name has nothing to release
         prefix, _, step = req.lora_name.rpartition("@")
-        if prefix == name and step.isdigit() and int(step) == served.step and served.step > 0:
-            await asyncio.to_thread(swap, 0, initial)
-        return {"unloaded": req.lora_name}
+        if prefix == name and step.isdigit() and len(held) > 1 and held[-1][0] == int(step):
+            held.pop()  # the adapter being served (a step rolled back): back to the one before
+            await asyncio.to_thread(swap, *held[-1])
+        return {"unloaded": req.lora_name}  # any other name: nothing held to release
 
     return app
 

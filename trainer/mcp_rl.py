@@ -42,7 +42,8 @@ import os
 import random
 import re
 import shlex
-import tempfile
+import sys
+import threading
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -56,8 +57,10 @@ from judges.extras import require
 require("mcp", "MCP·RL (trainer.mcp_rl)")
 
 import anyio  # installed with mcp
+import httpx2  # installed with mcp (its HTTP client)
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
@@ -71,6 +74,7 @@ log = logging.getLogger("ruler")
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept as a function name
 STDERR_TAIL_CHARS = 2000
+STDERR_KEEP_BYTES = 64 * 1024  # of a server command's stderr, only the end is kept
 MAX_TOOL_PAGES = 100
 MAX_RESOURCES, RESOURCE_TEXT_CHARS = 50, 300  # what the task writer is shown of a server's resources
 TASK_MIN_CHARS, TASK_MAX_CHARS = 12, 2000
@@ -145,6 +149,90 @@ class ToolCallResult:
     timed_out: bool = False
 
 
+class StderrTail:
+    """Where a server command's stderr goes: a pipe whose reader keeps only the last `keep` bytes (what error
+    messages quote), so a command that writes without end fills neither memory nor disk. A context manager;
+    `writer` is the file the command writes to."""
+
+    def __init__(self, keep: int = STDERR_KEEP_BYTES):
+        read_fd, write_fd = os.pipe()
+        self.writer = os.fdopen(write_fd, "w", encoding="utf-8", errors="replace")
+        self._reader = os.fdopen(read_fd, "rb")
+        self._kept = bytearray()
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, name="mcp-stderr", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while chunk := self._reader.read1(65536):
+                with self._lock:
+                    self._kept += chunk
+                    del self._kept[:-self._keep]
+        except (OSError, ValueError):  # closed under the read
+            pass
+
+    def tail(self, chars: int = STDERR_TAIL_CHARS) -> str:
+        """The last `chars` characters written so far (after a short wait for what is in the pipe)."""
+        self._thread.join(0.05)
+        with self._lock:
+            return bytes(self._kept).decode("utf-8", errors="replace")[-chars:].strip()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.writer.close()  # the command's copy closes when it exits; the reader sees the end then
+        self._thread.join(1.0)
+        if self._thread.is_alive():
+            self._reader.close()
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """A response body that stops at `limit` bytes (`MessageTooLarge`) instead of being read whole."""
+
+    def __init__(self, stream, limit: int):
+        self._stream, self._limit = stream, limit
+
+    async def __aiter__(self):
+        seen = 0
+        async for chunk in self._stream:
+            seen += len(chunk)
+            if seen > self._limit:
+                raise MessageTooLarge(f"the server's answer was over {self._limit:,} bytes; MCP·RL stopped reading "
+                                      "it (MCPToolbox max_message_bytes)")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class MessageTooLarge(httpx2.StreamError):
+    """A response from an MCP server over `MCPToolbox.max_message_bytes` (the SDK answers the call with it)."""
+
+
+class _CappedTransport(httpx2.AsyncBaseTransport):
+    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int):
+        self._inner, self._limit = inner, limit
+
+    async def handle_async_request(self, request):
+        response = await self._inner.handle_async_request(request)
+        response.stream = _CappedStream(response.stream, self._limit)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def bounded_http_client(limit: int) -> httpx2.AsyncClient:
+    """The MCP SDK's HTTP client (its timeouts) whose responses stop at `limit` bytes."""
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    client = create_mcp_http_client()
+    return httpx2.AsyncClient(timeout=client.timeout, transport=_CappedTransport(httpx2.AsyncHTTPTransport(), limit))
+
+
 def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for e in exc.exceptions for leaf in _leaves(e)]
@@ -176,13 +264,20 @@ class MCPToolbox:
     MCP resources, if it offers any: at most 50, each a dict of `uri`, `name` and `description`, texts cut to
     300 characters), `call(name, arguments)`.
 
+    What it reads is bounded: a message from the server over `max_message_bytes` (default 1 MiB) is not read
+    into memory — over stdio a relay in front of the command (`trainer/mcp_relay.py`) drops it as it arrives and
+    answers its call with an error naming the limit; over HTTP the response is cut off at the limit (SSE events
+    too) — so that call's result is an error the agent reads, and `max_result_chars` then cuts what is kept of a
+    result that fits. The command's stderr is kept only as its last `STDERR_KEEP_BYTES` (for error messages).
+
     One toolbox may serve many concurrent rollouts (MCP requests are multiplexed on one session); enter and
     leave it in the same task.
     """
 
     def __init__(self, server: str | None = None, *, url: str | None = None, env: dict[str, str] | None = None,
                  cwd: str | Path | None = None, inherit_env: bool = False, connect_timeout: float = 60.0,
-                 tool_timeout: float = 30.0, max_result_chars: int = 8000):
+                 tool_timeout: float = 30.0, max_result_chars: int = 8000,
+                 max_message_bytes: int = 1024 * 1024):
         if (server is None) == (url is None):
             raise ValueError("give exactly one of server (a command line, run over stdio) and url (streamable HTTP)")
         if server is not None:
@@ -202,8 +297,8 @@ class MCPToolbox:
                 raise ValueError(f"cwd {str(cwd)!r} is not a directory")
             if inherit_env:
                 env = {**os.environ, **(env or {})}
-            self.params = StdioServerParameters(command=argv[0], args=argv[1:], env=env,
-                                                cwd=str(cwd) if cwd is not None else None)
+            self.params = None  # made below, once max_message_bytes is checked
+            self._argv, self._env, self._cwd = argv, env, str(cwd) if cwd is not None else None
         else:
             if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
                 raise ValueError(f"url must be an http(s) URL of a streamable HTTP MCP endpoint, got {url!r}")
@@ -215,6 +310,14 @@ class MCPToolbox:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
         if isinstance(max_result_chars, bool) or not isinstance(max_result_chars, int) or max_result_chars < 1:
             raise ValueError(f"max_result_chars must be an integer >= 1, got {max_result_chars!r}")
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) \
+                or not 4096 <= max_message_bytes <= 2**31:
+            raise ValueError(f"max_message_bytes must be an integer from 4096 to 2**31, got {max_message_bytes!r}")
+        self.max_message_bytes = max_message_bytes
+        if server is not None:  # the command behind the relay that bounds what it writes (trainer/mcp_relay.py)
+            relay = [str(Path(__file__).with_name("mcp_relay.py")), "--max-bytes", str(max_message_bytes), "--"]
+            self.params = StdioServerParameters(command=sys.executable, args=[*relay, *self._argv], env=self._env,
+                                                cwd=self._cwd)
         self.server, self.url = server, url
         self.connect_timeout, self.tool_timeout = float(connect_timeout), float(tool_timeout)
         self.max_result_chars = max_result_chars
@@ -234,11 +337,7 @@ class MCPToolbox:
 
     def stderr_tail(self, chars: int = STDERR_TAIL_CHARS) -> str:
         """The end of what the server command wrote to stderr so far ('' for a URL)."""
-        if self._errlog is None or self._errlog.closed:
-            return ""
-        self._errlog.flush()
-        self._errlog.seek(0)
-        return self._errlog.read()[-chars:].strip()
+        return self._errlog.tail(chars) if self._errlog is not None else ""
 
     async def __aenter__(self) -> Self:
         if self._stack is not None:
@@ -246,11 +345,12 @@ class MCPToolbox:
         self._stack = AsyncExitStack()
         try:
             if self.params is not None:
-                self._errlog = self._stack.enter_context(  # closed by the exit stack
-                    tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace"))  # noqa: SIM115
-                transport = stdio_client(self.params, errlog=self._errlog)
+                self._errlog = self._stack.enter_context(StderrTail())  # closed by the exit stack
+                transport = stdio_client(self.params, errlog=self._errlog.writer)
             else:
-                transport = self.url
+                http = await self._stack.enter_async_context(bounded_http_client(self.max_message_bytes))
+                transport = streamable_http_client(self.url, http_client=http,
+                                                   max_sse_event_size=self.max_message_bytes)
             # one deadline for the whole start-up (starting the command, the protocol handshake, the tool and
             # resource listings); each request is bounded by it too. asyncio.timeout, not an anyio cancel
             # scope: the client's task group, entered inside, outlives the block.

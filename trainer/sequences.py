@@ -50,8 +50,9 @@ class TrainingSequence:
     turns: int = 0
     policy_step: int | None = None  # the oldest policy step that sampled one of its turns (None: none known)
     newest_policy_step: int | None = None  # the newest one
-    unweighted_turn_steps: list[int] = field(default_factory=list)  # policy steps of its turns without sampled
-    # logprobs (constrained or not sent): trained with the trainer's own logprobs as the old policy, ratio 1
+    unweighted_turns: list[tuple[int, int]] = field(default_factory=list)  # (policy step, index of its first
+    # sampled token) of each turn without sampled logprobs (constrained, or none sent): trained with the trainer's
+    # own logprobs as the old policy, ratio 1
     advantage: float = 0.0
     trajectory: int = 0  # the trajectory's index in its batch (losses normalise per trajectory)
     group: int = 0       # its group's index (sequences of one group may share their prefix in training)
@@ -223,6 +224,7 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
             current = TrainingSequence([], [], [])
             seqs.append(current)
             gap = turn.prompt
+        first = len(current.token_ids) + len(gap)  # the turn's first sampled token
         current.token_ids += gap + turn.completion
         current.trained += [False] * len(gap) + [True] * len(turn.completion)
         current.old_logprobs += [math.nan] * len(gap) + lps
@@ -233,7 +235,7 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
             current.newest_policy_step = (turn.policy_step if current.newest_policy_step is None
                                           else max(current.newest_policy_step, turn.policy_step))
             if turn.logprobs is None:
-                current.unweighted_turn_steps.append(turn.policy_step)
+                current.unweighted_turns.append((turn.policy_step, first))
     return seqs
 
 

@@ -204,7 +204,6 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                         f"{config.max_off_policy_steps} (nothing was applied: gather fresh rollouts, or allow "
                         f"more staleness with sampler_correction='tis')")
                 lag_max, stale = max(lag_max, lag), stale + (lag > 0)
-                uncorrected += sum(step < policy_step for seq in found for step in seq.unweighted_turn_steps)
             kept = []
             for seq in found:
                 if len(seq.token_ids) > max_seq_length:
@@ -216,6 +215,9 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
                     skipped["sequence without trained tokens within max_seq_length"] += 1
                     continue
                 seq.advantage, seq.trajectory, seq.group, seq.position = float(adv), n_trajectories, g, t
+                if policy_step is not None:  # stale turns without sampled logprobs that are trained (not cut off)
+                    uncorrected += sum(s < policy_step and first < len(seq.token_ids)
+                                       for s, first in seq.unweighted_turns)
                 kept.append(seq)
             if not found:
                 skipped["no generated tokens"] += 1
@@ -468,8 +470,10 @@ def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
 
 
 def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConfig, *,
-               full_forward: bool = False, masks: bool = True) -> dict:
-    """`accumulate_loss` over packed rows, clip, step. Returns the step's training stats."""
+               full_forward: bool = False, masks: bool = True, before_update=None) -> dict:
+    """`accumulate_loss` over packed rows, clip, step. Returns the step's training stats. `before_update()`, when
+    given, is called right before the optimizer changes the weights (nothing before it has: a failure earlier
+    leaves them as they were)."""
     import torch
 
     started = time.perf_counter()
@@ -481,6 +485,8 @@ def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConf
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         raise FloatingPointError("gradient norm is not finite; the step was not applied")
+    if before_update is not None:
+        before_update()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - started

@@ -266,9 +266,10 @@ class ServerProcess:
         the checkpoint writes anyway (README, Scale)."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
-        # in place: a step re-done after a rollback replaces whatever an earlier attempt left under its name
+        # not `load_inplace`: vLLM 0.24 keeps that flag on the adapter and reloads it from disk at every engine
+        # step (vLLM issue 33791); a step re-done after a rollback finds its name unloaded (`unload_adapter`)
         await self._post("/v1/load_lora_adapter", json={"lora_name": f"{self.served_name}@{step}",
-                                                        "lora_path": str(path), "load_inplace": True})
+                                                        "lora_path": str(path)})
         if step in self.loaded:
             self.loaded.remove(step)
         self.loaded.append(step)
@@ -282,10 +283,15 @@ class ServerProcess:
 
     async def unload_adapter(self, step: int) -> None:
         """Stop serving `NAME@step` (a step rolled back); the bare name then means the latest adapter still
-        loaded, or the base model when none is (`trainer/vllm_middleware.py`)."""
+        loaded, or the base model when none is (`trainer/vllm_middleware.py`). A name the server does not hold
+        (404: the failed load never reached it) is fine."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
-        await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{step}"})
+        try:
+            await self._post("/v1/unload_lora_adapter", json={"lora_name": f"{self.served_name}@{step}"})
+        except RuntimeError as exc:
+            if "HTTP 404" not in str(exc):
+                raise
         if step in self.loaded:
             self.loaded.remove(step)
 
