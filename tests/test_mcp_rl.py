@@ -3,6 +3,7 @@ writer and judge (`FakeJudge` on loopback), the embedded SmolLM2 as the policy o
 step; and the bad input: a server that fails to start, tools that raise or hang, a task writer that returns
 junk, an agent that throws mid-rollout."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -183,13 +184,13 @@ def test_the_command_writes_and_saves_the_tasks_and_registers_the_model(inbox_db
         "Who wrote to me about the Houston office move?"}
 
 
-@pytest.fixture
-def http_server(inbox_db):
-    """The inbox MCP server over streamable HTTP in a subprocess; its /mcp URL once it answers."""
-    db, _ = inbox_db
+@contextlib.contextmanager
+def over_http(*argv: str):
+    """An MCP server command (its arguments before `--http PORT`) serving streamable HTTP in a subprocess; its
+    /mcp URL once it answers."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "evals.art_e.mcp_server", "--db", str(db), "--http", str(port)],
-                            cwd=ROOT, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, *argv, "--http", str(port)], cwd=ROOT, env={**os.environ, **ENV},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -203,6 +204,13 @@ def http_server(inbox_db):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def http_server(inbox_db):
+    """The inbox MCP server over streamable HTTP."""
+    with over_http("-m", "evals.art_e.mcp_server", "--db", str(inbox_db[0])) as url:
+        yield url
 
 
 async def test_streamable_http_lists_the_tools_and_calls_one(http_server):
@@ -460,22 +468,8 @@ async def test_a_50_mb_tool_result_is_not_read_over_stdio_and_the_call_ends_with
 
 @pytest.fixture
 def faults_over_http():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, FAULTS_SCRIPT, "--http", str(port)], cwd=ROOT, env={**os.environ, **ENV},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with over_http(FAULTS_SCRIPT) as url:
+        yield url
 
 
 async def test_a_50_mb_tool_result_is_cut_off_over_streamable_http(faults_over_http):
