@@ -18,7 +18,8 @@ A folder is code and data someone else may have written, so loading it reaches n
 by a hub id is read from the local Hugging Face cache only, unless `$RULER_LOCAL_MODELS_FROM_HUB=1` (`ruler
 score` / `ruler serve --allow-hub-downloads`) lets it download; its chat template renders within
 `TEMPLATE_SECONDS` and `TEMPLATE_MAX_GROWTH` (`judges.bounded`), a template that loops being a
-`JudgeConfigError`; no `trust_remote_code`.
+`JudgeConfigError` (one past the time bound is refused from then on); no `trust_remote_code`. The memory bound
+watches the whole process and is polled: one huge allocation inside the template is not stopped half-way.
 """
 
 from __future__ import annotations
@@ -212,9 +213,11 @@ class EmbeddedModel:
                 seconds=TEMPLATE_SECONDS, max_growth_bytes=TEMPLATE_MAX_GROWTH,
                 what=f"the chat template of the local model {self.path}")
         except BoundExceeded as exc:
-            self.template_problem = (f"{exc}: it loops or builds too much, so this model is not used (fix the "
-                                     "template in its tokenizer_config.json or chat_template.jinja)")
-            raise JudgeConfigError(self.template_problem) from None
+            problem = (f"{exc}: it loops or builds too much, so this model is not used (fix the template in its "
+                       "tokenizer_config.json or chat_template.jinja)")
+            if exc.why.startswith("did not finish"):  # a loop stays a loop; memory growth may be another thread's
+                self.template_problem = problem
+            raise JudgeConfigError(problem) from None
 
     def _compiled_grammar(self, schema: dict):
         import xgrammar as xgr

@@ -257,7 +257,9 @@ def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: b
     from ruler import ruler_score_group
 
     params = {"api_base": api_base} if api_base else None
-    retry = RetryPolicy(attempts=retries + 1, deadline=timeout, timeout=min(RetryPolicy.timeout, timeout))
+    # one attempt may take half the deadline when there are retries, so a hung attempt leaves room for another
+    attempt = timeout / 2 if retries else timeout
+    retry = RetryPolicy(attempts=retries + 1, deadline=timeout, timeout=min(RetryPolicy.timeout, attempt))
     return asyncio.run(ruler_score_group(group, judge, params, rubric, cache=None if cache else False,
                                          num_permutations=permutations, retry=retry,
                                          max_prompt_tokens=max_prompt_tokens))
@@ -312,7 +314,8 @@ def score(
                                      help=f"Judge under k orderings (1-{MAX_PERMUTATIONS}) and average: k judge calls."),
     timeout: float = typer.Option(SCORE_TIMEOUT_S, "--timeout", min=0.1, max=86_400.0,
                                   help="Seconds one judge call may take in all, retries and waits included (a judge "
-                                  "that never answers fails after this)."),
+                                  "that never answers fails after this; one attempt gets half of it when --retries "
+                                  "> 0). A CPU judge (local/...) scoring a large group may need more."),
     retries: int = typer.Option(4, "--retries", min=0, max=MAX_ATTEMPTS - 1,
                                 help="Retries of a judge call after 429, 5xx, timeouts or connection errors."),
     max_prompt_tokens: Optional[int] = typer.Option(

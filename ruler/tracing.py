@@ -55,6 +55,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -209,6 +210,12 @@ def flush() -> None:
     tracer = _explicit if _explicit is not None else (_from_env[1] if _from_env else None)
     if tracer:
         _safely("flush", tracer.flush)
+
+
+def _close_at_exit(ref) -> None:
+    tracer = ref()
+    if tracer is not None:
+        tracer.close()
 
 
 def _bounded(fn, seconds: float, what: str) -> bool:
@@ -468,7 +475,8 @@ class LangfuseTracer:
         resources = getattr(self._client, "_resources", None)
         if resources is not None and callable(getattr(resources, "shutdown", None)):
             atexit.unregister(resources.shutdown)
-        atexit.register(self.close)
+        self._stuck = False  # a flush or close ran past its bound: the export is not answering
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
     def client(self):
@@ -613,9 +621,14 @@ class LangfuseTracer:
                           "model": model_name})
 
     def flush(self) -> None:
-        """Hand what is buffered to Langfuse, waiting at most `flush_timeout_s`."""
-        _bounded(self._client.flush, self.flush_timeout_s, f"flush to {self.host or 'Langfuse'}")
+        """Hand what is buffered to Langfuse, waiting at most `flush_timeout_s` (not at all once an earlier flush
+        ran past it: the export is not answering)."""
+        if self._stuck:
+            return
+        self._stuck = not _bounded(self._client.flush, self.flush_timeout_s, f"flush to {self.host or 'Langfuse'}")
 
     def close(self) -> None:
-        """Flush and stop the SDK's threads, waiting at most `flush_timeout_s` (also run at the process's exit)."""
-        _bounded(self._client.shutdown, self.flush_timeout_s, f"shut down the export to {self.host or 'Langfuse'}")
+        """Flush and stop the SDK's threads, waiting at most `flush_timeout_s` (also run at the process's exit);
+        after a flush that ran past it, only a moment."""
+        bound = 0.1 if self._stuck else self.flush_timeout_s
+        self._stuck = not _bounded(self._client.shutdown, bound, f"shut down the export to {self.host or 'Langfuse'}")

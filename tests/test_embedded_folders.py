@@ -76,10 +76,12 @@ def test_a_chat_template_that_loops_is_stopped_at_its_bound_and_the_model_refuse
         model.generate([{"role": "user", "content": "hi"}], max_new_tokens=2)
     assert time.monotonic() - started < (5 if template == SPIN else 30)
     assert rss() - before < 600 * 2**20  # stopped near its bound, what it built let go
-    started = time.monotonic()
-    with pytest.raises(JudgeConfigError, match="this model is not used"):
-        model.generate([{"role": "user", "content": "hi"}], max_new_tokens=2)
-    assert time.monotonic() - started < 0.5
+    assert not [t for t in threading.enumerate() if t.name.startswith("bounded:")]  # the render itself stopped
+    if template == SPIN:  # a loop is refused from then on, at once
+        started = time.monotonic()
+        with pytest.raises(JudgeConfigError, match="this model is not used"):
+            model.generate([{"role": "user", "content": "hi"}], max_new_tokens=2)
+        assert time.monotonic() - started < 0.5
 
 
 def test_a_good_template_renders_as_transformers_renders_it(tmp_path):

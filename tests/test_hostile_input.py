@@ -555,7 +555,6 @@ SERVICE_CASES = [
     ("content-length-over-limit", b"{}", 413, None, "request body over 1000000 bytes"),
     ("text-plain-body", body(), 415, None, "the body must be JSON: the request has Content-Type 'text/plain'"),
     ("form-body", body(), 415, None, "Content-Type 'application/x-www-form-urlencoded'; send it as application/json"),
-    ("no-content-type", body(), 415, None, "the request has no Content-Type"),
     ("no-key", body(), 401, None, "missing API key"),
     ("forged-key", body(), 401, None, "unknown or revoked API key"),
 ] + [
@@ -563,7 +562,7 @@ SERVICE_CASES = [
 ]
 HEADERS = {"idempotency-key-too-long": {"Idempotency-Key": "k" * 201}, "content-length-over-limit": None,
            "text-plain-body": {"content-type": "text/plain"},
-           "form-body": {"content-type": "application/x-www-form-urlencoded"}, "no-content-type": {"content-type": ""},
+           "form-body": {"content-type": "application/x-www-form-urlencoded"},
            "no-key": {"Authorization": ""}, "forged-key": {"Authorization": "Bearer rk_forged"}}
 
 
@@ -1212,3 +1211,15 @@ def test_the_rubric_folder_follows_no_link_out_of_it(tmp_path, monkeypatch):
     res = runner.invoke(cli, ["serve", "--db", str(tmp_path / "svc.db"), "--rubric-dir", str(folder)])
     assert res.exit_code != 0 and started == {} and "up.md is a link out of the rubric folder" in res.output
     assert SECRET not in res.output
+
+
+def test_a_body_without_content_type_is_read_as_json_and_a_refused_one_closes_its_connection(svc, judge):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=30)
+    conn.request("POST", "/v1/score", body=json.dumps(body()).encode(), headers=svc.headers)  # no Content-Type
+    assert conn.getresponse().status == 200
+    conn = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=30)
+    conn.request("POST", "/v1/score", body=b"x" * 500_000, headers={**svc.headers, "Content-Type": "text/plain"})
+    refused = conn.getresponse()
+    assert refused.status == 415 and refused.getheader("connection") == "close"

@@ -175,3 +175,46 @@ def test_serve_flags_reach_the_connection_limits(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "--max-connections" in res.output
     with pytest.raises(ValueError, match="header_timeout_s must be a number >= 0.01"):
         ConnectionLimits(header_timeout_s=0)
+
+
+def test_upgrades_slow_bodies_and_stalled_readers_cannot_hold_the_slots(tmp_path, judge):
+    """With 16 connections per address: WebSocket upgrade requests (no such route) leave nothing behind, and
+    keyless requests whose body never comes, or whose answer is never read, are closed to make room."""
+    service = Service(service_config(tmp_path, judge), ConnectionLimits(max_per_ip=16, header_timeout_s=30))
+    held = []
+    try:
+        for _ in range(40):
+            with socket.create_connection(("127.0.0.1", service.port), timeout=10) as s:
+                s.sendall(b"GET /v1/score HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                          b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+                assert s.recv(4096).startswith(b"HTTP/1.1 ")
+        assert service.get("/healthz").status_code == 200
+        for _ in range(40):  # headers complete, body promised and never sent
+            s = socket.create_connection(("127.0.0.1", service.port), timeout=10)
+            s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n")
+            held.append(s)
+        for _ in range(40):  # many requests pipelined, answers never read
+            s = socket.create_connection(("127.0.0.1", service.port), timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)
+            held.append(s)
+        scored, seconds = timed(lambda: service.post("/v1/score", body()))
+        assert scored.status_code == 200 and seconds < 5, (scored.status_code, seconds)
+        assert open_on_server_side(held) <= 16
+    finally:
+        for s in held:
+            s.close()
+        service.stop()
+
+
+def test_an_idle_kept_alive_connection_is_closed_without_an_answer(tmp_path, judge):
+    """Nothing of a next request arrived: no 408 that a pooled client could take for its next answer."""
+    service = Service(service_config(tmp_path, judge), ConnectionLimits(header_timeout_s=0.5))
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=5)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read()
+        assert conn.sock.recv(4096) == b""  # closed after 0.5 s, nothing written
+    finally:
+        service.stop()

@@ -495,6 +495,15 @@ class LocalBackend:
             raise TypeError("config must be a trainer.TrainConfig")
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable or None, got {type(on_step).__name__}")
+        if run.stepping:
+            raise RuntimeError(f"a step of {model.name!r} is being trained already: await it before the next one")
+        run.stepping = True
+        try:
+            return await self._train(run, groups, config, on_step)
+        finally:
+            run.stepping = False
+
+    async def _train(self, run: _Run, groups: list, config: TrainConfig, on_step) -> dict:
         _replan_for_step(run, config)  # MemoryPlanError before anything is trained
         started = time.perf_counter()
         rollout_s = started - run.last_train_end
@@ -514,14 +523,7 @@ class LocalBackend:
             log.warning("step %d: %d stale turn(s) without sampled logprobs (constrained, or none sent) are trained "
                         "with the trainer's own logprobs as the old policy: no importance weight corrects their "
                         "staleness (stale_turns_uncorrected)", run.served.step + 1, prep["stale_turns_uncorrected"])
-        step = run.served.step + 1
-        if run.stepping:
-            raise RuntimeError(f"a step of {model.name!r} is being trained already: await it before the next one")
-        run.stepping = True
-        try:
-            return await self._step(run, step, seqs, config, row, prep, started, on_step)
-        finally:
-            run.stepping = False
+        return await self._step(run, run.served.step + 1, seqs, config, row, prep, started, on_step)
 
     async def _step(self, run: _Run, step: int, seqs, config: TrainConfig, row: dict, prep: dict, started: float,
                     on_step) -> dict:
@@ -621,17 +623,19 @@ class LocalBackend:
                                     "model again to resume from the last complete checkpoint") from exc
 
     async def _roll_back(self, run: _Run, step: int, exc: Exception) -> None:
-        """Undo a step that failed at any point after it began: the failed step's checkpoint removed first (a
-        crash after that resumes from the last completed step), the adapter weights and the optimizer state as
-        that step left them (its checkpoint, or the state before step 1) unless they are already, the in-process
-        engine's step back, and an engine with a server of its own told to stop serving the failed step's adapter.
+        """Undo a step that failed at any point after it began: an engine with a server of its own told to stop
+        serving the failed step's adapter (first: a request it still routes there must not find the folder gone;
+        it touches no trainer state), the failed step's checkpoint removed (a crash after that resumes from the
+        last completed step), then the adapter weights and the optimizer state as that step left them (its
+        checkpoint, or the state before step 1) unless they are already, the in-process engine's step back.
         Raises `StepFailedError` from `exc`; the trainer's own errors that promise nothing was applied (out of
         memory, a non-finite gradient) are raised as they are; `TrainerStateError` when the rollback itself fails
         (no further step is taken). Interrupted (cancelled), it leaves the trainer refusing further steps."""
-        if isinstance(exc, TrainerStateError):  # the restore under the lock failed already
-            await asyncio.to_thread(ckpt.remove_checkpoint, run.run_dir, step)
-            raise exc
         try:
+            serving = await self._serve_again(run, step)
+            if isinstance(exc, TrainerStateError):  # the restore under the lock failed already
+                await asyncio.to_thread(ckpt.remove_checkpoint, run.run_dir, step)
+                raise exc
             try:
                 await asyncio.to_thread(ckpt.remove_checkpoint, run.run_dir, step)
                 if run.dirty:
@@ -641,7 +645,6 @@ class LocalBackend:
                               f"({type(again).__name__}: {again})")
                 raise TrainerStateError(f"{run.broken}; no further step is taken: close the backend and register "
                                         "the model again to resume from the last complete checkpoint") from exc
-            serving = await self._serve_again(run, step)
         except BaseException as interrupted:
             if not isinstance(interrupted, Exception):
                 run.broken = (f"step {step} failed ({type(exc).__name__}: {exc}) and its rollback was interrupted, so "

@@ -218,7 +218,8 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request):
         response = await self._inner.handle_async_request(request)
-        response.stream = _CappedStream(response.stream, self._limit)
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            response.stream = _CappedStream(response.stream, self._limit)  # an event stream: bounded per event
         return response
 
     async def aclose(self) -> None:
@@ -226,11 +227,12 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
 
 
 def bounded_http_client(limit: int) -> httpx2.AsyncClient:
-    """The MCP SDK's HTTP client (its timeouts) whose responses stop at `limit` bytes."""
-    from mcp.shared._httpx_utils import create_mcp_http_client
+    """An HTTP client with the MCP SDK's timeouts whose JSON responses stop at `limit` bytes (an event stream is
+    bounded per event by the SDK's `max_sse_event_size`, which the toolbox sets to the same limit)."""
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
-    client = create_mcp_http_client()
-    return httpx2.AsyncClient(timeout=client.timeout, transport=_CappedTransport(httpx2.AsyncHTTPTransport(), limit))
+    return httpx2.AsyncClient(timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+                              transport=_CappedTransport(httpx2.AsyncHTTPTransport(), limit))
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

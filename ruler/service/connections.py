@@ -4,10 +4,12 @@
 - **Header deadline**: a request's headers must arrive within `header_timeout_s` of the connection opening
   (or of the previous response on a kept-alive connection), however they are paced: 408, then closed.
 - **Connections per client address and in all**: over `max_per_ip` from one address, or `max_connections` in
-  all, the oldest connection still waiting for its headers (idle, half-sent or kept alive) is closed to make room;
-  only when every one of them is busy with a request is the newcomer refused (503). An idle flood thus evicts
-  itself while clients that send their request promptly are served. uvicorn's own `limit_concurrency` (503 for
-  everyone once reached) sits above these limits and is not reached by idle connections.
+  all, a connection is closed to make room, oldest first among, in this order: those waiting for headers (idle,
+  half-sent or kept alive, with nothing left to write to them), those whose request body is still arriving, and
+  those whose client stopped reading their answer; only when none is left is the newcomer refused (503). An idle
+  or slow flood thus evicts itself while clients that send their request promptly and read their answer are
+  served. uvicorn's own `limit_concurrency` (503 for everyone once reached) sits above these limits.
+  WebSocket upgrades are off (`ws="none"`: the service has no WebSocket route).
 - **Clean refusals**: headers over `max_header_bytes` get 431, a malformed request 400; and when the server
   closes a connection while the client is still sending (those answers, a 413 for a body over the limit), it
   stops writing, reads and drops what keeps arriving for up to `linger_s` / `linger_bytes`, then closes (a
@@ -57,7 +59,7 @@ class ConnectionLimits:
 
 def uvicorn_options(limits: ConnectionLimits) -> dict:
     """The `uvicorn.run` / `uvicorn.Config` keyword arguments that serve with `limits` (what `ruler serve` runs)."""
-    return {"http": guarded_protocol(limits), "limit_concurrency": limits.limit_concurrency,
+    return {"http": guarded_protocol(limits), "ws": "none", "limit_concurrency": limits.limit_concurrency,
             "h11_max_incomplete_event_size": limits.max_header_bytes, "timeout_keep_alive": 5}
 
 
@@ -102,6 +104,21 @@ class _LingeringTransport:
         return getattr(self._transport, name)
 
 
+def _waiting_for_headers(conn: GuardedH11Protocol) -> bool:
+    """Between requests or within a request's headers, with nothing of an answer left to write."""
+    return conn.awaiting_headers and not conn.raw.get_write_buffer_size()
+
+
+def _sending_a_body(conn: GuardedH11Protocol) -> bool:
+    """A request whose body is still arriving."""
+    return not conn.awaiting_headers and conn.conn.their_state is h11.SEND_BODY
+
+
+def _not_reading(conn: GuardedH11Protocol) -> bool:
+    """A client that stopped reading its answer (the server's writes are paused on it)."""
+    return conn.flow is not None and conn.flow.write_paused
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with `limits` (made by `guarded_protocol`)."""
 
@@ -117,6 +134,7 @@ class GuardedH11Protocol(H11Protocol):
         self.ip: str | None = None
         self.opened = time.monotonic()
         self.awaiting_headers = True
+        self.heard = False  # a byte of the current request arrived
         self.header_timer: asyncio.TimerHandle | None = None
         self.lingering = False
         self.lingered_bytes = 0
@@ -143,6 +161,7 @@ class GuardedH11Protocol(H11Protocol):
             if self.lingered_bytes > self.limits.linger_bytes:
                 self.raw.abort()
             return
+        self.heard = True
         super().data_received(data)
 
     def eof_received(self):
@@ -159,8 +178,8 @@ class GuardedH11Protocol(H11Protocol):
         super().on_response_complete()
         if not self.raw.is_closing() and not self.lingering and self.cycle is not None \
                 and self.cycle.response_complete:
-            self.awaiting_headers = True  # kept alive: the next request's headers have their own deadline
-            self._arm_header_timer()
+            self.awaiting_headers, self.heard = True, False  # kept alive: the next request's headers have
+            self._arm_header_timer()                          # a deadline of their own
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request h11 refused: 431 when the headers were too large, else 400."""
@@ -182,9 +201,14 @@ class GuardedH11Protocol(H11Protocol):
 
     def _header_deadline(self) -> None:
         self.header_timer = None
-        if self.awaiting_headers and not self.raw.is_closing() and not self.lingering:
-            self._answer_and_close(408, b"Request Timeout", f"request headers not complete within "
-                                   f"{self.limits.header_timeout_s:g} s".encode())
+        if not self.awaiting_headers or self.raw.is_closing() or self.lingering:
+            return
+        if not self.heard:  # nothing of a request arrived: closed without an answer a pooled client could misread
+            self.registry.remove(self)
+            self.raw.close()
+            return
+        self._answer_and_close(408, b"Request Timeout", f"request headers not complete within "
+                               f"{self.limits.header_timeout_s:g} s".encode())
 
     def _make_room(self) -> None:
         """Over a limit, close the oldest connection waiting for headers (from this address for the per-address
@@ -196,14 +220,20 @@ class GuardedH11Protocol(H11Protocol):
             self._evict_one(self.registry.all)
 
     def _evict_one(self, pool: dict) -> None:
-        for conn in pool:  # oldest first
-            if conn is not self and conn.awaiting_headers and not conn.lingering:
-                self.registry.remove(conn)
-                conn._disarm_header_timer()
-                conn.raw.abort()
-                return
+        for evictable in (_waiting_for_headers, _sending_a_body, _not_reading):
+            for conn in pool:  # oldest first
+                if conn is not self and not conn.lingering and evictable(conn):
+                    self.registry.remove(conn)
+                    conn._disarm_header_timer()
+                    conn.raw.abort()
+                    return
         self.registry.remove(self)
         self._answer_and_close(503, b"Service Unavailable", b"too many connections")
+
+    def handle_websocket_upgrade(self, event) -> None:
+        self.registry.remove(self)  # never reached with ws="none"; a protocol taking over is not ours to count
+        self._disarm_header_timer()
+        super().handle_websocket_upgrade(event)
 
     def _answer_and_close(self, status: int, reason: bytes, text: bytes) -> None:
         """A complete response written outside h11 (the request is refused whatever state it reached), then a
@@ -215,11 +245,13 @@ class GuardedH11Protocol(H11Protocol):
 
     def _linger(self) -> None:
         """Close the connection once the client has stopped sending: stop writing (FIN), read and drop what
-        still arrives, close on the client's EOF or after `linger_s` / `linger_bytes`."""
+        still arrives, close on the client's EOF or after `linger_s` / `linger_bytes`. A lingering connection no
+        longer counts against the limits (it ends by itself)."""
         raw = self.raw
         if raw is None or raw.is_closing() or self.lingering:
             return
         self.lingering = True
+        self.registry.remove(self)
         self._disarm_header_timer()
         if not raw.can_write_eof() or self.limits.linger_s == 0:
             raw.close()

@@ -140,14 +140,15 @@ class JSONRequest(Request):
 
 
 def json_media_type(content_type: str | None) -> bool:
-    """Whether a Content-Type header names JSON (`application/json`, or a `+json` type), parameters aside."""
+    """Whether a Content-Type header allows reading the body as JSON: `application/json`, a `+json` type, or
+    none at all (the body is then read as JSON), parameters aside."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    return not media or media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 class JSONRoute(APIRoute):
-    """A route that parses its request's body with `JSONRequest`; a body that does not say it is JSON gets a
-    415 naming the Content-Type it came with (instead of a validation error about its shape)."""
+    """A route that parses its request's body with `JSONRequest`; a body whose Content-Type says it is not JSON
+    gets a 415 naming it (instead of a validation error about its shape)."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()
@@ -156,9 +157,14 @@ class JSONRoute(APIRoute):
         async def route_handler(request: Request):
             if takes_body and not json_media_type(request.headers.get("content-type")):
                 given = request.headers.get("content-type")
-                said = f"Content-Type {given!r}" if given else "no Content-Type"
-                return JSONResponse({"detail": f"the body must be JSON: the request has {said}; send it as "
-                                               "application/json"}, status_code=415)
+                return JSONResponse({"detail": f"the body must be JSON: the request has Content-Type {given!r}; "
+                                               "send it as application/json"}, status_code=415,
+                                    headers={"connection": "close"})  # its unread body goes with the connection
+            if takes_body and not request.headers.get("content-type"):  # none given: read as JSON all the same
+                scope = {**request.scope, "headers": [*[(k, v) for k, v in request.scope["headers"]
+                                                         if k != b"content-type"],
+                                                       (b"content-type", b"application/json")]}
+                return await handler(JSONRequest(scope, request.receive))
             return await handler(JSONRequest(request.scope, request.receive))
 
         return route_handler
