@@ -19,6 +19,9 @@ so the server keeps answering (with the previous adapter) while a step trains; w
 as this process's child (`trainer/ray_placement.py`); the trainer stays here. Either way each
 served choice says which policy step sampled it (`policy_step`), and `train` refuses trajectories older than
 `TrainConfig.max_off_policy_steps` (`trainer.sequences.StalePolicyError`).
+
+A step is all or nothing (`LocalBackend._step`): a failure once the update has begun is rolled back whole
+(`StepFailedError`), or, when that cannot be vouched for, stops the trainer (`TrainerStateError`).
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ log = logging.getLogger("ruler.trainer")
 class StepFailedError(RuntimeError):
     """A training step failed after it began changing the trainer's state (the update, its checkpoint, the
     server's adapter load, vLLM's wake-up) and was rolled back whole: the adapter weights and optimizer state are
-    those of the last completed step again, the failed step's checkpoint is not on disk, the server still serves
-    the last step's adapter. Retrying the step applies its update once. The cause is `__cause__`."""
+    those of the last completed step again and the failed step's checkpoint is not on disk; a server of its own
+    was told to drop the failed step's adapter (best effort: the message says whether that worked). Retrying the
+    step applies its update once. The cause is `__cause__`."""
 
     def __init__(self, message: str, *, step: int):
         super().__init__(message)
@@ -61,9 +65,9 @@ class StepFailedError(RuntimeError):
 
 
 class TrainerStateError(RuntimeError):
-    """The trainer cannot vouch for its in-memory state (a step was interrupted, or rolling back a failed step
-    failed): it takes no further step. Close the backend and register the model again: it resumes from the last
-    complete checkpoint."""
+    """The trainer cannot vouch for its in-memory state (a step or its rollback was interrupted, or rolling back a
+    failed step failed): it takes no further step. Close the backend and register the model again: it resumes
+    from the newest complete checkpoint on disk."""
 
 
 def resolve_base_model(name: str) -> str:
