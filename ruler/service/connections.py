@@ -211,8 +211,8 @@ class GuardedH11Protocol(H11Protocol):
                                f"{self.limits.header_timeout_s:g} s".encode())
 
     def _make_room(self) -> None:
-        """Over a limit, close the oldest connection waiting for headers (from this address for the per-address
-        limit); when none is waiting, refuse this one."""
+        """Over a limit (from this address, or in all), close one other connection of that pool (`_evict_one`);
+        when none may be closed, refuse this one."""
         cap = self.limits.max_per_ip
         if cap and self.ip is not None and len(self.registry.by_ip.get(self.ip, ())) > cap:
             self._evict_one(self.registry.by_ip[self.ip])
@@ -220,6 +220,8 @@ class GuardedH11Protocol(H11Protocol):
             self._evict_one(self.registry.all)
 
     def _evict_one(self, pool: dict) -> None:
+        """Close the oldest connection of `pool` waiting for headers, else the oldest still receiving a body, else
+        the oldest whose client stopped reading; with none of them, answer this one 503 and close it."""
         for evictable in (_waiting_for_headers, _sending_a_body, _not_reading):
             for conn in pool:  # oldest first
                 if conn is not self and not conn.lingering and evictable(conn):
