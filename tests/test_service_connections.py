@@ -2,6 +2,7 @@
 headers that never end or never stop, a body far over the limit. Real sockets and HTTP on loopback, the
 real service with the scripted judge."""
 
+import contextlib
 import http.client
 import resource
 import socket
@@ -52,42 +53,43 @@ def open_on_server_side(socks: list[socket.socket]) -> int:
     return alive
 
 
-def timed(call):
+def answered_in_time(call, status: int = 200) -> None:
+    """`call()` (a request) answers with `status` within 5 s."""
     started = time.monotonic()
-    result = call()
-    return result, time.monotonic() - started
+    response = call()
+    seconds = time.monotonic() - started
+    assert response.status_code == status and seconds < 5, (response.status_code, seconds)
+
+
+@contextlib.contextmanager
+def serving(tmp_path, judge, limits: ConnectionLimits | None = None, *, plain: bool = False):
+    """The service (`Service`), and a list for the test's sockets: they are closed, and the service stopped, after."""
+    service = Service(service_config(tmp_path, judge), limits, plain=plain)
+    held: list[socket.socket] = []
+    try:
+        yield service, held
+    finally:
+        for s in held:
+            s.close()
+        service.stop()
 
 
 def test_authorised_requests_are_answered_under_2000_idle_connections_from_one_address(tmp_path, judge,
                                                                                        many_files):
-    service = Service(service_config(tmp_path, judge))
-    socks = []
-    try:
-        socks = idle(service.port, 2000)
+    with serving(tmp_path, judge) as (service, held):
+        held += idle(service.port, 2000)
         for _ in range(3):
-            health, seconds = timed(lambda: service.get("/healthz"))
-            assert health.status_code == 200 and seconds < 5, (health.status_code, seconds)
-            scored, seconds = timed(lambda: service.post("/v1/score", body()))
-            assert scored.status_code == 200 and seconds < 5, (scored.status_code, seconds)
+            answered_in_time(lambda: service.get("/healthz"))
+            answered_in_time(lambda: service.post("/v1/score", body()))
         # the flood evicted itself: the server holds at most --max-connections-per-ip of it
-        assert open_on_server_side(socks) <= ConnectionLimits().max_per_ip
-    finally:
-        for s in socks:
-            s.close()
-        service.stop()
+        assert open_on_server_side(held) <= ConnectionLimits().max_per_ip
 
 
 def test_without_the_limits_the_same_flood_turns_every_answer_into_a_503(tmp_path, judge, many_files):
     """What the limits prevent: uvicorn's own protocol with the service's former settings."""
-    service = Service(service_config(tmp_path, judge), plain=True)
-    socks = []
-    try:
-        socks = idle(service.port, 1100)
+    with serving(tmp_path, judge, plain=True) as (service, held):
+        held += idle(service.port, 1100)
         assert service.get("/healthz").status_code == 503
-    finally:
-        for s in socks:
-            s.close()
-        service.stop()
 
 
 def test_headers_have_a_deadline_however_they_are_paced(tmp_path, judge):
@@ -140,21 +142,18 @@ def test_oversized_headers_and_bodies_get_an_answer_not_a_reset(svc):
 
 
 def test_a_crowded_address_makes_room_from_its_own_idle_connections_only(tmp_path, judge):
-    service = Service(service_config(tmp_path, judge), ConnectionLimits(max_per_ip=8, max_connections=40))
-    try:
+    with serving(tmp_path, judge, ConnectionLimits(max_per_ip=8, max_connections=40)) as (service, held):
         other = idle(service.port, 8, source="127.0.0.2")
         mine = idle(service.port, 30)
+        held += other + mine
         assert open_on_server_side(other) == 8  # another address's connections are left alone
         assert open_on_server_side(mine) == 8   # this address's oldest idle ones were closed to make room
         crowd = idle(service.port, 30, source="127.0.0.3")
+        held += crowd
         # 40 in all: the oldest idle connections anywhere make room for the newest
         assert open_on_server_side(other) + open_on_server_side(mine) + open_on_server_side(crowd) <= 40
         assert open_on_server_side(crowd) == 8
         assert service.get("/healthz").status_code == 200
-        for s in other + mine + crowd:
-            s.close()
-    finally:
-        service.stop()
 
 
 def test_serve_flags_reach_the_connection_limits(tmp_path, monkeypatch):
@@ -180,9 +179,7 @@ def test_serve_flags_reach_the_connection_limits(tmp_path, monkeypatch):
 def test_upgrades_slow_bodies_and_stalled_readers_cannot_hold_the_slots(tmp_path, judge):
     """With 16 connections per address: WebSocket upgrade requests (no such route) leave nothing behind, and
     keyless requests whose body never comes, or whose answer is never read, are closed to make room."""
-    service = Service(service_config(tmp_path, judge), ConnectionLimits(max_per_ip=16, header_timeout_s=30))
-    held = []
-    try:
+    with serving(tmp_path, judge, ConnectionLimits(max_per_ip=16, header_timeout_s=30)) as (service, held):
         for _ in range(40):
             with socket.create_connection(("127.0.0.1", service.port), timeout=10) as s:
                 s.sendall(b"GET /v1/score HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
@@ -199,13 +196,8 @@ def test_upgrades_slow_bodies_and_stalled_readers_cannot_hold_the_slots(tmp_path
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)
             held.append(s)
-        scored, seconds = timed(lambda: service.post("/v1/score", body()))
-        assert scored.status_code == 200 and seconds < 5, (scored.status_code, seconds)
+        answered_in_time(lambda: service.post("/v1/score", body()))
         assert open_on_server_side(held) <= 16
-    finally:
-        for s in held:
-            s.close()
-        service.stop()
 
 
 def test_an_idle_kept_alive_connection_is_closed_without_an_answer(tmp_path, judge):

@@ -39,7 +39,8 @@ log = logging.getLogger("ruler.trainer")
 _lock = threading.Lock()
 _started_here = False  # this process called ray.init() itself (no cluster was running or named)
 _users = 0  # RayServers between start() and close() on the cluster this process connected to
-_abandoned: threading.Thread | None = None  # a ray.init given up on at its timeout, maybe still running
+_abandoned: tuple[threading.Thread, str] | None = None  # a ray.init given up on at its timeout (and its
+# address), maybe still running
 
 
 class PlacementTimeoutError(TimeoutError):
@@ -100,8 +101,8 @@ def _init_within(ray, address: str, timeout_s: float) -> None:
     connections and never answers): `RayConnectionError` past it. Ray's attempt cannot be stopped: it is left to
     give up on its own (minutes; the process's exit waits for it), and no new attempt is made meanwhile."""
     global _abandoned
-    if _abandoned is not None and _abandoned.is_alive():
-        raise RayConnectionError(f"an earlier attempt to connect to the Ray cluster at {_abandoned.name[15:]} is "
+    if _abandoned is not None and _abandoned[0].is_alive():
+        raise RayConnectionError(f"an earlier attempt to connect to the Ray cluster at {_abandoned[1]} is "
                                  "still running in this process (Ray gives up on its own after minutes, and this "
                                  "process may take that long to exit); start a new process to try again")
     _probe_address(address, min(5.0, timeout_s))
@@ -119,7 +120,7 @@ def _init_within(ray, address: str, timeout_s: float) -> None:
     thread = threading.Thread(target=init, name=f"ruler-ray-init {address}", daemon=True)
     thread.start()
     if not done.wait(timeout_s):
-        _abandoned = thread
+        _abandoned = (thread, address)
         raise RayConnectionError(f"the Ray cluster at RAY_ADDRESS={address!r} did not answer within "
                                  f"placement_timeout_s={timeout_s:g} s (something accepts connections there but "
                                  "does not speak Ray's protocol, or the cluster is overloaded)")

@@ -134,9 +134,14 @@ def served_turn(choice: Choice) -> _Turn | None:
     if prompt is None or completion is None:
         return None
     lps = _sampled_logprobs(choice, len(completion))
+    return _Turn(list(prompt), list(completion), lps, policy_step(choice))
+
+
+def policy_step(choice: Choice) -> int | None:
+    """The policy step that sampled `choice`, as its server labelled it (`policy_step`); None when it does not
+    say."""
     step = _extra(choice, "policy_step")
-    step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
-    return _Turn(list(prompt), list(completion), lps, step)
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def trajectory_policy_steps(trajectory: Trajectory) -> list[int]:
@@ -145,10 +150,9 @@ def trajectory_policy_steps(trajectory: Trajectory) -> list[int]:
     steps = []
     for items in [trajectory.messages_and_choices, *(h.messages_and_choices for h in trajectory.additional_histories)]:
         for item in items:
-            if isinstance(item, Choice):
-                step = _extra(item, "policy_step")
-                if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-                    steps.append(step)
+            step = policy_step(item) if isinstance(item, Choice) else None
+            if step is not None:
+                steps.append(step)
     return steps
 
 
