@@ -20,6 +20,7 @@ train on the trainer's own logprobs: vLLM's are those of the grammar-masked dist
 
 The report folder gets before.parquet and after.parquet (every test run, messages included; `ruler eval art-e
 --out DIR/before.parquet --show RUN_ID` prints one),
+groups.jsonl (each training group: every rollout's reward beside its correctness and ART's reward),
 summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, before and after), compare.csv
 (after minus before per measure, paired bootstrap 95% interval over the same questions), history.jsonl
 and curves.png (the training curves), questions.csv (the mix of question kinds), and run.json (the
@@ -81,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tool-mode", default="native", choices=["native", "text"], help="native tool calls, or ART's "
                     "JSON text protocol (constrained by a JSON schema where the server supports it)")
     ap.add_argument("--max-tokens", type=int, default=256, help="per agent turn")
+    ap.add_argument("--max-seq-length", type=int, default=8192, help="the longest rollout (prompt and all its turns) "
+                    "served and trained; a rollout that outgrows it fails (ART's 10 turns of 1,024 tokens with "
+                    "emails read need 32768 on Qwen2.5)")
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--loss", default="grpo", choices=["grpo", "dr_grpo", "dapo"])
     ap.add_argument("--eval-questions", type=int, default=200, help="test questions measured before and after")
@@ -107,7 +111,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "runs, and the report's run.json records the steps done (for a machine lent by the minute)")
     args = ap.parse_args(argv)
     for name in ("steps", "groups_per_step", "group_size", "max_turns", "max_tokens", "eval_questions",
-                 "concurrency", "per_inbox"):
+                 "concurrency", "per_inbox", "max_seq_length"):
         if getattr(args, name) < (0 if name == "steps" else 1):
             ap.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'steps' else 1}")
     if args.time_budget_s is not None and args.time_budget_s <= 0:
@@ -177,7 +181,7 @@ async def main(argv=None) -> None:
 
     name = args.name or f"email-agent-{args.reward}"
     model = TrainableModel(name, "art-e", args.base_model,
-                           ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=8192,
+                           ModelConfig(engine=EngineConfig(engine=args.engine, max_seq_length=args.max_seq_length,
                                                            **({"gpu_memory_utilization": args.gpu_memory_utilization}
                                                               if args.gpu_memory_utilization is not None else {}),
                                                            **({"enable_sleep_mode": False} if args.no_sleep else {})),
@@ -210,8 +214,23 @@ async def main(argv=None) -> None:
             traj.metrics["art_reward"], traj.metrics["correct"] = g.reward, int(g.correct)
         if args.reward == "ruler":  # None (the group is dropped) when the judge fails
             budget = {"max_prompt_tokens": args.judge_max_prompt_tokens} if args.judge_max_prompt_tokens else {}
-            return await ruler_score_group(group, ruler_judge, ruler_params, swallow_exceptions=True, **budget)
-        return group
+            scored = await ruler_score_group(group, ruler_judge, ruler_params, swallow_exceptions=True, **budget)
+        else:
+            scored = group
+        log_group(scenario, scored if scored is not None else group, scored is not None)
+        return scored
+
+    def log_group(scenario, group: TrajectoryGroup, scored: bool) -> None:
+        """One line per group in groups.jsonl: each rollout's reward beside its correctness and ART's reward, so
+        how well the reward ranks right answers above wrong ones can be read after the run."""
+        rows = [{"reward": t.reward if scored else None, "correct": t.metrics.get("correct"),
+                 "art_reward": t.metrics.get("art_reward"), "answer": t.metadata.get("answer"),
+                 "turns": t.metrics.get("turns")} for t in group.trajectories]
+        with open(report_dir / "groups.jsonl", "a") as f:
+            f.write(json.dumps({"step": current_step[0], "scenario_id": scenario.id, "reference": scenario.answer,
+                                "reward": args.reward, "scored": scored, "rollouts": rows}, default=str) + "\n")
+
+    current_step = [0]
 
     by_id = {s.id: s for s in train}
     try:
@@ -229,6 +248,7 @@ async def main(argv=None) -> None:
                       flush=True)
                 break
             picked = rng.sample(train, min(args.groups_per_step, len(train)))
+            current_step[0] = step
             target = model.litellm_completion_params()
             agent_model = target.pop("model")
             groups = await gather_trajectory_groups(
