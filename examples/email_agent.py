@@ -105,7 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--name", default=None, help="model name (default: email-agent-<reward>)")
     ap.add_argument("--out", default="./runs", help="checkpoints and the run log go under OUT/art-e/NAME")
     ap.add_argument("--report", type=Path, default=None, help="report folder (default: the run folder's report/)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the run's seed: training questions drawn, LoRA start, sampling")
+    ap.add_argument("--question-seed", type=int, default=0, help="the question generator's seed (kept apart from "
+                    "--seed so that runs of several seeds train and measure on the same questions)")
     ap.add_argument("--time-budget-s", type=float, default=None,
                     help="start no training step after this many seconds from launch; the after-evaluation still "
                          "runs, and the report's run.json records the steps done (for a machine lent by the minute)")
@@ -163,7 +165,8 @@ async def main(argv=None) -> None:
     if args.eval_set in ("annotated", "both"):  # adds its emails to the database, so before generating
         annotated, _, skipped = load_annotated(ENRON_DIR / "enron_annotated.json", args.db)
         print(f"annotated questions: {len(annotated)} kept, skipped {dict(skipped)}", flush=True)
-    scenarios = generate_scenarios(args.db, per_inbox=args.per_inbox, test_inboxes=args.test_inboxes, seed=args.seed)
+    scenarios = generate_scenarios(args.db, per_inbox=args.per_inbox, test_inboxes=args.test_inboxes,
+                                   seed=args.question_seed)
     train = [s for s in scenarios if s.split == "train"]
     if annotated:  # held out means unseen: an annotated email also filed in a training inbox is dropped
         annotated, seen = drop_seen_in(annotated, args.db, {s.inbox_address for s in train})
