@@ -162,7 +162,8 @@ async def test_tool_choice_and_idk_reward_reach_the_runs_and_the_summary(judge, 
     db = inbox_db[0]
     s1, s2 = _scenarios(db)
     search = {"tool_calls": [{"id": "c0", "type": "function", "function": {
-        "name": "search_emails", "arguments": json.dumps({"keywords": ["budget"], "sent_before": "next Thursday-ish"})}}]}
+        "name": "search_emails",
+        "arguments": json.dumps({"keywords": ["budget"], "sent_before": "next Thursday-ish"})}}]}
     judge.script = [search, _answer("I don't know", s1.message_ids[0]), _answer(s2.answer, s2.message_ids[0])]
     df = await run_benchmark([f"openai/scripted@{judge.base}"], [s1, s2], db, concurrency=1, tool_mode="native",
                              idk_reward=-1, progress=False)

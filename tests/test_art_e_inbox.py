@@ -141,7 +141,8 @@ def test_dates_parse_against_the_query_date_not_today():
     assert parse_day("9th", "d", today) == date(2001, 5, 9)
     assert parse_day("2000-02-29", "d", today) == date(2000, 2, 29)
     assert parse_day("June 3", "d", date(1999, 1, 1)) == date(1999, 6, 3)
-    assert parse_day("", "d", today) is None and parse_day("  ", "d", today) is None and parse_day(None, "d", today) is None
+    assert parse_day("", "d", today) is None and parse_day("  ", "d", today) is None
+    assert parse_day(None, "d", today) is None
     with pytest.raises(TypeError):
         parse_day("2001-01-01", "d", "2001-05-20")
 
