@@ -182,6 +182,12 @@ async def test_tool_choice_and_idk_reward_reach_the_runs_and_the_summary(judge, 
     df = await run_benchmark([f"openai/scripted@{judge.base}"], [s1], db, tool_mode="native", tool_choice="auto",
                              progress=False)
     assert judge.requests[0]["tool_choice"] == "auto" and summarize(df).iloc[0]["idk_reward"] == 0
+    assert summarize(df).iloc[0]["tool_choice"] == "auto"
+    judge.reset()
+    judge.script = [{"content": json.dumps({"tool_name": "return_final_answer",
+                                            "tool_args": {"answer": s1.answer, "sources": []}})}]
+    df = await run_benchmark([f"openai/scripted@{judge.base}"], [s1], db, tool_mode="text", progress=False)
+    assert "tool_choice" not in judge.requests[0] and summarize(df).iloc[0]["tool_choice"] == ""  # none was sent
     with pytest.raises(ValueError, match="tool_choice"):
         await run_benchmark(["openai/x"], [s1], db, tool_choice="sometimes")
     with pytest.raises(ValueError, match="idk_reward"):

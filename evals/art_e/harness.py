@@ -174,7 +174,7 @@ async def run_one(spec: ModelSpec, scenario: Scenario, db_path, *, max_turns: in
                 "matched": False, "judged": None, "correct": False, "sources_correct": False, "turns": 0,
                 "latency_s": seconds, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": cost,
                 "priced_by": priced_by, "reward": float("nan"), **{c: 0 for c in RUBRIC_COLUMNS},
-                "unreadable_dates": 0, "messages": "[]"}
+                "unreadable_dates": 0, "tool_choice": "", "messages": "[]"}
     charged = meter.stop(mark)
     try:
         verdict = await grade(traj, scenario, max_turns=max_turns, judge_model=judge_model, judge_params=judge_params,
@@ -193,7 +193,8 @@ async def run_one(spec: ModelSpec, scenario: Scenario, db_path, *, max_turns: in
             "sources_correct": bool(m["sources_correct"]), "turns": m["turns"], "latency_s": m["latency_s"],
             "prompt_tokens": m["prompt_tokens"], "completion_tokens": m["completion_tokens"], "cost_usd": cost,
             "priced_by": priced_by, "reward": reward, **{c: m[c] for c in RUBRIC_COLUMNS},
-            "unreadable_dates": m["unreadable_dates"], "messages": json.dumps(traj.messages(), ensure_ascii=False)}
+            "unreadable_dates": m["unreadable_dates"], "tool_choice": traj.metadata.get("tool_choice") or "",
+            "messages": json.dumps(traj.messages(), ensure_ascii=False)}
 
 
 async def run_benchmark(models: list[str | ModelSpec], scenarios: list[Scenario], db_path, *,
@@ -270,11 +271,20 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def _sent(runs) -> str:
+    """The tool_choice these runs sent ("" for none, or runs recorded before it was kept)."""
+    if "tool_choice" not in runs:
+        return ""
+    sent = sorted({c for c in runs["tool_choice"].dropna() if c})
+    return ", ".join(sent)
+
+
 def summarize(df):
     """One row per model: accuracy with its 95% Wilson interval and how it was decided, sources correct, ART's
     reward (mean and 95% half-width) and what "I don't know" scored in it (`idk_reward`), format failures,
-    unreadable search dates (all runs' total), the tool_choice sent, turns, latency p50/p95, tokens, cost per
-    1,000 runs. A table from before these were recorded gets NaN / "" for them."""
+    unreadable search dates (all runs' total), the tool_choice sent ("" where none was: the text protocol),
+    turns, latency p50/p95, tokens, cost per 1,000 runs. A table from before these were recorded gets NaN / ""
+    for them."""
     import pandas as pd
 
     if df.empty:
@@ -294,7 +304,7 @@ def summarize(df):
             "idk_reward": df.attrs.get("idk_reward", float("nan")),
             "format_failures": g["failed_format_validation"].mean(),
             "unreadable_dates": int(g["unreadable_dates"].sum()) if "unreadable_dates" in g else float("nan"),
-            "tool_choice": df.attrs.get("tool_choice", ""),
+            "tool_choice": _sent(g),
             "mean_turns": g["turns"].mean(), "p50_latency_s": g["latency_s"].quantile(0.5),
             "p95_latency_s": g["latency_s"].quantile(0.95),
             "mean_tokens": (g["prompt_tokens"] + g["completion_tokens"]).mean(),
