@@ -27,7 +27,20 @@ def main(argv=None) -> None:
     ap.add_argument("--per-inbox", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("evals/reports/art_e/questions.md"))
+    ap.add_argument("--audit-sample", type=int, metavar="N",
+                    help="print N generated questions (drawn by --seed, both splits) with their source emails' "
+                         "headers and bodies, for reading; writes no report")
     args = ap.parse_args(argv)
+    if args.audit_sample is not None:
+        if args.audit_sample < 1:
+            ap.error("--audit-sample must be >= 1")
+        if not args.db.is_file():
+            ap.error(f"no inbox database at {args.db}: run once without --audit-sample to build it")
+        from evals.art_e.audit import audit_sample, render_audit
+
+        scenarios = generate_scenarios(args.db, per_inbox=args.per_inbox, seed=0)
+        print(render_audit(audit_sample(args.db, scenarios, args.audit_sample, args.seed)), end="")
+        return
     lines = ["# ART·E questions from the shared Enron mailboxes", "",
              f"Made by `evals/art_e_questions.py --per-inbox {args.per_inbox} --seed {args.seed}`.", ""]
     if not args.db.is_file():

@@ -256,10 +256,17 @@ class _Candidate:
     realism: list[bool]
 
 
+def own_text_end(body: str) -> int:
+    """Where the sender's own words end in `body`: the offset of the first quoted or forwarded block, or its length."""
+    if not isinstance(body, str):
+        raise TypeError("body must be a string")
+    m = QUOTED.search(body)
+    return m.start() if m else len(body)
+
+
 def _own_text(body: str) -> str:
     """The email's own words: the body before any quoted or forwarded message, hard line wraps undone."""
-    m = QUOTED.search(body or "")
-    text = (body or "")[: m.start()] if m else (body or "")
+    text = (body or "")[: own_text_end(body or "")]
     return re.sub(r"[ \t]*\n(?!\s*\n)[ \t]*", " ", text)
 
 
