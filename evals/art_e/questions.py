@@ -200,7 +200,20 @@ def download_scenarios(split: str = "test", *, repo: str = HUB_DATASET, limit: i
 # The offline generator
 # ---------------------------------------------------------------------------------------------------------
 
-QUOTED = re.compile(r"^(?:-{3,}\s*(?:original message|forwarded by)|_{5,}|from:\s.*\bsent:|>)", re.I | re.M)
+STAMP = r"\d{1,2}/\d{1,2}/\d{2,4}[ \t]+\d{1,2}:\d{2}(?::\d{2})?[ \t]*[AP]M"
+# Where quoted, forwarded or pasted text starts inside a body; everything from there on is not the sender's own
+# words. Outlook: "-----Original Message-----", "From: ... Sent: ..." (one line or two); Lotus Notes: "-----
+# Forwarded by", a "Name\n07/11/2000 10:23 AM" dateline, "Name@ENRON on 03/27/2001 10:37:02 AM", "From: Name
+# 12/20/2000 05:35 PM", a bare "To: ...\ncc:" header pair; mail quoting ("> ..."); a pasted article's all-capitals
+# headline of six or more single-spaced words.
+QUOTED = re.compile(r"^[ \t]*(?:-{3,}[ \t]*(?:original message|forwarded by)|_{5,}|from:[ \t].*\bsent:"
+                    r"|from:[ \t][^\n]*\n[ \t]*sent:|>)"
+                    + r"|^[^\n]*\n[ \t]*" + STAMP + r"[ \t]*$"
+                    + r"|^[^\n]*\bon[ \t]+" + STAMP
+                    + r"|^[ \t]*from:[ \t][^\n]*" + STAMP
+                    + r"|^[ \t]*to:[ \t][^\n]*\n(?:[^\n]*\n)?[ \t]*cc:", re.I | re.M)
+DATELINE = re.compile(STAMP + r"|\b(?:sent|date|from|to|cc|subject)\s*:", re.I)
+HEADLINE = re.compile(r"^[ \t]*(?:[A-Z0-9$.,'&/-]+ ){5,}[A-Z0-9$.,'&/-]+[ \t]*$", re.M)
 NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
 FIGURE = re.compile(r"\$\s?" + NUM + r"(?:\s?(?:million|billion|thousand|mil|MM|mm|bn|BN)\b|[mMbBkK]\b(?![&/-]|\.\w))?|\b"
                     + NUM + r"\s?(?:%|percent\b)|\b" + NUM
@@ -221,14 +234,23 @@ NOT_NP = set("""i we you he she they it me us him her them will would can could 
 be been being do does did and but or if that which who whom this these those there here what when where why how not
 please thanks thank let at to in on with by from into per as than about over under after before via all while
 whereas although because so then also just only is was are were am a an instead currently vs versus mmbtu
-mmbtus dth mw mcfd mcf bcf volumes few several many some same other such subject third""".split())
+mmbtus dth mw mcfd mcf bcf volumes few several many some same other such subject third assume include includes
+note see add use make get take give send call""".split())
 CALENDAR = set("""january february march april may june july august september october november december jan feb mar apr
 jun jul aug sep sept oct nov dec monday tuesday wednesday thursday friday saturday sunday today tomorrow yesterday week
 month year""".split())
 NOT_A_NAME = set("""phone fax number office desk line help support services service team group center centre department
 logistics contracts management development coordinator recruiter america north south east west houston enron global
-program operations business information resources assistant administrator""".split())
+program operations business information resources assistant administrator company corp corporation inc energy
+power gas bank university college school""".split())
 GENERIC = set("the a an our my your their his her its this that these those".split())
+PREPOSITIONS = set("""to from of in on at by with for into onto over under through via about between across against
+toward towards within without per""".split())
+# words that may follow a figure that is the whole value asked about ("$40,000 per company", "5% from shippers");
+# any other word ("100% full", "6% for fuel and 6.5% for overhead" is caught by the second figure) drops it
+AFTER_FIGURE = set("""per for of in on at by from to through thru including include includes and or but as with
+which that this these last next each a an the be is was are were will would plus less over under before after since
+until during while so versus vs compared than""".split())
 REPLY_PREFIX = re.compile(r"^\s*((re|fw|fwd)\s*:\s*)+", re.I)
 PERSON_ADDRESS = re.compile(r"^[a-z]+\.[a-z]+@")
 KINDS = ("figure", "date", "place", "phone", "reply")
@@ -260,14 +282,16 @@ def own_text_end(body: str) -> int:
     """Where the sender's own words end in `body`: the offset of the first quoted or forwarded block, or its length."""
     if not isinstance(body, str):
         raise TypeError("body must be a string")
-    m = QUOTED.search(body)
-    return m.start() if m else len(body)
+    ends = [m.start() for m in (QUOTED.search(body), HEADLINE.search(body)) if m is not None]
+    return min(ends, default=len(body))
 
 
 def _own_text(body: str) -> str:
-    """The email's own words: the body before any quoted or forwarded message, hard line wraps undone."""
+    """The email's own words: the body before any quoted or forwarded message, hard line wraps undone within a
+    paragraph (paragraphs stay apart: a blank line between them is kept)."""
     text = (body or "")[: own_text_end(body or "")]
-    return re.sub(r"[ \t]*\n(?!\s*\n)[ \t]*", " ", text)
+    paragraphs = re.split(r"\n[ \t]*\n\s*", text)
+    return "\n\n".join(re.sub(r"[ \t]*\n[ \t]*", " ", p) for p in paragraphs)
 
 
 def _sentences(text: str) -> list[str]:
@@ -284,6 +308,21 @@ def _topic(subject: str) -> str:
 
 def _content_words(text: str) -> list[str]:
     return [w for w in re.findall(r"[A-Za-z0-9&'-]+", text) if w.lower() not in STOPWORDS and len(w) > 1]
+
+
+def _the(np: str) -> str:
+    """`np` with "the " before it, unless it is a possessive ("Dave Foti's presentation")."""
+    return np if "'" in np else "the " + np
+
+
+def _whole_figure(sentence: str, figure: re.Match) -> bool:
+    """Whether `figure` is the whole value its sentence gives: no other figure in the rest of its clause ("6% for
+    fuel costs and 6.5% for overhead") and no word after it that changes what it measures ("100% full")."""
+    rest = re.split(r";|\.(?:\s|$)", sentence[figure.end():], maxsplit=1)[0]
+    if FIGURE.search(rest):
+        return False
+    nxt = re.match(r"\s*([A-Za-z]+)", rest)
+    return nxt is None or nxt.group(1).lower() in AFTER_FIGURE
 
 
 def _clean_np(np: str) -> str | None:
@@ -314,10 +353,14 @@ def _figure_np(before: str) -> tuple[str, str] | None:
     if not m:
         return None
     head, words = before[: m.start("np")].split(), m.group("np").split()
+    context = head + words
     for start in range(len(words) - 1):
-        prev = words[start - 1] if start else (head[-1] if head else "")
+        at = len(head) + start
+        prev = context[at - 1] if at else ""
         if prev and prev.lower() not in GENERIC and not prev.endswith((",", ":", "(", ";")):
             continue
+        if prev.lower() in GENERIC and at >= 2 and context[at - 2].lower() in PREPOSITIONS:
+            continue  # "from PG&E to the West of Thoreau Area totals $190,000": the phrase is not what totals it
         np = _clean_np(" ".join(words[start:]))
         if np and len(np.split()) >= 2:
             return np, m.group("link")
@@ -371,15 +414,17 @@ def _candidates(email: sqlite3.Row, owner: str, recipients: list[str], first_nam
     out: list[_Candidate] = []
     for sentence in _sentences(_own_text(email["body"])):
         for figure in FIGURE.finditer(sentence):
+            if not _whole_figure(sentence, figure):
+                continue
             found = _figure_np(sentence[: figure.start()])
             if not found:
                 continue
             np, link = found
             verb = link if link in ("is", "was", "are", "were") else "was"
             if own and to_first:
-                q, who = f"What did I tell {to_first} the {np} {verb}?", None
+                q, who = f"What did I tell {to_first} {_the(np)} {verb}?", None
             elif first and not own:
-                q, who = f"What did {first} say the {np} {verb}?", sender
+                q, who = f"What did {first} say {_the(np)} {verb}?", sender
             else:
                 continue
             out.append(_Candidate("figure", email, q, figure.group(0).strip(), _content_words(np), who, np,
@@ -391,21 +436,24 @@ def _candidates(email: sqlite3.Row, owner: str, recipients: list[str], first_nam
         if not np:
             continue
         dates = [d for p in DATE_PATTERNS for d in p.finditer(sentence.lower())]
-        if len(dates) == 1 and dates[0].groupdict().get("d"):
+        if len(dates) == 1 and dates[0].groupdict().get("d") and not DATELINE.search(sentence):
             when = sentence[dates[0].start(): dates[0].end()].strip(" ,")
-            q = f"What date did {first} give for the {np}?" if first and not own else f"When is the {np}?"
+            q = f"What date did {first} give for {_the(np)}?" if first and not own else f"When is {_the(np)}?"
             out.append(_Candidate("date", email, q, when, _content_words(np), sender if first and not own else None,
                                   np, _near(np, "date"), [True, personal, len(np.split()) >= 2,
                                                           len(when.split()) <= 6]))
         rooms = list(ROOM.finditer(sentence))
         if len(rooms) == 1:
             where = rooms[0].group(0).removeprefix("at the ")
-            out.append(_Candidate("place", email, f"Where is the {np}?", where, _content_words(np), None, np,
+            out.append(_Candidate("place", email, f"Where is {_the(np)}?", where, _content_words(np), None, np,
                                   _near(np, "place"), [True, personal, len(np.split()) >= 2, len(where.split()) <= 6]))
-    for m in PHONE_AFTER_NAME.finditer(_own_text(email["body"])):
+    own_words = _own_text(email["body"])
+    for m in PHONE_AFTER_NAME.finditer(own_words):
         name = m.group("name")
         if name.split()[0].lower() not in first_names or any(w.lower() in NOT_A_NAME for w in name.split()):
             continue
+        if re.search(r"(?:^|[\s(])[A-Z][A-Za-z'.-]*[ \t]+$", own_words[: m.start()]):
+            continue  # "Jo Ann Holloway", "New Power Company": the two words are the end of a longer name
         owner_of = name + ("'" if name.endswith("s") else "'s")
         out.append(_Candidate("phone", email, f"What is {owner_of} phone number?", m.group("phone").strip(),
                               name.split(), None, name, _near(name, "phone"),
@@ -440,8 +488,32 @@ def _findable(db_path, inbox: str, query_date: str, cand: _Candidate, ids: list[
     return any(h["message_id"] in ids for h in hits)
 
 
+def _squash(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", (text or "").lower()))
+
+
+def _answers(db, mine: sqlite3.Row, reply: sqlite3.Row) -> bool:
+    """Whether `reply` is an answer to `mine` by more than its subject: it quotes my own words (a run of at least
+    eight of my words, or all of them when I wrote fewer), or its sender was a recipient of mine and it is
+    addressed to me, within 30 days."""
+    mine_words = _squash(_own_text(mine["body"])).split()
+    if mine_words:
+        n = min(8, len(mine_words))
+        quoted = _squash(reply["body"][own_text_end(reply["body"] or ""):] if reply["body"] else "")
+        if any(" ".join(mine_words[i:i + n]) in quoted for i in range(0, len(mine_words) - n + 1)):
+            return True
+    if (datetime.fromisoformat(reply["date"]) - datetime.fromisoformat(mine["date"])).days > 30:
+        return False
+    to_me = db.execute("SELECT 1 FROM recipients WHERE email_id = ? AND recipient_address = ? AND recipient_type != "
+                       "'bcc'", (reply["id"], mine["from_address"])).fetchone()
+    was_asked = db.execute("SELECT 1 FROM recipients WHERE email_id = ? AND recipient_address = ?",
+                           (mine["id"], reply["from_address"])).fetchone()
+    return to_me is not None and was_asked is not None
+
+
 def _reply_candidates(db, owner: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
-    """(my email, the one reply to it) pairs: subjects I wrote that exactly one other person answered. One pair
+    """(my email, the one reply to it) pairs: subjects I wrote that exactly one other person answered, with thread
+    evidence beyond the subject (`_answers`: the reply quotes me, or comes from one of my recipients). One pair
     per subject: when I sent the same subject more than once (a resend), the question would be asked twice with
     one answer, so only my latest email before the reply is kept."""
     mine = db.execute("SELECT * FROM emails e WHERE e.from_address = ? AND length(e.subject) > 8 ORDER BY e.id",
@@ -455,7 +527,7 @@ def _reply_candidates(db, owner: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
                              "AND e.from_address != :inbox AND e.date > :after",
                              {"inbox": owner, "re1": "re: " + topic.lower(), "re2": "re:" + topic.lower(),
                               "after": email["date"]}).fetchall()
-        if len({r["from_address"] for r in replies}) == 1 and len(replies) == 1:
+        if len({r["from_address"] for r in replies}) == 1 and len(replies) == 1 and _answers(db, email, replies[0]):
             key = topic.lower()
             if key not in pairs or pairs[key][0]["date"] < email["date"]:
                 pairs[key] = (email, replies[0])
