@@ -1,6 +1,10 @@
 """The ART·E question sets as they come out of the shared Enron mailboxes: the mix, what was dropped, examples.
 
     .venv/bin/python evals/art_e_questions.py [--db out/art-e/inbox.db] [--out evals/reports/art_e/questions.md]
+    .venv/bin/python -m evals.art_e_questions --audit-sample 50 --seed 3 [--audit-kinds figure,date]
+
+With --audit-sample N it prints N of the generated questions (the generator's seed 0, drawn by --seed) with their
+source emails instead, for a person to read (`evals/art_e/audit.py`).
 
 Builds the inbox database from every shared mailbox if --db does not exist, generates the offline questions
 (`generate_scenarios`, default split), loads the annotated set into a copy of the database, and writes one
@@ -30,6 +34,8 @@ def main(argv=None) -> None:
     ap.add_argument("--audit-sample", type=int, metavar="N",
                     help="print N generated questions (drawn by --seed, both splits) with their source emails' "
                          "headers and bodies, for reading; writes no report")
+    ap.add_argument("--audit-kinds", default=None, metavar="K1,K2",
+                    help="with --audit-sample: draw only from these kinds (e.g. figure,date,place,phone,reply)")
     args = ap.parse_args(argv)
     if args.audit_sample is not None:
         if args.audit_sample < 1:
@@ -39,6 +45,12 @@ def main(argv=None) -> None:
         from evals.art_e.audit import audit_sample, render_audit
 
         scenarios = generate_scenarios(args.db, per_inbox=args.per_inbox, seed=0)
+        if args.audit_kinds:
+            kinds = set(args.audit_kinds.split(","))
+            unknown = kinds - {s.kind for s in scenarios}
+            if unknown:
+                ap.error(f"--audit-kinds: no generated questions of kind {', '.join(sorted(unknown))}")
+            scenarios = [s for s in scenarios if s.kind in kinds]
         print(render_audit(audit_sample(args.db, scenarios, args.audit_sample, args.seed)), end="")
         return
     lines = ["# ART·E questions from the shared Enron mailboxes", "",

@@ -253,7 +253,10 @@ which that this these last next each a an the be is was are were will would plus
 until during while so versus vs compared than""".split())
 REPLY_PREFIX = re.compile(r"^\s*((re|fw|fwd)\s*:\s*)+", re.I)
 PERSON_ADDRESS = re.compile(r"^[a-z]+\.[a-z]+@")
-KINDS = ("figure", "date", "place", "phone", "reply")
+KINDS = ("figure", "date", "place", "phone", "reply", "sender")
+TRAIN_ONLY_KINDS = ("sender",)  # made for training inboxes only: the test set keeps the audited kinds
+GENERIC_TOPICS = set("""meeting update updates fyi question questions request info information hello hi thanks follow
+up reminder lunch today tomorrow call schedule notice draft report list memo""".split())
 
 
 @dataclass
@@ -535,15 +538,19 @@ def _reply_candidates(db, owner: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
 
 
 def generate_scenarios(db_path: str | Path, *, per_inbox: int = 50, test_inboxes: list[str] | None = None,
-                       seed: int = 0, report: GenerationReport | None = None) -> list[Scenario]:
+                       seed: int = 0, report: GenerationReport | None = None,
+                       sender_per_inbox: int = 100) -> list[Scenario]:
     """Up to `per_inbox` checked questions about facts in the mail of each mailbox owner's inbox.
 
     `test_inboxes`: the addresses (or mailbox names) whose questions form the test split; by default the
     second half of the mailboxes by name (at least one), as ART split its inboxes in half. Deterministic
-    given the database and `seed`.
+    given the database and `seed`. `sender_per_inbox`: at most this many "Who emailed me about <subject>?"
+    questions per training inbox (a kind made for training inboxes only; 0 makes none).
     """
     if isinstance(per_inbox, bool) or not isinstance(per_inbox, int) or per_inbox < 1:
         raise ValueError("per_inbox must be an integer >= 1")
+    if isinstance(sender_per_inbox, bool) or not isinstance(sender_per_inbox, int) or sender_per_inbox < 0:
+        raise ValueError("sender_per_inbox must be an integer >= 0")
     owners = mailbox_owners(db_path)
     if not owners:
         raise ValueError(f"{db_path} holds no mailboxes: build it with build_inbox_db first")
@@ -567,7 +574,8 @@ def generate_scenarios(db_path: str | Path, *, per_inbox: int = 50, test_inboxes
             inbox = owners[name]
             split = "test" if inbox in test else "train"
             report.inboxes[inbox] = split
-            scenarios += _for_inbox(db, db_path, inbox, split, train, per_inbox, rng, report, first_names)
+            scenarios += _for_inbox(db, db_path, inbox, split, train, per_inbox, rng, report, first_names, seed,
+                                    sender_per_inbox)
     finally:
         db.close()
     return scenarios
@@ -594,7 +602,7 @@ def _first_names(db) -> set[str]:
 
 
 def _for_inbox(db, db_path, inbox: str, split: str, train: set[str], per_inbox: int, rng: random.Random,
-               report: GenerationReport, first_names: set[str]) -> list[Scenario]:
+               report: GenerationReport, first_names: set[str], seed: int, sender_per_inbox: int) -> list[Scenario]:
     emails = db.execute(f"SELECT e.* FROM emails e WHERE {IN_INBOX} AND e.date >= '1995' ORDER BY e.id",
                         {"inbox": inbox}).fetchall()
     recipients: dict[int, list[str]] = {}
@@ -608,6 +616,12 @@ def _for_inbox(db, db_path, inbox: str, split: str, train: set[str], per_inbox: 
     # take the kinds in turn, so that no kind crowds out the others
     by_kind: dict[str, list] = {k: [c for c in cands if c.kind == k] for k in KINDS}
     by_kind["reply"] = pairs
+    by_kind["sender"] = []
+    sender_rng = random.Random(f"{seed}-{inbox}-sender")  # its own: the other kinds' draws stay as they were
+    if split == "train" and "sender" in TRAIN_ONLY_KINDS:
+        by_kind["sender"] = [e for e in emails if _sender_topic(e, inbox, recipients.get(e["id"], []))]
+        sender_rng.shuffle(by_kind["sender"])
+    made_senders = 0
     out: list[Scenario] = []
     seen: set[tuple[str, str]] = set()
     while len(out) < per_inbox and any(by_kind.values()):
@@ -615,12 +629,67 @@ def _for_inbox(db, db_path, inbox: str, split: str, train: set[str], per_inbox: 
             if len(out) >= per_inbox or not by_kind[kind]:
                 continue
             item = by_kind[kind].pop()
-            s = _reply_scenario(db, db_path, inbox, split, train, item, rng, report) if kind == "reply" else \
-                _fact_scenario(db, db_path, inbox, split, train, item, rng, report, seen)
+            if kind == "reply":
+                s = _reply_scenario(db, db_path, inbox, split, train, item, rng, report)
+            elif kind == "sender":
+                if made_senders >= sender_per_inbox:
+                    by_kind["sender"] = []
+                    continue
+                s = _sender_scenario(db, db_path, inbox, split, item, sender_rng, report, seen)
+                made_senders += s is not None
+            else:
+                s = _fact_scenario(db, db_path, inbox, split, train, item, rng, report, seen)
             if s is not None:
                 out.append(s)
                 report.made[kind] += 1
     return out
+
+
+def _sender_topic(email: sqlite3.Row, inbox: str, recipients: list[str]) -> str | None:
+    """The subject of an email a person sent me directly (I am a To recipient of at most 10, the subject is not a
+    reply's or a forward's and says what it is about: three or more content words, not only generic ones), or None."""
+    sender, subject = email["from_address"] or "", (email["subject"] or "").strip()
+    if sender == inbox or not _first_name(sender) or inbox not in recipients or len(recipients) > 10:
+        return None
+    if _topic(subject) != subject or re.match(r"(?i)\s*(?:re|fw|fwd)\b", subject) or len(subject) < 12:
+        return None
+    words = [w.lower() for w in _content_words(subject)]
+    if len(words) < 3 or all(w in GENERIC_TOPICS for w in words):
+        return None
+    return subject
+
+
+def _sender_scenario(db, db_path, inbox, split, email, rng, report, seen) -> Scenario | None:
+    """"Who emailed me about <subject>?": kept when, on the query date, this is the only email of the inbox whose
+    subject (less Re:/Fw: prefixes) is that subject, I am a direct recipient, and a search with the subject's
+    words finds it."""
+    topic = email["subject"].strip()
+    if ("sender", topic.lower()) in seen:
+        report.dropped["sender: asked already"] += 1
+        return None
+    seen.add(("sender", topic.lower()))
+    direct = db.execute("SELECT 1 FROM recipients WHERE email_id = ? AND recipient_address = ? AND recipient_type = "
+                        "'to'", (email["id"], inbox)).fetchone()
+    if direct is None:
+        report.dropped["sender: I am not a direct recipient"] += 1
+        return None
+    query_date = _query_date(email["date"], rng)
+    same = [r for r in db.execute(f"SELECT e.id, e.subject FROM emails e WHERE {IN_INBOX} AND e.date < :until AND "
+                                  "lower(e.subject) LIKE :like", {"inbox": inbox, "until": query_date + " 00:00:00",
+                                                                  "like": "%" + topic.lower() + "%"})
+            if _topic(r[1]).lower() == topic.lower()]
+    if [r[0] for r in same] != [email["id"]]:
+        report.dropped["sender: another email has that subject"] += 1
+        return None
+    cand = _Candidate("sender", email, "", "", _content_words(topic), None, topic, None, [])
+    if not _findable(db_path, inbox, query_date, cand, [email["message_id"]]):
+        report.dropped["sender: not found by a search with the question's words"] += 1
+        return None
+    realism = [False, True, len(cand.keywords) >= 2, True]
+    return Scenario(id=f"{inbox.split('@')[0]}-{email['id']}-sender", question=f"Who emailed me about {topic}?",
+                    answer=email["from_address"], message_ids=[email["message_id"]],
+                    how_realistic=round(sum(realism) / len(realism), 2), inbox_address=inbox, query_date=query_date,
+                    split=split, kind="sender")
 
 
 def _query_date(email_date: str, rng: random.Random) -> str:
