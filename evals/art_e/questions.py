@@ -647,12 +647,15 @@ def _for_inbox(db, db_path, inbox: str, split: str, train: set[str], per_inbox: 
 
 def _sender_topic(email: sqlite3.Row, inbox: str, recipients: list[str]) -> str | None:
     """The subject of an email a person sent me directly (I am a To recipient of at most 10, the subject is not a
-    reply's or a forward's and says what it is about: three or more content words, not only generic ones), or None."""
+    reply's or a forward's and says what it is about: three or more content words, not only generic ones; the body
+    holds no forwarded or quoted email), or None."""
     sender, subject = email["from_address"] or "", (email["subject"] or "").strip()
     if sender == inbox or not _first_name(sender) or inbox not in recipients or len(recipients) > 10:
         return None
     if _topic(subject) != subject or re.match(r"(?i)\s*(?:re|fw|fwd)\b", subject) or len(subject) < 12:
         return None
+    if own_text_end(email["body"] or "") < len(email["body"] or ""):
+        return None  # it forwards or quotes another's email: "who emailed me" could mean either of them
     words = [w.lower() for w in _content_words(subject)]
     if len(words) < 3 or all(w in GENERIC_TOPICS for w in words):
         return None
