@@ -63,7 +63,7 @@ def _answer_pattern(answer: str) -> re.Pattern | None:
     return re.compile(r"[^A-Za-z0-9]*".join(map(re.escape, words)), re.I)
 
 
-def render_audit(items: list[AuditItem], body_chars: int = 3000) -> str:
+def render_audit(items: list[AuditItem], body_chars: int = 6000) -> str:
     """The sample as text: per question its id, split, kind, query date, question, answer, then each source."""
     if body_chars < 1:
         raise ValueError("body_chars must be >= 1")

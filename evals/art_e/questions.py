@@ -200,18 +200,20 @@ def download_scenarios(split: str = "test", *, repo: str = HUB_DATASET, limit: i
 # The offline generator
 # ---------------------------------------------------------------------------------------------------------
 
-STAMP = r"\d{1,2}/\d{1,2}/\d{2,4}[ \t]+\d{1,2}:\d{2}(?::\d{2})?[ \t]*[AP]M"
+STAMP = r"\d{1,2}/\d{1,2}/\d{2,4}[ \t]+\d{1,2}:\d{2}(?::\d{2})?(?:[ \t]*[AP]M)?"
 # Where quoted, forwarded or pasted text starts inside a body; everything from there on is not the sender's own
 # words. Outlook: "-----Original Message-----", "From: ... Sent: ..." (one line or two); Lotus Notes: "-----
 # Forwarded by", a "Name\n07/11/2000 10:23 AM" dateline, "Name@ENRON on 03/27/2001 10:37:02 AM", "From: Name
-# 12/20/2000 05:35 PM", a bare "To: ...\ncc:" header pair; mail quoting ("> ..."); a pasted article's all-capitals
-# headline of six or more single-spaced words.
+# 12/20/2000 05:35 PM", a bare "To: ...\ncc:" header pair; mail quoting ("> ..."); a separator line of ten or more
+# "*", "=", "#" or "~" (pasted messages follow one); a pasted article's all-capitals headline of six or more
+# single-spaced words (HEADLINE, case-sensitive).
 QUOTED = re.compile(r"^[ \t]*(?:-{3,}[ \t]*(?:original message|forwarded by)|_{5,}|from:[ \t].*\bsent:"
                     r"|from:[ \t][^\n]*\n[ \t]*sent:|>)"
                     + r"|^[^\n]*\n[ \t]*" + STAMP + r"[ \t]*$"
                     + r"|^[^\n]*\bon[ \t]+" + STAMP
                     + r"|^[ \t]*from:[ \t][^\n]*" + STAMP
-                    + r"|^[ \t]*to:[ \t][^\n]*\n(?:[^\n]*\n)?[ \t]*cc:", re.I | re.M)
+                    + r"|^[ \t]*to:[ \t][^\n]*\n(?:[^\n]*\n)?[ \t]*cc:"
+                    + r"|^[ \t]*[*=#~]{10,}[ \t]*$", re.I | re.M)
 DATELINE = re.compile(STAMP + r"|\b(?:sent|date|from|to|cc|subject)\s*:", re.I)
 HEADLINE = re.compile(r"^[ \t]*(?:[A-Z0-9$.,'&/-]+ ){5,}[A-Z0-9$.,'&/-]+[ \t]*$", re.M)
 NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
@@ -247,9 +249,10 @@ GENERIC = set("the a an our my your their his her its this that these those".spl
 PREPOSITIONS = set("""to from of in on at by with for into onto over under through via about between across against
 toward towards within without per""".split())
 # words that may follow a figure that is the whole value asked about ("$40,000 per company", "5% from shippers");
-# any other word ("100% full", "6% for fuel and 6.5% for overhead" is caught by the second figure) drops it
+# any other word ("100% full", "$40.30 each", "$5 a share"; "6% for fuel and 6.5% for overhead" is caught by the
+# second figure) drops it
 AFTER_FIGURE = set("""per for of in on at by from to through thru including include includes and or but as with
-which that this these last next each a an the be is was are were will would plus less over under before after since
+which that this these last next the be is was are were will would plus less over under before after since
 until during while so versus vs compared than""".split())
 REPLY_PREFIX = re.compile(r"^\s*((re|fw|fwd)\s*:\s*)+", re.I)
 PERSON_ADDRESS = re.compile(r"^[a-z]+\.[a-z]+@")
