@@ -34,8 +34,8 @@ def generated(inbox_db):
 def test_generated_questions_ask_about_bodies_and_their_answers_are_in_their_emails(inbox_db, generated):
     scenarios, report = generated
     db = sqlite3.connect(inbox_db[0])
-    assert len(scenarios) >= 25 and len({s.kind for s in scenarios}) >= 3
-    assert all(s.kind in ("figure", "date", "place", "phone", "reply") for s in scenarios)
+    assert len(scenarios) >= 25 and {"date", "phone"} <= {s.kind for s in scenarios}
+    assert all(s.kind in ("figure", "date", "place", "phone", "reply") for s in scenarios)  # no sender: a test inbox
     assert sum(report.made.values()) == len(scenarios) and report.inboxes == {SALLY: "test"}
     for s in scenarios:
         assert s.inbox_address == SALLY and s.how_realistic in (0, 0.25, 0.5, 0.75, 1)

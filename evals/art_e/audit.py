@@ -82,10 +82,10 @@ def render_audit(items: list[AuditItem], body_chars: int = 6000) -> str:
             body = src["body"] or ""
             cut = own_text_end(body)
             shown, pos = body[:body_chars], 0
-            for line in shown.splitlines():
+            for line in shown.split("\n"):
                 quoted = pos >= cut
                 mark = ">>>" if pattern and pattern.search(line) else "   "
-                out.append(f"{mark}{'q |' if quoted else '  |'} {line}")
+                out.append(f"{mark}{'q |' if quoted else '  |'} {line.rstrip(chr(13))}")
                 pos += len(line) + 1
             if len(body) > body_chars:
                 out.append(f"      ... ({len(body) - body_chars} more characters)")

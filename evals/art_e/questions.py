@@ -209,13 +209,13 @@ STAMP = r"\d{1,2}/\d{1,2}/\d{2,4}[ \t]+\d{1,2}:\d{2}(?::\d{2})?(?:[ \t]*[AP]M)?"
 # single-spaced words (HEADLINE, case-sensitive).
 QUOTED = re.compile(r"^[ \t]*(?:-{3,}[ \t]*(?:original message|forwarded by)|_{5,}|from:[ \t].*\bsent:"
                     r"|from:[ \t][^\n]*\n[ \t]*sent:|>)"
-                    + r"|^[^\n]*\n[ \t]*" + STAMP + r"[ \t]*$"
+                    + r"|^[^\n]*\n[ \t]*" + STAMP + r"[ \t\r]*$"
                     + r"|^[^\n]*\bon[ \t]+" + STAMP
                     + r"|^[ \t]*from:[ \t][^\n]*" + STAMP
                     + r"|^[ \t]*to:[ \t][^\n]*\n(?:[^\n]*\n)?[ \t]*cc:"
-                    + r"|^[ \t]*[*=#~]{10,}[ \t]*$", re.I | re.M)
+                    + r"|^[ \t]*[*=#~]{10,}[ \t\r]*$", re.I | re.M)
 DATELINE = re.compile(STAMP + r"|\b(?:sent|date|from|to|cc|subject)\s*:", re.I)
-HEADLINE = re.compile(r"^[ \t]*(?:[A-Z0-9$.,'&/-]+ ){5,}[A-Z0-9$.,'&/-]+[ \t]*$", re.M)
+HEADLINE = re.compile(r"^[ \t]*(?:[A-Z0-9$.,'&/-]+ ){5,}[A-Z0-9$.,'&/-]+[ \t\r]*$", re.M)
 NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
 FIGURE = re.compile(r"\$\s?" + NUM + r"(?:\s?(?:million|billion|thousand|mil|MM|mm|bn|BN)\b|[mMbBkK]\b(?![&/-]|\.\w))?|\b"
                     + NUM + r"\s?(?:%|percent\b)|\b" + NUM
@@ -295,7 +295,7 @@ def own_text_end(body: str) -> int:
 def _own_text(body: str) -> str:
     """The email's own words: the body before any quoted or forwarded message, hard line wraps undone within a
     paragraph (paragraphs stay apart: a blank line between them is kept)."""
-    text = (body or "")[: own_text_end(body or "")]
+    text = (body or "")[: own_text_end(body or "")].replace("\r", "")
     paragraphs = re.split(r"\n[ \t]*\n\s*", text)
     return "\n\n".join(re.sub(r"[ \t]*\n[ \t]*", " ", p) for p in paragraphs)
 
@@ -317,8 +317,9 @@ def _content_words(text: str) -> list[str]:
 
 
 def _the(np: str) -> str:
-    """`np` with "the " before it, unless it is a possessive ("Dave Foti's presentation")."""
-    return np if "'" in np else "the " + np
+    """`np` with "the " before it, unless it is a singular possessive ("Dave Foti's presentation", but "the
+    Skunkworks' meetings")."""
+    return np if re.search(r"\w's\b", np) else "the " + np
 
 
 def _whole_figure(sentence: str, figure: re.Match) -> bool:
