@@ -89,6 +89,10 @@ FLAWED = [
      ("What is Ann Holloway's phone number?", "x35957")),
     ("<6918616.1075856630535.JavaMail.evans@thyme>", "vince.kaminski@enron.com",  # "New Power Company"
      ("What is Power Company's phone number?", "713.853.9273")),
+    ("<7717017.1075854041870.JavaMail.evans@thyme>", "daren.farmer@enron.com",  # a main line; his is x137
+     ("What is Ken Davenport's phone number?", "713-227-7660")),
+    ("<21160738.1075855875439.JavaMail.evans@thyme>", "sally.beck@enron.com",  # half a parenthesis
+     ("What is Susan Lewis' phone number?", "(713-853-9712")),
 ]
 
 

@@ -83,7 +83,7 @@ def render_audit(items: list[AuditItem], body_chars: int = 6000) -> str:
             cut = own_text_end(body)
             shown, pos = body[:body_chars], 0
             for line in shown.split("\n"):
-                quoted = pos >= cut
+                quoted = cut < len(body) and pos >= cut
                 mark = ">>>" if pattern and pattern.search(line) else "   "
                 out.append(f"{mark}{'q |' if quoted else '  |'} {line.rstrip(chr(13))}")
                 pos += len(line) + 1

@@ -461,8 +461,12 @@ def _candidates(email: sqlite3.Row, owner: str, recipients: list[str], first_nam
             continue
         if re.search(r"(?:^|[\s(])[A-Z][A-Za-z'.-]*[ \t]+$", own_words[: m.start()]):
             continue  # "Jo Ann Holloway", "New Power Company": the two words are the end of a longer name
+        if re.match(r"[ \t]*(?:x|ext\.?)[ \t]*\d", own_words[m.end():], re.I):
+            continue  # "Ken Davenport 713-227-7660 x137": a shared line; the number alone is not the person's
+        phone = m.group("phone").strip()
+        phone = phone[1:] if phone.startswith("(") and ")" not in phone else phone  # "(713-853-9712)"
         owner_of = name + ("'" if name.endswith("s") else "'s")
-        out.append(_Candidate("phone", email, f"What is {owner_of} phone number?", m.group("phone").strip(),
+        out.append(_Candidate("phone", email, f"What is {owner_of} phone number?", phone,
                               name.split(), None, name, _near(name, "phone"),
                               [True, personal, True, True]))
     return out
