@@ -93,6 +93,12 @@ FLAWED = [
      ("What is Ken Davenport's phone number?", "713-227-7660")),
     ("<21160738.1075855875439.JavaMail.evans@thyme>", "sally.beck@enron.com",  # half a parenthesis
      ("What is Susan Lewis' phone number?", "(713-853-9712")),
+    ("<27130337.1075856617129.JavaMail.evans@thyme>", "vince.kaminski@enron.com",  # "on its way to EB5007"
+     ("Where is the commercial presentation?", "EB5007")),
+    ("<23108831.1075844105218.JavaMail.evans@thyme>", "michelle.lokay@enron.com",  # "suspending ... until May 1"
+     ("What date did Susan give for the technical conference?", "May 1, 2001")),
+    ("<3994795.1075854189273.JavaMail.evans@thyme>", "daren.farmer@enron.com",  # "100% of Gas Daily less ..."
+     ("What did Vance say the purchase price was?", "100%")),
 ]
 
 

@@ -214,6 +214,9 @@ QUOTED = re.compile(r"^[ \t]*(?:-{3,}[ \t]*(?:original message|forwarded by)|_{5
                     + r"|^[ \t]*from:[ \t][^\n]*" + STAMP
                     + r"|^[ \t]*to:[ \t][^\n]*\n(?:[^\n]*\n)?[ \t]*cc:"
                     + r"|^[ \t]*[*=#~]{10,}[ \t\r]*$", re.I | re.M)
+# a date that bounds something rather than sets it ("suspending the tariff until May 1, 2001", "by 7/31", "Q1 '00 -
+# Nov 15th"): not the date of an event named in its sentence
+BOUND = re.compile(r"(?:\b(?:until|till|through|thru|by|before|after|since|from|to|between|no later than)|-)\s*$", re.I)
 DATELINE = re.compile(STAMP + r"|\b(?:sent|date|from|to|cc|subject)\s*:", re.I)
 HEADLINE = re.compile(r"^[ \t]*(?:[A-Z0-9$.,'&/-]+ ){5,}[A-Z0-9$.,'&/-]+[ \t\r]*$", re.M)
 NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
@@ -244,7 +247,7 @@ month year""".split())
 NOT_A_NAME = set("""phone fax number office desk line help support services service team group center centre department
 logistics contracts management development coordinator recruiter america north south east west houston enron global
 program operations business information resources assistant administrator company corp corporation inc energy
-power gas bank university college school""".split())
+power gas bank university college school chairman""".split())
 GENERIC = set("the a an our my your their his her its this that these those".split())
 PREPOSITIONS = set("""to from of in on at by with for into onto over under through via about between across against
 toward towards within without per""".split())
@@ -305,7 +308,10 @@ def _sentences(text: str) -> list[str]:
 
 
 def _first_name(address: str) -> str | None:
-    return address.split(".", 1)[0].capitalize() if PERSON_ADDRESS.match(address or "") else None
+    """The first name of a first.last@ address, or None (also for role addresses: chairman.office@)."""
+    if not PERSON_ADDRESS.match(address or "") or address.split(".", 1)[0] in NOT_A_NAME:
+        return None
+    return address.split(".", 1)[0].capitalize()
 
 
 def _topic(subject: str) -> str:
@@ -329,6 +335,8 @@ def _whole_figure(sentence: str, figure: re.Match) -> bool:
     if FIGURE.search(rest):
         return False
     nxt = re.match(r"\s*([A-Za-z]+)", rest)
+    if nxt is not None and nxt.group(1).lower() == "of" and re.search(r"%|percent", figure.group(0)):
+        return False  # "100% of Gas Daily less a sliding scale": a share of something, not the value itself
     return nxt is None or nxt.group(1).lower() in AFTER_FIGURE
 
 
@@ -443,14 +451,17 @@ def _candidates(email: sqlite3.Row, owner: str, recipients: list[str], first_nam
         if not np:
             continue
         dates = [d for p in DATE_PATTERNS for d in p.finditer(sentence.lower())]
-        if len(dates) == 1 and dates[0].groupdict().get("d") and not DATELINE.search(sentence):
+        if (len(dates) == 1 and dates[0].groupdict().get("d") and not DATELINE.search(sentence)
+                and not BOUND.search(sentence[: dates[0].start()])):
             when = sentence[dates[0].start(): dates[0].end()].strip(" ,")
             q = f"What date did {first} give for {_the(np)}?" if first and not own else f"When is {_the(np)}?"
             out.append(_Candidate("date", email, q, when, _content_words(np), sender if first and not own else None,
                                   np, _near(np, "date"), [True, personal, len(np.split()) >= 2,
                                                           len(when.split()) <= 6]))
         rooms = list(ROOM.finditer(sentence))
-        if len(rooms) == 1:
+        if len(rooms) == 1 and (rooms[0].group(0).startswith("at the ")
+                                or re.search(r"\b(?:in|at)\s+(?:the\s+)?$", sentence[: rooms[0].start()], re.I)):
+            # the room is where something is held ("in EB3321"), not a place mail goes to ("on its way to EB5007")
             where = rooms[0].group(0).removeprefix("at the ")
             out.append(_Candidate("place", email, f"Where is {_the(np)}?", where, _content_words(np), None, np,
                                   _near(np, "place"), [True, personal, len(np.split()) >= 2, len(where.split()) <= 6]))
