@@ -99,6 +99,8 @@ FLAWED = [
      ("What date did Susan give for the technical conference?", "May 1, 2001")),
     ("<3994795.1075854189273.JavaMail.evans@thyme>", "daren.farmer@enron.com",  # "100% of Gas Daily less ..."
      ("What did Vance say the purchase price was?", "100%")),
+    ("<2618970.1075844047669.JavaMail.evans@thyme>", "michelle.lokay@enron.com",  # news: "El Paso said"
+     ("What did Lorna say the normal capacity is?", "675 MMcf/d")),
 ]
 
 
@@ -148,6 +150,11 @@ def _build(tmp_path, boxes):
     return tmp_path / "m.db"
 
 
+def _build_existing(tmp_path, owners):
+    build_inbox_db([tmp_path / owner for owner in owners], tmp_path / "m.db")
+    return tmp_path / "m.db"
+
+
 def test_forwards_datelines_and_subject_only_replies_make_no_questions(tmp_path):
     ann = "ann.owner@enron.com"
     day = "Mon, 4 Dec 2000 10:00:00 -0800"
@@ -182,7 +189,9 @@ def test_forwards_datelines_and_subject_only_replies_make_no_questions(tmp_path)
         ("Who replied to my email about Pipeline capacity release terms?", "lee.moss@enron.com")]
 
 
-def test_a_reply_that_quotes_me_counts_even_from_someone_i_did_not_write_to(tmp_path):
+def test_a_reply_needs_its_sender_among_my_recipients_even_when_it_quotes_words_i_sent_twice(tmp_path):
+    """I sent the same words under one subject to Joe and (in mail this inbox lacks) to Kim; Kim's reply quotes
+    them, but answers the email to her, not the one to Joe: no reply question pairs them."""
     ann = "ann.owner@enron.com"
     mine = "Joe, please look over the storage numbers before Friday's meeting with the desk."
     files = {  # (3 and 4 make Ann the mailbox's owner: the address most of its mail is from or to)
@@ -195,7 +204,13 @@ def test_a_reply_that_quotes_me_counts_even_from_someone_i_did_not_write_to(tmp_
     }
     db = _build(tmp_path, {"owner-a": files})
     replies = [s for s in generate_scenarios(db, per_inbox=20, test_inboxes=[ann]) if s.kind == "reply"]
-    assert [(s.answer, s.message_ids) for s in replies] == [("kim.west@enron.com", ["<2@x>", "<1@x>"])]
+    assert replies == []
+    # the same reply from Joe, whom that email was to: a question
+    (tmp_path / "owner-a" / "inbox" / "2").write_bytes(files["2"].replace(b"kim.west", b"joe.park"))
+    (tmp_path / "m.db").unlink()
+    db = _build_existing(tmp_path, ["owner-a"])
+    replies = [s for s in generate_scenarios(db, per_inbox=20, test_inboxes=[ann]) if s.kind == "reply"]
+    assert [(s.answer, s.message_ids) for s in replies] == [("joe.park@enron.com", ["<2@x>", "<1@x>"])]
 
 
 def test_sender_questions_are_made_for_training_inboxes_only_and_need_a_unique_subject(tmp_path):

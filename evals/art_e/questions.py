@@ -217,6 +217,10 @@ QUOTED = re.compile(r"^[ \t]*(?:-{3,}[ \t]*(?:original message|forwarded by)|_{5
 # a date that bounds something rather than sets it ("suspending the tariff until May 1, 2001", "by 7/31", "Q1 '00 -
 # Nov 15th"): not the date of an event named in its sentence
 BOUND = re.compile(r"(?:\b(?:until|till|through|thru|by|before|after|since|from|to|between|no later than)|-)\s*$", re.I)
+# a sentence that reports another's words ("It estimated ... (normal capacity is 675 MMcf/d)", "according to"):
+# pasted news or hearsay, not the sender's own statement, so no figure, date or place is taken from it
+REPORTED = re.compile(r"\b(?!I\b)[A-Z][\w&.'-]*\s+(?:said|says|reported|announced|estimated)\b|\baccording to\b"
+                      r"|\b(?:it|he|she|they)\s+(?:said|says|estimated|reported|announced)\b")
 DATELINE = re.compile(STAMP + r"|\b(?:sent|date|from|to|cc|subject)\s*:", re.I)
 HEADLINE = re.compile(r"^[ \t]*(?:[A-Z0-9$.,'&/-]+ ){5,}[A-Z0-9$.,'&/-]+[ \t\r]*$", re.M)
 NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
@@ -427,7 +431,7 @@ def _candidates(email: sqlite3.Row, owner: str, recipients: list[str], first_nam
     own = sender == owner
     to_first = _first_name(recipients[0]) if own and len(recipients) == 1 else None
     out: list[_Candidate] = []
-    for sentence in _sentences(_own_text(email["body"])):
+    for sentence in [t for t in _sentences(_own_text(email["body"])) if not REPORTED.search(t)]:
         for figure in FIGURE.finditer(sentence):
             if not _whole_figure(sentence, figure):
                 continue
@@ -515,9 +519,14 @@ def _squash(text: str) -> str:
 
 
 def _answers(db, mine: sqlite3.Row, reply: sqlite3.Row) -> bool:
-    """Whether `reply` is an answer to `mine` by more than its subject: it quotes my own words (a run of at least
-    eight of my words, or all of them when I wrote fewer), or its sender was a recipient of mine and it is
-    addressed to me, within 30 days."""
+    """Whether `reply` is an answer to `mine` by more than its subject: its sender was a To or Cc recipient of
+    mine (not someone answering another email of mine with the same subject and words), and it quotes my own
+    words (a run of at least eight of my words, or all of them when I wrote fewer) or is addressed to me within
+    30 days."""
+    was_asked = db.execute("SELECT 1 FROM recipients WHERE email_id = ? AND recipient_address = ? AND "
+                           "recipient_type != 'bcc'", (mine["id"], reply["from_address"])).fetchone()
+    if was_asked is None:
+        return False
     mine_words = _squash(_own_text(mine["body"])).split()
     if mine_words:
         n = min(8, len(mine_words))
@@ -528,9 +537,7 @@ def _answers(db, mine: sqlite3.Row, reply: sqlite3.Row) -> bool:
         return False
     to_me = db.execute("SELECT 1 FROM recipients WHERE email_id = ? AND recipient_address = ? AND recipient_type != "
                        "'bcc'", (reply["id"], mine["from_address"])).fetchone()
-    was_asked = db.execute("SELECT 1 FROM recipients WHERE email_id = ? AND recipient_address = ?",
-                           (mine["id"], reply["from_address"])).fetchone()
-    return to_me is not None and was_asked is not None
+    return to_me is not None
 
 
 def _reply_candidates(db, owner: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
