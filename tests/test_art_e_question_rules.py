@@ -101,6 +101,10 @@ FLAWED = [
      ("What did Vance say the purchase price was?", "100%")),
     ("<2618970.1075844047669.JavaMail.evans@thyme>", "michelle.lokay@enron.com",  # news: "El Paso said"
      ("What did Lorna say the normal capacity is?", "675 MMcf/d")),
+    ("<21941531.1075856600819.JavaMail.evans@thyme>", "vince.kaminski@enron.com",  # "Monday 27th & Tuesday 28th"
+     ("When is the Real Options conference?", "Tuesday 28th November")),
+    ("<13774460.1075856619634.JavaMail.evans@thyme>", "vince.kaminski@enron.com",  # "... has been cancelled"
+     ("What date did Sasha give for Frank Qian's interview?", "Friday, February 9, 2001")),
 ]
 
 

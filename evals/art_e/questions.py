@@ -221,6 +221,11 @@ BOUND = re.compile(r"(?:\b(?:until|till|through|thru|by|before|after|since|from|
 # pasted news or hearsay, not the sender's own statement, so no figure, date or place is taken from it
 REPORTED = re.compile(r"\b(?!I\b)[A-Z][\w&.'-]*\s+(?:said|says|reported|announced|estimated)\b|\baccording to\b"
                       r"|\b(?:it|he|she|they)\s+(?:said|says|estimated|reported|announced)\b")
+# an event called off ("Frank Qian's interview scheduled for Friday, February 9 has been cancelled"): its date is
+# not when it is
+CALLED_OFF = re.compile(r"\b(?:cancel+(?:ed|ing|ation)?|postponed?|called off)\b", re.I)
+# a day before the date that shares its month ("Monday 27th & Tuesday 28th November"): the event has two days
+OTHER_DAY = re.compile(r"\b\d{1,2}(?:st|nd|rd|th)?\s*(?:&|and|,|or)\s*(?:[A-Z][a-z]+day,?\s+)?$")
 DATELINE = re.compile(STAMP + r"|\b(?:sent|date|from|to|cc|subject)\s*:", re.I)
 HEADLINE = re.compile(r"^[ \t]*(?:[A-Z0-9$.,'&/-]+ ){5,}[A-Z0-9$.,'&/-]+[ \t\r]*$", re.M)
 NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
@@ -456,7 +461,8 @@ def _candidates(email: sqlite3.Row, owner: str, recipients: list[str], first_nam
             continue
         dates = [d for p in DATE_PATTERNS for d in p.finditer(sentence.lower())]
         if (len(dates) == 1 and dates[0].groupdict().get("d") and not DATELINE.search(sentence)
-                and not BOUND.search(sentence[: dates[0].start()])):
+                and not BOUND.search(sentence[: dates[0].start()]) and not CALLED_OFF.search(sentence)
+                and not OTHER_DAY.search(sentence[: dates[0].start()])):
             when = sentence[dates[0].start(): dates[0].end()].strip(" ,")
             q = f"What date did {first} give for {_the(np)}?" if first and not own else f"When is {_the(np)}?"
             out.append(_Candidate("date", email, q, when, _content_words(np), sender if first and not own else None,
