@@ -12,7 +12,19 @@ query_date (YYYY-MM-DD; the agent sees mail sent before it) and split, plus `kin
 - place:   "Where is the SAP reporting meeting?"            (an event and its room or venue)
 - phone:   "What is Shirley Crenshaw's phone number?"        (a person, by a first name the corpus's addresses
                                                              use, and the number right after the name)
-- reply:   "Who replied to my email about the Q3 forecast?"  (two emails: mine and the one answer to it)
+- reply:   "Who replied to my email about the Q3 forecast?"  (two emails: mine and the one answer to it, from
+                                                             one of my recipients, quoting me or addressed to me)
+- sender:  "Who emailed me about Calpine Force Majeure?"     (training inboxes only: the one email of that subject,
+                                                             sent to me directly, forwarding or quoting no one)
+
+Facts come only from the sender's own words (`own_text_end`): quoted and forwarded blocks in every style these
+mailboxes use (Outlook "-----Original Message-----" and "From: ... Sent:", Lotus Notes "Forwarded by", "Name /
+07/11/2000 10:23 AM" datelines and "Name on <stamp>" lines, "> " quoting, separator lines, pasted all-capitals
+headlines) end them, and a sentence reporting another's words ("El Paso said", "according to") gives nothing.
+A date is not taken from a header or dateline, a bound ("until May 1"), a called-off event or one day of two; a
+figure must be the whole value its clause gives ("100% full", "6% ... and 6.5%", "$40.30 each", "100% of Gas
+Daily" are not); a room must be where something is held ("in EB3321"); a phone must not sit on a shared line
+with an extension after it, nor belong to the tail of a longer name ("Jo Ann Holloway").
 
 Each candidate is kept only when it checks out against the inbox as the agent will see it: the answer is
 unique (every visible email that mentions the same thing gives the same value; those emails are all its
