@@ -76,9 +76,10 @@ def main(argv=None) -> None:
     for name, address in owners.items():
         lines.append(f"| {name} | {address} | {report.inboxes.get(address, '-')} | "
                      f"{sum(s.inbox_address == address for s in scenarios)} |")
-    lines += ["", "## The mix", "", "`human` is the annotated set (its own inboxes, all test). `sender` (\"Who emailed me "
-              "about <subject>?\") is made for training inboxes only. How many references are wrong, by reading "
-              "samples of these questions with their emails: `question-audit.md`.", "",
+    mix_note = ("`human` is the annotated set (its own inboxes, all test). `sender` (\"Who emailed me about "
+                "<subject>?\") is made for training inboxes only. How many references are wrong, by reading samples "
+                "of these questions with their emails: `question-audit.md`.")
+    lines += ["", "## The mix", "", mix_note, "",
               "| split | kind | questions | mean how_realistic | mean source emails |", "|---|---|---|---|---|"]
     for r in mix.itertuples(index=False):
         lines.append(f"| {r.split} | {r.kind} | {r.questions} | {r.how_realistic:.2f} | {r.sources:.2f} |")

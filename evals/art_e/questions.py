@@ -549,7 +549,7 @@ def _answers(db, mine: sqlite3.Row, reply: sqlite3.Row) -> bool:
     if mine_words:
         n = min(8, len(mine_words))
         quoted = _squash(reply["body"][own_text_end(reply["body"] or ""):] if reply["body"] else "")
-        if any(" ".join(mine_words[i:i + n]) in quoted for i in range(0, len(mine_words) - n + 1)):
+        if any(" ".join(mine_words[i:i + n]) in quoted for i in range(len(mine_words) - n + 1)):
             return True
     if (datetime.fromisoformat(reply["date"]) - datetime.fromisoformat(mine["date"])).days > 30:
         return False
