@@ -293,6 +293,11 @@ def answer_matches(answer: str | None, reference: str) -> bool:
     return _matches(answer, r) and not _lists_another_candidate(answer, reference, r)
 
 
+def match_verdict(answer: str | None, reference: str, question: str | None = None) -> str:
+    """The matcher's verdict: "accept" when `answer_matches`, else "reject" (the matcher before three-way verdicts)."""
+    return "accept" if answer_matches(answer, reference) else "reject"
+
+
 def _matches(answer: str, r: Facts) -> bool:
     """`answer_matches` but for the list rule (`_lists_another_candidate`), on checked, non-empty text and the
     reference's `facts`."""
