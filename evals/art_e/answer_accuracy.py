@@ -121,7 +121,7 @@ async def judge_pairs(pairs: list[Pair], model: str, *, params: dict | None = No
 
     async def one(p: Pair) -> bool:
         scenario = Scenario(id=p.id, question=p.question, answer=p.reference, message_ids=[p.source],
-                            how_realistic=1.0, inbox_address="labelled-pairs", query_date="2002-12-31")
+                            how_realistic=1.0, inbox_address="labelled.pairs@example.com", query_date="2002-12-31")
         async with gate:
             return await judge_answer(scenario, p.answer, model, params=params, cache=cache)
 
