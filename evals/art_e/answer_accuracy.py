@@ -136,8 +136,8 @@ def _fmt(part: dict, kind: str) -> str:
 
 def table(results: dict) -> str:
     """A Markdown table of the false-accept and false-reject rates of each grader in `results`."""
-    lines = ["| grader | references | false accept (wrong accepted / wrong) [95% CI] | "
-             "false reject (right rejected / right) [95% CI] |", "|---|---|---|---|"]
+    lines = [("| grader | references | false accept (wrong accepted / wrong) [95% CI] | "
+              "false reject (right not accepted / right) [95% CI] |"), "|---|---|---|---|"]
     for name, by_part in results.items():
         for part in ("all",) + FORMS:
             lines.append(f"| {name} | {part} | {_fmt(by_part[part], 'fa')} | {_fmt(by_part[part], 'fr')} |")

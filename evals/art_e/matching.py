@@ -1,13 +1,15 @@
-"""Deciding without a model whether an answer gives the reference answer (`answer_matches`).
+"""Deciding without a model whether an answer gives the reference answer (`match_verdict`, `answer_matches`).
 
-    answer_matches("It was $3,000.", "$3000")                 -> True
-    answer_matches("$3000", "$300")                           -> False
-    answer_matches("Not jan.moore@enron.com", "jan.moore@enron.com")  -> False
+    match_verdict("It was $3,000.", "$3000")                          -> "accept"
+    match_verdict("$3000", "$300")                                    -> "reject"
+    match_verdict("March 26, not March 19", "March 26")               -> "ask"  (a model should decide)
+    match_verdict("Not jan.moore@enron.com", "jan.moore@enron.com")   -> "ask"
+    answer_matches("It was $3,000.", "$3000")                         -> True   (accept only)
 
 The text of both is read into typed values (addresses, dollar amounts, percentages, phone numbers, dates,
-times, plain numbers) and the words left over; values are compared as values and words as whole words.
-The same readers serve the offline question generator (`facts`), so a question is only written about a
-value this module can read back.
+times, plain numbers) and the words left over; values are compared as values and words as whole words, a
+sentence-form reference by its values and the overlap of its content words. The same readers serve the offline
+question generator (`facts`), so a question is only written about a value this module can read back.
 """
 
 from __future__ import annotations
