@@ -27,6 +27,9 @@ def test_the_table_loads_and_has_the_promised_mix():
     assert 0.35 <= forms["sentence"] / len(pairs) <= 0.55
     assert len({p.id for p in pairs}) == len(pairs)
     assert all(p.note.strip() and p.source.strip() for p in pairs)
+    held_out = load_pairs(answer_accuracy.PAIRS_PATH.with_name("answer_pairs_heldout.jsonl"))
+    assert len(held_out) >= 70 and not {(p.reference, p.answer) for p in held_out} & {(p.reference, p.answer)
+                                                                                     for p in pairs}
 
 
 @pytest.mark.parametrize("change, message", [
