@@ -66,6 +66,10 @@ def eval_art_e(
     concurrency: int = typer.Option(4, "--concurrency", help="Runs in flight at once."),
     max_turns: int = typer.Option(10, "--max-turns"),
     tool_mode: str = typer.Option("auto", "--tool-mode", help="auto, native (tool calls) or text (JSON protocol)."),
+    tool_choice: str = typer.Option("required", "--tool-choice", help="Native tool mode: the tool_choice sent each "
+                                    "turn. required (ART's, for prompted models), auto (a trained policy's) or none."),
+    idk_reward: float = typer.Option(0.0, "--idk-reward", help="What \"I don't know\" and running out of turns "
+                                     "score in ART's reward: 0 (ART·E's original) or -1 (as a wrong answer)."),
     gpu_hour_price: float = typer.Option(3.5, "--gpu-hour-price", help="USD per GPU hour, to price GPU-served models."),
     cpu_hour_price: float = typer.Option(0.1, "--cpu-hour-price", help="USD per CPU-machine hour, to price the "
                                          "embedded model."),
@@ -94,6 +98,10 @@ def eval_art_e(
         raise ValueError("--split is train or test; --set is generated, annotated or hub")
     if tool_mode not in ("auto", "native", "text"):
         raise ValueError("--tool-mode is auto, native or text")
+    if tool_choice not in ("required", "auto", "none"):
+        raise ValueError("--tool-choice is required, auto or none")
+    if idk_reward not in (0.0, -1.0):
+        raise ValueError("--idk-reward is 0 (ART·E's original) or -1")
     if questions < 1:
         raise ValueError("--questions must be >= 1")
     if judge is not None and not judge.strip():
@@ -132,8 +140,10 @@ def eval_art_e(
     picked = random.Random(seed).sample(pool, min(questions, len(pool)))
     df = asyncio.run(harness.run_benchmark(
         specs, picked, db, judge_model=judge, concurrency=concurrency, max_turns=max_turns,
-        gpu_hour_price=gpu_hour_price, cpu_hour_price=cpu_hour_price, tool_mode=tool_mode))
+        gpu_hour_price=gpu_hour_price, cpu_hour_price=cpu_hour_price, tool_mode=tool_mode, tool_choice=tool_choice,
+        idk_reward=idk_reward))
     summary = harness.summarize(df)
-    print_frame(summary, f"ART·E, {len(picked)} {split} questions (accuracy: {df.attrs['accuracy_by']})")
+    print_frame(summary, f"ART·E, {len(picked)} {split} questions (accuracy: {df.attrs['accuracy_by']}; "
+                         f"tool_choice {tool_choice}; \"I don't know\" scores {idk_reward:g})")
     paths = harness.save_benchmark(df, summary, out)
     console.print("saved: " + ", ".join(str(p) for p in paths), soft_wrap=True)

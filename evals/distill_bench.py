@@ -98,7 +98,7 @@ async def sample_groups(*, policy: str, db: Path, scenarios: Path, split: str, g
     async def rollout(sc, k):
         async with sem:
             t = await run_agent(sc, db, model, params={**params, "seed": seed * 1000 + k}, max_turns=max_turns,
-                                tool_mode=tool_mode)
+                                tool_mode=tool_mode, tool_choice="auto")  # as its recorded runs sent
             await grade(t, sc, max_turns=max_turns)
             return t
 

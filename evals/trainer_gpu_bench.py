@@ -175,7 +175,8 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
 
     async def group(s):
         trajs = await asyncio.gather(*(run_agent(s, db, name, params={**params, "max_tokens": 96}, max_turns=3,
-                                                 tool_mode="native") for _ in range(args.art_e_group_size)))
+                                                 tool_mode="native", tool_choice="auto")  # a trained policy's
+                                       for _ in range(args.art_e_group_size)))
         for i, t in enumerate(trajs):
             t.reward = float(i % 3)  # any varying reward: the point is the tokens and the ratio
         return TrajectoryGroup(trajs)

@@ -81,6 +81,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--tool-mode", default="native", choices=["native", "text"], help="native tool calls, or ART's "
                     "JSON text protocol (constrained by a JSON schema where the server supports it)")
+    ap.add_argument("--tool-choice", default="auto", choices=["auto", "required", "none"], help="--tool-mode native: "
+                    "the tool_choice sent each turn, in training and in both measurements (auto, as ART's trained "
+                    "policy gets; ART forces required on the prompted models it compares against)")
+    ap.add_argument("--idk-reward", type=float, default=0.0, choices=[0.0, -1.0], help="what \"I don't know\" and "
+                    "running out of turns score in ART's reward: 0 (ART·E's original) or -1 (as a wrong answer); "
+                    "recorded in summary.csv")
     ap.add_argument("--max-tokens", type=int, default=256, help="per agent turn")
     ap.add_argument("--max-seq-length", type=int, default=8192, help="the longest rollout (prompt and all its turns) "
                     "served and trained; a rollout that outgrows it fails (ART's 10 turns of 1,024 tokens with "
@@ -150,7 +156,8 @@ async def evaluate(model: TrainableModel, scenarios, db: Path, args, label: str,
     judge_model, judge_params = correctness
     return await harness.run_benchmark([spec], scenarios, db, judge_model=judge_model, judge_params=judge_params,
                                        concurrency=args.concurrency, max_turns=args.max_turns,
-                                       tool_mode=args.tool_mode)
+                                       tool_mode=args.tool_mode, tool_choice=args.tool_choice,
+                                       idk_reward=args.idk_reward)
 
 
 async def main(argv=None) -> None:
@@ -210,7 +217,7 @@ async def main(argv=None) -> None:
         for traj in group.trajectories:  # ART's reward and correctness, recorded in every run (RULER's too)
             try:
                 g = await grade(traj, scenario, max_turns=args.max_turns, judge_model=correctness[0],
-                                judge_params=correctness[1])
+                                judge_params=correctness[1], idk_reward=args.idk_reward)
             except JudgeError as exc:  # no reward can be trusted for this group: it is not trained on
                 print(f"group dropped, the correctness judge failed: {exc}", flush=True)
                 return None
@@ -256,7 +263,8 @@ async def main(argv=None) -> None:
             agent_model = target.pop("model")
             groups = await gather_trajectory_groups(
                 [TrajectoryGroup(run_agent(s, args.db, agent_model, params={**target, "max_tokens": args.max_tokens},
-                                           max_turns=args.max_turns, tool_mode=args.tool_mode)
+                                           max_turns=args.max_turns, tool_mode=args.tool_mode,
+                                           tool_choice=args.tool_choice)
                                  for _ in range(args.group_size)) for s in picked],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)
             row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))

@@ -158,6 +158,45 @@ async def test_a_failing_judge_or_model_is_a_row_that_says_so_and_the_others_go_
     assert summarize(df).iloc[0]["errors"] == 1  # (a model that is down: test_harness_end_to_end_on_three_questions)
 
 
+async def test_tool_choice_and_idk_reward_reach_the_runs_and_the_summary(judge, inbox_db, tmp_path):
+    db = inbox_db[0]
+    s1, s2 = _scenarios(db)
+    search = {"tool_calls": [{"id": "c0", "type": "function", "function": {
+        "name": "search_emails",
+        "arguments": json.dumps({"keywords": ["budget"], "sent_before": "next Thursday-ish"})}}]}
+    judge.script = [search, _answer("I don't know", s1.message_ids[0]), _answer(s2.answer, s2.message_ids[0])]
+    df = await run_benchmark([f"openai/scripted@{judge.base}"], [s1, s2], db, concurrency=1, tool_mode="native",
+                             idk_reward=-1, progress=False)
+    assert [r["tool_choice"] for r in judge.requests] == ["required"] * 3  # the default, ART's for prompted models
+    idk, right = df.iloc[0], df.iloc[1]
+    assert idk["returned_i_dont_know"] == 1 and idk["unreadable_dates"] == 1 and idk["turns"] == 2
+    assert idk["reward"] == pytest.approx(-1 + 0.1) and right["correct"] and right["unreadable_dates"] == 0
+    row = summarize(df).iloc[0]
+    assert row["idk_reward"] == -1 and row["tool_choice"] == "required" and row["unreadable_dates"] == 1
+    from evals.art_e.harness import save_benchmark
+
+    save_benchmark(df, summarize(df), tmp_path / "out")  # what the table says survives its parquet file
+    assert summarize(load_results(tmp_path / "out")).iloc[0][["idk_reward", "tool_choice"]].tolist() == [-1, "required"]
+    judge.reset()
+    judge.script = [_answer(s1.answer, s1.message_ids[0])]
+    df = await run_benchmark([f"openai/scripted@{judge.base}"], [s1], db, tool_mode="native", tool_choice="auto",
+                             progress=False)
+    assert judge.requests[0]["tool_choice"] == "auto" and summarize(df).iloc[0]["idk_reward"] == 0
+    assert summarize(df).iloc[0]["tool_choice"] == "auto"
+    judge.reset()
+    judge.script = [{"content": json.dumps({"tool_name": "return_final_answer",
+                                            "tool_args": {"answer": s1.answer, "sources": []}})}]
+    df = await run_benchmark([f"openai/scripted@{judge.base}"], [s1], db, tool_mode="text", progress=False)
+    assert "tool_choice" not in judge.requests[0] and summarize(df).iloc[0]["tool_choice"] == ""  # none was sent
+    with pytest.raises(ValueError, match="tool_choice"):
+        await run_benchmark(["openai/x"], [s1], db, tool_choice="sometimes")
+    with pytest.raises(ValueError, match="idk_reward"):
+        await run_benchmark(["openai/x"], [s1], db, idk_reward=-2)
+    for flag, value in (("--tool-choice", "sometimes"), ("--idk-reward", "-0.5")):
+        res = CliRunner().invoke(app, ["eval", "art-e", "--db", str(db), flag, value])
+        assert res.exit_code == 2 and flag in res.output
+
+
 async def test_the_embedded_model_is_never_the_correctness_judge(inbox_db):
     with pytest.raises(ValueError, match="near chance"):
         await run_benchmark(["openai/x"], _scenarios(inbox_db[0]), inbox_db[0], judge_model=EMBEDDED_JUDGE)

@@ -8,7 +8,7 @@ import pytest
 
 from evals.art_e.inbox import ENRON_DIR as ENRON
 from evals.art_e.inbox import InboxError, build_inbox_db, inbox_size, parse_email
-from evals.art_e.tools import TOOL_SCHEMAS, InboxTools, ToolError, fts_query, parse_day
+from evals.art_e.tools import TOOL_SCHEMAS, InboxTools, ToolError, UnreadableDate, fts_query, parse_day
 
 SALLY = "sally.beck@enron.com"
 
@@ -113,7 +113,10 @@ def test_search_follows_arts_semantics_on_real_mail(inbox_db):
     assert all(tools.read_email(h["message_id"])["from_address"] == sender
                for h in tools.search_emails(["budget"], from_addr=sender.upper()))
     assert tools.search_emails(["budget"], from_addr=sender.split("@")[0]) == []  # whole addresses only
-    assert tools.search_emails([]) == []  # as ART: no keywords, no results
+    with pytest.raises(ToolError, match="no keywords"):  # as ART's search_emails: no keywords raises
+        tools.search_emails([])
+    assert tools.search_emails(["", " "]) == []  # blank keywords find nothing, as ART's empty FTS5 phrases
+    assert tools.call("search_emails", '{"keywords": []}').problem == "bad_tool_call_args"
 
 
 def test_dates_are_whole_days_and_the_query_date_hides_later_mail(inbox_db):
@@ -138,15 +141,42 @@ def test_dates_parse_against_the_query_date_not_today():
     assert parse_day("9th", "d", today) == date(2001, 5, 9)
     assert parse_day("2000-02-29", "d", today) == date(2000, 2, 29)
     assert parse_day("June 3", "d", date(1999, 1, 1)) == date(1999, 6, 3)
+    assert parse_day("", "d", today) is None and parse_day("  ", "d", today) is None
+    assert parse_day(None, "d", today) is None
+    with pytest.raises(TypeError):
+        parse_day("2001-01-01", "d", "2001-05-20")
+
+
+def test_an_empty_date_is_no_filter(inbox_db):
+    tools = InboxTools(inbox_db[0], SALLY, "2001-12-31")
+    everything = tools.search_emails(["budget"])
+    assert everything and tools.search_emails(["budget"], sent_after="", sent_before=" ") == everything
+    assert tools.call("search_emails", '{"keywords": ["budget"], "sent_after": ""}').problem is None
+
+
+@pytest.mark.parametrize("args, says, count", [
+    ({"sent_after": "2001-13-45"}, "sent_after '2001-13-45' is not a date (YYYY-MM-DD)", 1),
+    ({"sent_after": "99999-01-01"}, "is not a date (YYYY-MM-DD)", 1),
+    ({"sent_after": "1" + "0" * 30}, "is not a date (YYYY-MM-DD)", 1),
+    ({"sent_before": "3000-01-01"}, "sent_before '3000-01-01' is not a date between 1900 and 2100", 1),
+    ({"sent_after": "not a date"}, "sent_after 'not a date' is not a date", 1),
+    ({"sent_after": 20010101}, "sent_after 20010101 is not a date", 1),
+    ({"sent_after": "bad\x00", "sent_before": "2001-02-30"}, "sent_before '2001-02-30' is not a date", 2),
+])
+def test_unreadable_dates_are_errors_the_agent_reads(inbox_db, args, says, count):
+    tools = InboxTools(inbox_db[0], SALLY, "2001-12-31")
+    outcome = tools.call("search_emails", json.dumps({"keywords": ["budget"], **args}))
+    assert outcome.problem == "unreadable_date" and outcome.unreadable_dates == count
+    assert says in json.loads(outcome.content)["error"]
+    with pytest.raises(UnreadableDate):
+        tools.search_emails(["budget"], **args)
+    # any other wrong argument in the same call is the agent's bad arguments, as before (ART's -1.8)
+    worse = tools.call("search_emails", json.dumps({"keywords": "budget", **args}))
+    assert worse.problem == "bad_tool_call_args" and worse.unreadable_dates == 0
 
 
 @pytest.mark.parametrize("args, says", [
     ({"keywords": ["bud\x00get"]}, "NUL"),
-    ({"keywords": ["budget"], "sent_after": "99999-01-01"}, "cannot read the date"),
-    ({"keywords": ["budget"], "sent_after": "1" + "0" * 30}, "cannot read the date"),
-    ({"keywords": ["budget"], "sent_before": "3000-01-01"}, "between 1900 and 2100"),
-    ({"keywords": ["budget"], "sent_after": "not a date"}, "cannot read the date"),
-    ({"keywords": ["budget"], "sent_after": 20010101}, "must be a string"),
     ({"keywords": ["budget"], "from_addr": ["x"]}, "must be a string"),
     ({"keywords": "budget"}, "must be a list"),
     ({"keywords": [5]}, "must be a string"),

@@ -41,6 +41,26 @@ def test_every_branch_of_arts_reward(rubric, expected):
     assert art_reward(rubric, max_turns=10) == pytest.approx(expected)
 
 
+def test_i_dont_know_scores_idk_reward():
+    idk = R(returned_i_dont_know=True, ever_found_right_email=True)
+    out_of_turns = R(ran_out_of_turns=True, num_turns=11)
+    assert art_reward(idk) == pytest.approx(0.2) and art_reward(idk, idk_reward=0) == pytest.approx(0.2)
+    assert art_reward(idk, 10, -1) == pytest.approx(-1 + 0.2)
+    assert art_reward(out_of_turns, idk_reward=-1.0) == pytest.approx(-1 + 0.1)
+    assert art_reward(idk, idk_reward=-0.5) == pytest.approx(-0.5 + 0.2)
+    # the other branches do not move
+    wrong = R(attempted_answer=True, ever_found_right_email=True)
+    right = R(attempted_answer=True, answer_correct=True, num_sources=1, num_turns=2)
+    for rubric in (wrong, right, R(bad_tool_call_args=True)):
+        assert art_reward(rubric, idk_reward=-1) == art_reward(rubric)
+    for bad in (-1.5, 0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="idk_reward"):
+            art_reward(idk, idk_reward=bad)
+    for bad in ("-1", None, True):
+        with pytest.raises(TypeError, match="idk_reward"):
+            art_reward(idk, idk_reward=bad)
+
+
 def test_outcomes_are_ordered_and_bad_input_is_refused():
     correct = art_reward(R(attempted_answer=True, answer_correct=True, sources_correct=True, num_sources=1, num_turns=4))
     many = art_reward(R(attempted_answer=True, answer_correct=True, sources_correct=True, num_sources=21, num_turns=4))
@@ -113,6 +133,8 @@ async def test_i_dont_know_and_running_out_of_turns(judge, inbox_db, scenario):
     await grade(traj, scenario, max_turns=10)
     assert traj.metrics["returned_i_dont_know"] == 1 and traj.metrics["attempted_answer"] == 0
     assert traj.reward == pytest.approx(0.1)
+    g = await grade(traj, scenario, max_turns=10, idk_reward=-1)  # the later RULER example's scoring
+    assert traj.reward == g.reward == pytest.approx(-1 + 0.1) and not g.correct
     traj = await rollout(judge, scenario, inbox_db[0], [turn(call("search_emails", {"keywords": ["budget"]}))] * 2,
                          max_turns=2)
     await grade(traj, scenario, max_turns=2)
@@ -125,7 +147,7 @@ async def test_i_dont_know_and_running_out_of_turns(judge, inbox_db, scenario):
     ([turn(call("delete_everything", {}))], "bad_tool_call_name", -1.9 + 0.1),
     ([turn(call("search_emails", "{not json"))], "bad_tool_call_args", -1.8 + 0.1),
     ([turn(call("search_emails", {"keywords": ["bud\x00get"]}))], "bad_tool_call_args", -1.8 + 0.1),
-    ([turn(call("search_emails", {"keywords": ["budget"], "sent_after": "99999-1-1"}))], "bad_tool_call_args", -1.8 + 0.1),
+    ([turn(call("search_emails", {"keywords": []}))], "bad_tool_call_args", -1.8 + 0.1),  # ART raises on no keywords
 ])
 async def test_format_errors_end_the_episode_with_arts_tiers(judge, inbox_db, scenario, script, flag, reward):
     traj = await rollout(judge, scenario, inbox_db[0], script + [turn(call("return_final_answer",
@@ -136,6 +158,57 @@ async def test_format_errors_end_the_episode_with_arts_tiers(judge, inbox_db, sc
     assert traj.metrics["prompt_tokens"] == 100  # the turn that ended the episode is counted too
     if "tool_calls" in script[0]:  # the bad call is answered with the error, so the conversation stays well formed
         assert traj.messages()[-1]["role"] == "tool" and "error" in json.loads(traj.messages()[-1]["content"])
+
+
+@pytest.mark.parametrize("mode", ["native", "text"])
+async def test_an_unreadable_date_is_an_error_the_agent_reads_and_the_episode_goes_on(judge, inbox_db, scenario,
+                                                                                      mode):
+    right = scenario.message_ids[0]
+    bad = {"keywords": ["budget", "review"], "sent_after": "2001-13-45"}
+    good = {"keywords": ["budget", "review"], "sent_after": ""}  # an empty date is no filter
+    finish = {"answer": scenario.answer, "sources": [right]}
+    if mode == "native":
+        script = [turn(call("search_emails", bad)), turn(call("search_emails", good)),
+                  turn(call("return_final_answer", finish))]
+    else:
+        script = [{"content": json.dumps({"tool_name": name, "tool_args": args})}
+                  for name, args in (("search_emails", bad), ("search_emails", good), ("return_final_answer", finish))]
+    traj = await rollout(judge, scenario, inbox_db[0], script, mode=mode)
+    g = await grade(traj, scenario, max_turns=10)
+    m = traj.metrics
+    assert m["unreadable_dates"] == 1 and m["turns"] == 3 and m["failed_format_validation"] == 0
+    assert m["bad_tool_call_args"] == 0 and m["ever_found_right_email"] == 1 and g.correct
+    assert traj.reward == pytest.approx(1 + 0.3 + 0.1 + 0.1 * 0.7)  # no -1.8: the date cost nothing but a turn
+    first_result = traj.messages()[3]["content"]
+    assert "sent_after '2001-13-45' is not a date (YYYY-MM-DD)" in first_result
+    traj = await rollout(judge, scenario, inbox_db[0], [  # both dates of one call unreadable: two
+        turn(call("search_emails", {"keywords": ["budget"], "sent_after": "soon", "sent_before": "3000-01-01"})),
+        turn(call("return_final_answer", {"answer": "I don't know", "sources": []}))])
+    assert traj.metrics["unreadable_dates"] == 2 and traj.metrics["returned_i_dont_know"] == 1
+
+
+async def test_tool_choice_reaches_every_native_request(judge, inbox_db, scenario):
+    script = [turn(call("search_emails", {"keywords": ["budget"]})),
+              turn(call("return_final_answer", {"answer": "x", "sources": []}))]
+    traj = await rollout(judge, scenario, inbox_db[0], script)  # the default: ART's for prompted models
+    assert [r["tool_choice"] for r in judge.requests] == ["required", "required"]
+    assert traj.metadata["tool_choice"] == "required"
+    for choice in ("auto", "none"):
+        judge.reset()
+        judge.script = list(script)
+        traj = await run_agent(scenario, inbox_db[0], "openai/scripted-agent", params=judge.params,
+                               tool_mode="native", tool_choice=choice)
+        assert [r["tool_choice"] for r in judge.requests] == [choice, choice] and traj.metadata["tool_choice"] == choice
+    judge.reset()
+    judge.script = [{"content": json.dumps({"tool_name": "return_final_answer",
+                                            "tool_args": {"answer": "x", "sources": []}})}]
+    traj = await run_agent(scenario, inbox_db[0], "openai/scripted-agent", params=judge.params, tool_mode="text")
+    assert "tool_choice" not in judge.requests[0] and traj.metadata["tool_choice"] is None  # text protocol: not sent
+    for bad in ("any", None, "REQUIRED"):
+        with pytest.raises(ValueError, match="tool_choice"):
+            await run_agent(scenario, inbox_db[0], "openai/scripted-agent", params=judge.params, tool_choice=bad)
+    with pytest.raises(ValueError, match="tool_choice"):
+        await run_agent(scenario, inbox_db[0], "openai/scripted-agent", params={**judge.params, "tool_choice": "auto"})
 
 
 async def test_only_the_first_tool_call_of_a_turn_runs(judge, inbox_db, scenario):

@@ -20,9 +20,14 @@ def test_bad_arguments_are_refused():
     example = load_example()
     for argv in (["--time-budget-s", "0"], ["--steps", "-1"], ["--reward", "art", "--judge", "x/y"],
                  ["--reward", "ruler", "--judge-max-prompt-tokens", "10"],
-                 ["--reward", "ruler", "--judge", "self", "--engine", "transformers"]):
+                 ["--reward", "ruler", "--judge", "self", "--engine", "transformers"],
+                 ["--tool-choice", "sometimes"], ["--idk-reward", "0.5"], ["--idk-reward", "-2"]):
         with pytest.raises(SystemExit):
             example.parse_args(argv)
+    args = example.parse_args([])
+    assert (args.tool_choice, args.idk_reward) == ("auto", 0.0)  # the trained policy: auto, ART·E's original 0
+    args = example.parse_args(["--tool-choice", "required", "--idk-reward", "-1"])
+    assert (args.tool_choice, args.idk_reward) == ("required", -1.0)
 
 
 async def test_a_spent_time_budget_skips_training_and_still_measures(tmp_path):
@@ -35,7 +40,10 @@ async def test_a_spent_time_budget_skips_training_and_still_measures(tmp_path):
                         "--tool-mode", "text", "--mailbox", str(ENRON_DIR / "beck-s.tar.gz"),
                         str(ENRON_DIR / "farmer-d.tar.gz"), "--db", str(tmp_path / "inbox.db"), "--out",
                         str(tmp_path / "runs"), "--report", str(report), "--test-inboxes", "daren.farmer@enron.com",
-                        "--time-budget-s", "0.001"])
+                        "--time-budget-s", "0.001", "--idk-reward", "-1"])
     run = json.loads((report / "run.json").read_text())
+    import pandas as pd
+
+    assert pd.read_csv(report / "summary.csv")["idk_reward"].tolist() == [-1, -1]  # reported with the run
     assert run["steps_run"] == 0 and run["policy_step"] == 0 and run["time_budget_s"] == 0.001
     assert (report / "before.parquet").is_file() and (report / "after.parquet").is_file()

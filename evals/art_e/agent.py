@@ -9,10 +9,14 @@ The loop is ART·E's rollout:
   names no tool that exists, or has bad arguments (a reply without a tool call counts as bad arguments,
   as in ART), and after `max_turns` turns (ran out of turns);
 - reading a message id that is not in the inbox is answered with an error and the episode goes on;
+- a search date that cannot be read is answered with an error naming it and the episode goes on (ART
+  compares date strings in SQL and never ends an episode on one); the metric `unreadable_dates` counts them;
 - found/read the right email means the scenario's first message id, as in ART.
 
-Models with native tool calling get the OpenAI tool schemas. Others (the embedded SmolLM2, many small
-local models) use ART's text protocol: each turn the model answers with one JSON object
+Models with native tool calling get the OpenAI tool schemas and `tool_choice` ("required" by default, as
+ART sends to the prompted models it compares against; "auto" for a policy being trained, as ART's trained
+models get; "none" forbids tool calls, so every turn ends the episode as bad arguments). Others (the
+embedded SmolLM2, many small local models) use ART's text protocol: each turn the model answers with one JSON object
 `{"tool_name": name, "tool_args": {...}}` (constrained to that shape by a JSON schema where the provider
 supports it), and the tool's result comes back as a user message. Every model call goes through
 `judges.complete`, so 429s, 5xx and timeouts are retried in both modes.
@@ -36,6 +40,8 @@ from judges.completion import RetryPolicy, complete
 from ruler.trajectory import Trajectory, choice_to_message
 
 ToolMode = Literal["auto", "native", "text"]
+ToolChoice = Literal["required", "auto", "none"]
+TOOL_CHOICES = ("required", "auto", "none")
 TEXT_MAX_CHARS = 200
 TEXT_TURN_MAX_TOKENS = 256  # text protocol: one tool call per turn never needs more
 
@@ -96,12 +102,23 @@ def _parse_text_call(content: str | None) -> tuple[str | None, object, str | Non
     return call.get("tool_name"), call["tool_args"], None
 
 
+def check_tool_choice(tool_choice) -> str:
+    """`tool_choice` if it is one of TOOL_CHOICES, else ValueError."""
+    if tool_choice not in TOOL_CHOICES:
+        raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}, got {tool_choice!r}")
+    return tool_choice
+
+
 async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | None = None, max_turns: int = 10,
-                    tool_mode: ToolMode = "auto", retry: RetryPolicy | None = None) -> Trajectory:
+                    tool_mode: ToolMode = "auto", tool_choice: ToolChoice = "required",
+                    retry: RetryPolicy | None = None) -> Trajectory:
     """One rollout of the email agent on `scenario`; never raises for the agent's own mistakes.
 
+    `tool_choice` is sent with every native-mode request ("required", the default, is what ART sends to
+    prompted models; pass "auto" for a policy being trained); the text protocol does not send it.
     The trajectory's reward is 0 until it is graded (`evals.art_e.rewards.grade`); its metrics are ART's
-    rubric (`answer_correct` too is only set by grading) plus `turns` (model calls made), `latency_s`.
+    rubric (`answer_correct` too is only set by grading) plus `turns` (model calls made), `latency_s` and
+    `unreadable_dates` (search dates answered with an error, the episode going on).
     A model endpoint that keeps failing raises (`judges.JudgeError`).
     """
     if not isinstance(scenario, Scenario):
@@ -110,6 +127,9 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
         raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
     if params is not None and not isinstance(params, dict):
         raise TypeError(f"params must be a dict of litellm parameters, got {type(params).__name__}")
+    check_tool_choice(tool_choice)
+    if params and "tool_choice" in params:
+        raise ValueError("pass tool_choice as run_agent's own argument, not inside params")
     mode = _mode(model, tool_mode)
     tools = InboxTools(db_path, scenario.inbox_address, scenario.query_date)
     system = SYSTEM.format(address=scenario.inbox_address, date=scenario.query_date, max_turns=max_turns)
@@ -118,7 +138,7 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
             f"- {t['function']['name']}: {t['function']['description']} Arguments: "
             f"{json.dumps(t['function']['parameters']['properties'])}" for t in TOOL_SCHEMAS))
     messages: list = [{"role": "system", "content": system}, {"role": "user", "content": scenario.question}]
-    rubric, turns = Rubric(), 0
+    rubric, turns, unreadable = Rubric(), 0, [0]
     right = scenario.message_ids[0]
     started = time.perf_counter()
     try:
@@ -130,7 +150,7 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
             turns += 1
             history = [m if isinstance(m, dict) else choice_to_message(m) for m in messages]
             if mode == "native":
-                reply = await complete(model, history, params={"tools": TOOL_SCHEMAS, "tool_choice": "auto",
+                reply = await complete(model, history, params={"tools": TOOL_SCHEMAS, "tool_choice": tool_choice,
                                                                **(params or {})}, retry=retry)
                 rubric.prompt_tokens += reply.prompt_tokens
                 rubric.completion_tokens += reply.completion_tokens
@@ -141,7 +161,7 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
                     rubric.bad_tool_call_args = True
                     break
                 call_id, name, args = calls[0]
-                problem, result = _run(tools, name, args, rubric, right)
+                problem, result = _run(tools, name, args, rubric, right, unreadable)
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
                 for extra_id, _, _ in calls[1:]:
                     messages.append({"role": "tool", "tool_call_id": extra_id,
@@ -156,7 +176,7 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
                 messages.append(Choice.model_validate(reply.response.choices[0].model_dump()))
                 name, args, problem = _parse_text_call(reply.content)
                 if problem is None:
-                    problem, result = _run(tools, name, args, rubric, right)
+                    problem, result = _run(tools, name, args, rubric, right, unreadable)
                     messages.append({"role": "user", "content": f"Result of {name}: {result}"})
             if problem in ("cant_parse_tool_call", "bad_tool_call_name", "bad_tool_call_args"):
                 setattr(rubric, problem, True)
@@ -173,17 +193,21 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
         else:
             rubric.attempted_answer = True
             rubric.sources_correct = right in final["sources"]
-    metrics = {**rubric.to_metrics(), "turns": turns, "latency_s": time.perf_counter() - started}
+    metrics = {**rubric.to_metrics(), "turns": turns, "latency_s": time.perf_counter() - started,
+               "unreadable_dates": unreadable[0]}
     return Trajectory(messages_and_choices=messages, tools=TOOL_SCHEMAS if mode == "native" else None, reward=0.0,
                       metrics=metrics,
                       metadata={"scenario_id": scenario.id, "model": model, "tool_mode": mode,
+                                "tool_choice": tool_choice if mode == "native" else None,
                                 "inbox_address": scenario.inbox_address, "answer": final.get("answer"),
                                 "sources": json.dumps(final.get("sources", []))})
 
 
-def _run(tools: InboxTools, name, args, rubric: Rubric, right: str) -> tuple[str | None, str]:
-    """Run one tool call; mark what ART's rubric marks. (problem, the result text the agent reads)."""
+def _run(tools: InboxTools, name, args, rubric: Rubric, right: str, unreadable: list[int]) -> tuple[str | None, str]:
+    """Run one tool call; mark what ART's rubric marks and add unreadable dates to `unreadable[0]`.
+    (problem, the result text the agent reads)."""
     outcome = tools.call(name, args)
+    unreadable[0] += outcome.unreadable_dates
     if name == "search_emails" and outcome.problem is None:
         rubric.ever_found_right_email |= any(hit["message_id"] == right for hit in json.loads(outcome.content))
     if name == "read_email" and outcome.problem in (None, "invalid_email"):

@@ -11,7 +11,10 @@ A model is a litellm string; `MODEL@URL` sends it to an OpenAI-compatible server
 Correctness: `answer_matches` (evals.art_e.matching) decides first; an attempted answer it does not accept
 goes to the correctness judge only when one is given. Without one, `accuracy` is match-only and the summary
 says so (`accuracy_by`); the embedded 135M model is refused as a correctness judge (it is near chance as a
-judge: evals/reports/judge_meta_smollm2_*.csv). The reward is ART's rubric (`evals.art_e.rewards.art_reward`).
+judge: evals/reports/judge_meta_smollm2_*.csv). The reward is ART's rubric (`evals.art_e.rewards.art_reward`),
+"I don't know" scoring `idk_reward` (0, ART·E's original, by default). Models in native tool mode get
+`tool_choice="required"` by default, as ART's prompted baselines do (`tool_choice="auto"` for a policy
+being trained). Both are recorded in the summary.
 Cost per 1,000 runs: litellm's prices for API models; a local model's machine time is shared by the runs
 in flight on it (each run is charged its wall time divided by how many runs of that model were running,
 moment by moment), at `gpu_hour_price` for a GPU server (`MODEL@URL`, hosted_vllm, vllm-engine) and
@@ -31,9 +34,9 @@ from pathlib import Path
 
 import litellm
 
-from evals.art_e.agent import run_agent
+from evals.art_e.agent import check_tool_choice, run_agent
 from evals.art_e.questions import Scenario
-from evals.art_e.rewards import answer_matches, grade
+from evals.art_e.rewards import answer_matches, check_idk_reward, grade
 from judges.completion import has_price
 from judges.errors import JudgeError
 from judges.local_provider import LOCAL_PROVIDER
@@ -154,7 +157,7 @@ def check_judge(judge_model: str | None) -> None:
 
 async def run_one(spec: ModelSpec, scenario: Scenario, db_path, *, max_turns: int, hour_price: float,
                   meter: SharedMeter | None = None, judge_model: str | None = None, tool_mode: str = "auto",
-                  judge_params: dict | None = None) -> dict:
+                  judge_params: dict | None = None, tool_choice: str = "required", idk_reward: float = 0.0) -> dict:
     """One model on one question: a row of the results table (errors are recorded, not raised)."""
     row = {"run_id": run_id(spec.label, scenario.id), "model": spec.label, "scenario_id": scenario.id,
            "question": scenario.question, "reference": scenario.answer, "kind": scenario.kind,
@@ -163,22 +166,24 @@ async def run_one(spec: ModelSpec, scenario: Scenario, db_path, *, max_turns: in
     mark, started = meter.start(), time.perf_counter()
     try:
         traj = await run_agent(scenario, db_path, spec.model, params=spec.params(), max_turns=max_turns,
-                               tool_mode=tool_mode)
+                               tool_mode=tool_mode, tool_choice=tool_choice)
     except Exception as exc:  # the model's endpoint failed: a row that says so, the others go on
         charged, seconds = meter.stop(mark), time.perf_counter() - started
         cost, priced_by = run_cost(spec.model, 0, 0, charged, hour_price, spec.hardware)
         return {**row, "error": f"{type(exc).__name__}: {exc}"[:500], "answer": None, "sources": "[]",
                 "matched": False, "judged": None, "correct": False, "sources_correct": False, "turns": 0,
                 "latency_s": seconds, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": cost,
-                "priced_by": priced_by, "reward": float("nan"), **{c: 0 for c in RUBRIC_COLUMNS}, "messages": "[]"}
+                "priced_by": priced_by, "reward": float("nan"), **{c: 0 for c in RUBRIC_COLUMNS},
+                "unreadable_dates": 0, "tool_choice": "", "messages": "[]"}
     charged = meter.stop(mark)
     try:
-        verdict = await grade(traj, scenario, max_turns=max_turns, judge_model=judge_model, judge_params=judge_params)
+        verdict = await grade(traj, scenario, max_turns=max_turns, judge_model=judge_model, judge_params=judge_params,
+                              idk_reward=idk_reward)
         matched, judged, correct, reward = verdict.matched, verdict.judged, verdict.correct, verdict.reward
     except JudgeError as exc:  # the matcher's verdict stands, the reward is unknown, and the row says so
         row["error"] = f"correctness judge: {exc}"[:500]
         matched = bool(traj.metrics["attempted_answer"]) and answer_matches(traj.metadata.get("answer"),
-                                                                            scenario.answer)
+                                                                            scenario.answer, scenario.question)
         judged, correct, reward = None, matched, float("nan")
     m = traj.metrics
     cost, priced_by = run_cost(spec.model, m["prompt_tokens"], m["completion_tokens"], charged, hour_price,
@@ -188,16 +193,21 @@ async def run_one(spec: ModelSpec, scenario: Scenario, db_path, *, max_turns: in
             "sources_correct": bool(m["sources_correct"]), "turns": m["turns"], "latency_s": m["latency_s"],
             "prompt_tokens": m["prompt_tokens"], "completion_tokens": m["completion_tokens"], "cost_usd": cost,
             "priced_by": priced_by, "reward": reward, **{c: m[c] for c in RUBRIC_COLUMNS},
+            "unreadable_dates": m["unreadable_dates"], "tool_choice": traj.metadata.get("tool_choice") or "",
             "messages": json.dumps(traj.messages(), ensure_ascii=False)}
 
 
 async def run_benchmark(models: list[str | ModelSpec], scenarios: list[Scenario], db_path, *,
                         judge_model: str | None = None, concurrency: int = 4, max_turns: int = 10,
                         gpu_hour_price: float = DEFAULT_GPU_HOUR_PRICE, cpu_hour_price: float = DEFAULT_CPU_HOUR_PRICE,
-                        tool_mode: str = "auto", judge_params: dict | None = None, progress: bool = True):
+                        tool_mode: str = "auto", judge_params: dict | None = None, progress: bool = True,
+                        tool_choice: str = "required", idk_reward: float = 0.0):
     """Every model on every scenario, at most `concurrency` runs at once; the per-run results DataFrame.
 
     `judge_model`: the correctness judge for answers the matcher does not accept (None: match only).
+    `tool_choice`: sent with every native-mode turn ("required", as ART sends to prompted models; "auto";
+    "none"). `idk_reward`: what "I don't know" and running out of turns score (0 to -1). Both are kept in
+    the table's attrs and in `summarize`'s rows.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -218,6 +228,8 @@ async def run_benchmark(models: list[str | ModelSpec], scenarios: list[Scenario]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     check_judge(judge_model)
+    check_tool_choice(tool_choice)
+    check_idk_reward(idk_reward)
     if not Path(db_path).is_file():
         raise FileNotFoundError(f"no inbox database at {db_path}")
     gate = asyncio.Semaphore(concurrency)
@@ -233,7 +245,7 @@ async def run_benchmark(models: list[str | ModelSpec], scenarios: list[Scenario]
             start = time.perf_counter()
             row = await run_one(spec, scenario, db_path, judge_model=judge_model, max_turns=max_turns,
                                 hour_price=prices[spec.label], meter=meters[spec.label], tool_mode=tool_mode,
-                                judge_params=judge_params)
+                                judge_params=judge_params, tool_choice=tool_choice, idk_reward=idk_reward)
             span = wall[spec.label]
             span[0], span[1] = min(span[0], start), max(span[1], time.perf_counter())
             bar.update(1)
@@ -244,6 +256,8 @@ async def run_benchmark(models: list[str | ModelSpec], scenarios: list[Scenario]
     df = pd.DataFrame(rows)
     df.attrs["wall_s"] = {k: v[1] - v[0] for k, v in wall.items()}
     df.attrs["accuracy_by"] = f"match, then judge {judge_model}" if judge_model else "match only"
+    df.attrs["tool_choice"] = tool_choice
+    df.attrs["idk_reward"] = float(idk_reward)
     return df
 
 
@@ -257,9 +271,20 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def _sent(runs) -> str:
+    """The tool_choice these runs sent ("" for none, or runs recorded before it was kept)."""
+    if "tool_choice" not in runs:
+        return ""
+    sent = sorted({c for c in runs["tool_choice"].dropna() if c})
+    return ", ".join(sent)
+
+
 def summarize(df):
     """One row per model: accuracy with its 95% Wilson interval and how it was decided, sources correct, ART's
-    reward (mean and 95% half-width), format failures, turns, latency p50/p95, tokens, cost per 1,000 runs."""
+    reward (mean and 95% half-width) and what "I don't know" scored in it (`idk_reward`), format failures,
+    unreadable search dates (all runs' total), the tool_choice sent ("" where none was: the text protocol),
+    turns, latency p50/p95, tokens, cost per 1,000 runs. A table from before these were recorded gets NaN / ""
+    for them."""
     import pandas as pd
 
     if df.empty:
@@ -276,7 +301,10 @@ def summarize(df):
             "sources_correct": g["sources_correct"].mean(),
             "mean_reward": rewards.mean() if len(rewards) else float("nan"),
             "reward_ci95": 1.96 * rewards.std(ddof=1) / math.sqrt(len(rewards)) if len(rewards) > 1 else float("nan"),
+            "idk_reward": df.attrs.get("idk_reward", float("nan")),
             "format_failures": g["failed_format_validation"].mean(),
+            "unreadable_dates": int(g["unreadable_dates"].sum()) if "unreadable_dates" in g else float("nan"),
+            "tool_choice": _sent(g),
             "mean_turns": g["turns"].mean(), "p50_latency_s": g["latency_s"].quantile(0.5),
             "p95_latency_s": g["latency_s"].quantile(0.95),
             "mean_tokens": (g["prompt_tokens"] + g["completion_tokens"]).mean(),

@@ -19,7 +19,8 @@ when one is given (its verdicts cached with the RULER cache's key rules); withou
     named a tool that does not exist             -1.9 + partial
     gave a tool bad arguments (or no tool call)  -1.8 + partial   (each of these ends the episode)
     answered, wrongly                            -1   + partial
-    "I don't know", or ran out of turns           0   + partial
+    "I don't know", or ran out of turns           0   + partial   (`idk_reward`: 0 is ART·E's original;
+                                                                   -1 scores it as a wrong answer)
     answered correctly                            1 + 0.3 if the right email is cited + 0.1 / number of
                                                   sources cited + 0.1 * (1 - turns / max_turns)
 
@@ -40,8 +41,8 @@ from judges.completion import RetryPolicy, complete
 from judges.local_provider import LOCAL_PROVIDER
 from ruler.cache import cache_key, open_cache
 
-__all__ = ["IDK", "REWARDS", "Grade", "Rubric", "answer_matches", "art_reward", "grade", "judge_answer",
-           "match_verdict"]
+__all__ = ["IDK", "REWARDS", "Grade", "Rubric", "answer_matches", "art_reward", "check_idk_reward", "grade",
+           "judge_answer", "match_verdict"]
 
 REWARDS = ("art",)
 
@@ -82,12 +83,23 @@ class Rubric:
         return cls(**{k: (type(f.default)(metrics[k])) for k, f in fields.items() if k in metrics})
 
 
-def art_reward(rubric: Rubric, max_turns: int = 10) -> float:
-    """ART·E's reward for one rollout (the table in this module's docstring)."""
+def check_idk_reward(idk_reward) -> float:
+    """`idk_reward` as a float if it is a number from -1 to 0, else ValueError (TypeError for a non-number)."""
+    if isinstance(idk_reward, bool) or not isinstance(idk_reward, (int, float)):
+        raise TypeError(f"idk_reward must be a number from -1 to 0, got {idk_reward!r}")
+    if not -1 <= idk_reward <= 0:  # also refuses NaN
+        raise ValueError(f"idk_reward must be from -1 (a wrong answer's) to 0 (ART·E's original), got {idk_reward!r}")
+    return float(idk_reward)
+
+
+def art_reward(rubric: Rubric, max_turns: int = 10, idk_reward: float = 0.0) -> float:
+    """ART·E's reward for one rollout (the table in this module's docstring); "I don't know" and running out
+    of turns score `idk_reward` (0, ART·E's original, to -1) plus the partial credit."""
     if not isinstance(rubric, Rubric):
         raise TypeError(f"art_reward takes a Rubric, not {type(rubric).__name__}")
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
+    idk_reward = check_idk_reward(idk_reward)
     partial = 0.1 * (rubric.ever_found_right_email + rubric.ever_read_right_email
                      + (not rubric.ever_tried_to_read_invalid_email) + rubric.sources_correct)
     if rubric.cant_parse_tool_call:
@@ -99,7 +111,7 @@ def art_reward(rubric: Rubric, max_turns: int = 10) -> float:
     if rubric.attempted_answer and not rubric.answer_correct:
         return -1 + partial
     if rubric.returned_i_dont_know or rubric.ran_out_of_turns:
-        return 0 + partial
+        return idk_reward + partial
     if rubric.answer_correct:
         reward = 1 + (0.3 if rubric.sources_correct else 0)
         reward += 0.1 / rubric.num_sources if rubric.num_sources > 0 else 0
@@ -173,8 +185,8 @@ class Grade:
 
 async def grade(traj, scenario: Scenario, *, max_turns: int, judge_model: str | None = None,
                 judge_params: dict | None = None, reward: str = "art", cache=None,
-                retry: RetryPolicy | None = None) -> Grade:
-    """Decide correctness and set the trajectory's reward.
+                retry: RetryPolicy | None = None, idk_reward: float = 0.0) -> Grade:
+    """Decide correctness and set the trajectory's reward (`idk_reward`: what "I don't know" scores, see `art_reward`).
 
     The matcher (`match_verdict`, with the scenario's question) rules first; an attempted answer it does not
     accept ("ask" or "reject") goes to the judge when `judge_model` is given, and the judge's verdict decides.
@@ -185,6 +197,7 @@ async def grade(traj, scenario: Scenario, *, max_turns: int, judge_model: str | 
     """
     if reward not in REWARDS:
         raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+    check_idk_reward(idk_reward)
     if judge_model is not None and (not isinstance(judge_model, str) or not judge_model.strip()):
         raise ValueError(f"judge_model must be a non-empty litellm model name or None, got {judge_model!r}")
     rubric = Rubric.from_metrics(traj.metrics)
@@ -195,7 +208,7 @@ async def grade(traj, scenario: Scenario, *, max_turns: int, judge_model: str | 
     if rubric.attempted_answer and not matched and judge_model is not None:
         judged = await judge_answer(scenario, answer, judge_model, params=judge_params, cache=cache, retry=retry)
     rubric.answer_correct = matched or bool(judged)
-    value = art_reward(rubric, max_turns)
+    value = art_reward(rubric, max_turns, idk_reward)
     traj.metrics.update(rubric.to_metrics())
     traj.metrics["answer_matched"] = int(matched)
     traj.metrics["answer_match_asked"] = int(verdict == "ask")

@@ -8,15 +8,25 @@
 
 ART's semantics: the inbox is every email from or to the address (To/Cc/Bcc); all keywords must appear in
 the subject or body; `from_addr`/`to_addr` are whole addresses (case is ignored); `sent_after` is inclusive
-and `sent_before` exclusive, both whole days; at most 10 results, newest first, each a message id and a
-snippet with the matches in `<b>`…`</b>`. Emails dated on or after the query date are not visible.
+and `sent_before` exclusive, both whole days, and an empty date (None or "") is no filter; at most 10
+results, newest first, each a message id and a snippet with the matches in `<b>`…`</b>`. An empty keyword
+list is an error, as in ART (its `search_emails` raises "No keywords provided"); keywords that are all blank
+find nothing, as ART's empty FTS5 phrases do.
 
-Differences from ART's code, all for safety: keywords are matched as quoted FTS5 phrases and every value
-is a bound parameter, so nothing the agent writes is query syntax; a date may be written in any common form
-and is read against the query date (a missing year or month comes from the query date, never from today),
-so the same call always gives the same result; and every wrong argument (a wrong type, a NUL character, a
-date that cannot be read or lies outside 1900-2100, a `max_results` outside 1-10) comes back to the agent
-as a tool error instead of raising.
+Differences from ART's code:
+
+- keywords are matched as quoted FTS5 phrases and every value is a bound parameter, so nothing the agent
+  writes is query syntax;
+- a date may be written in any common form and is read against the query date (a missing year or month
+  comes from the query date, never from today), so the same call always gives the same result;
+- a date that cannot be read (or lies outside 1900-2100, or is not a string) is an `UnreadableDate`: the
+  agent reads a tool error naming it and the episode goes on (`ToolOutcome.problem == "unreadable_date"`).
+  ART pastes the string into its SQL (`e.date >= '<sent_after> 00:00:00'`) and compares text, so there an
+  unreadable date silently filters by string order and never ends the episode either;
+- every other wrong argument (a wrong type, a NUL character, a `max_results` outside 1-10, no keywords)
+  comes back to the agent as a tool error (`bad_tool_call_args`) instead of raising;
+- `read_email` reads only the inbox's own mail dated before the query date; ART's reads any message id in
+  the whole database, whoever's inbox it is in and whatever its date.
 """
 
 from __future__ import annotations
@@ -71,15 +81,26 @@ class ToolError(ValueError):
     """A tool call the agent got wrong (bad arguments); its message is shown to the agent."""
 
 
+class UnreadableDate(ToolError):
+    """`sent_after`/`sent_before` values that are not readable days (`count` of them in one call); the agent
+    reads the message and the episode goes on."""
+
+    def __init__(self, message: str, count: int = 1):
+        super().__init__(message)
+        self.count = count
+
+
 @dataclass(frozen=True)
 class ToolOutcome:
     """What one tool call did: the JSON text the agent reads and, if it went wrong, how (ART's rubric terms).
 
     problem: None; "bad_tool_call_name" (no such tool); "bad_tool_call_args" (arguments not a JSON object,
-    or wrong for the tool); "invalid_email" (read_email of a message id not in the inbox).
+    or wrong for the tool); "invalid_email" (read_email of a message id not in the inbox); "unreadable_date"
+    (search_emails with `unreadable_dates` dates it cannot read; not one of ART's failures, the episode goes on).
     """
     content: str
-    problem: Literal["bad_tool_call_name", "bad_tool_call_args", "invalid_email"] | None = None
+    problem: Literal["bad_tool_call_name", "bad_tool_call_args", "invalid_email", "unreadable_date"] | None = None
+    unreadable_dates: int = 0
 
 
 def _text(value, name: str, *, required: bool = True) -> str | None:
@@ -94,17 +115,29 @@ def _text(value, name: str, *, required: bool = True) -> str | None:
     return value
 
 
-def parse_day(value, name: str, today: date) -> date:
-    """A date the agent wrote, read deterministically: parts it leaves out come from `today` (the query date)."""
-    text = _text(value, name)
-    if not text.strip():
-        raise ToolError(f"{name} must be a date such as 2001-05-31")
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_day(value, name: str, today: date) -> date | None:
+    """A date the agent wrote, read deterministically: parts it leaves out come from `today` (the query date).
+
+    None for None or a blank string (no filter); `UnreadableDate` for anything else that is not a day
+    between 1900 and 2100 (a wrong type, a NUL, text no date parser reads, a year out of range).
+    """
+    if not isinstance(today, date):
+        raise TypeError(f"today must be a datetime.date, got {type(today).__name__}")
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str) or "\x00" in value or len(value) > MAX_ARGUMENT_CHARS:
+        raise UnreadableDate(f"{name} {_shown(value)} is not a date (YYYY-MM-DD)")
     try:
-        parsed = dateparser.parse(text, default=datetime(today.year, today.month, today.day))
+        parsed = dateparser.parse(value, default=datetime(today.year, today.month, today.day))
     except (ValueError, OverflowError, TypeError):  # ParserError is a ValueError; a year of 10**30 overflows
-        raise ToolError(f"{name}: cannot read the date {text!r}; use YYYY-MM-DD") from None
+        raise UnreadableDate(f"{name} {_shown(value)} is not a date (YYYY-MM-DD)") from None
     if not 1900 <= parsed.year <= 2100:
-        raise ToolError(f"{name}: {text!r} is not a date between 1900 and 2100")
+        raise UnreadableDate(f"{name} {_shown(value)} is not a date between 1900 and 2100 (YYYY-MM-DD)")
     return parsed.date()
 
 
@@ -151,28 +184,45 @@ class InboxTools:
     def search_emails(self, keywords, from_addr: str | None = None, to_addr: str | None = None,
                       sent_after: str | None = None, sent_before: str | None = None,
                       max_results: int = MAX_RESULTS) -> list[dict]:
+        """The inbox's emails holding every keyword (newest first), as [{message_id, snippet}].
+
+        Raises ToolError for wrong arguments (an empty keyword list among them, as ART's raises) and, once
+        every other argument is right, UnreadableDate for dates it cannot read (see the module docstring).
+        """
         if isinstance(max_results, bool) or not isinstance(max_results, int) or not 1 <= max_results <= MAX_RESULTS:
             raise ToolError(f"max_results must be an integer from 1 to {MAX_RESULTS}")
+        if isinstance(keywords, list) and not keywords:
+            raise ToolError("keywords must hold at least one word (no keywords provided for search)")
         query = fts_query(keywords)
-        if query is None:  # as ART: no keywords, no results
+        from_addr = _text(from_addr, "from_addr", required=False)
+        to_addr = _text(to_addr, "to_addr", required=False)
+        days, unreadable = {}, []
+        for name, value in (("sent_after", sent_after), ("sent_before", sent_before)):
+            try:
+                days[name] = parse_day(value, name, self.today)
+            except UnreadableDate as exc:
+                unreadable.append(str(exc))
+        if unreadable:
+            raise UnreadableDate("; ".join(unreadable), count=len(unreadable))
+        if query is None:  # keywords all blank: ART's empty FTS5 phrases match nothing either
             return []
         sql = [f"SELECT e.message_id, snippet(emails_fts, -1, '<b>', '</b>', ' ... ', {SNIPPET_TOKENS}) AS snippet",
                "FROM emails e JOIN emails_fts ON e.id = emails_fts.rowid",
                f"WHERE emails_fts MATCH :query AND {IN_INBOX}"]
         args: dict = {"query": query, "inbox": self.inbox, "limit": max_results}
-        if _text(from_addr, "from_addr", required=False) is not None:
+        if from_addr is not None:
             sql.append("AND e.from_address = :from_addr")
             args["from_addr"] = from_addr.strip().lower()
-        if _text(to_addr, "to_addr", required=False) is not None:
+        if to_addr is not None:
             sql.append("AND EXISTS (SELECT 1 FROM recipients t WHERE t.recipient_address = :to_addr "
                        "AND t.email_id = e.id)")
             args["to_addr"] = to_addr.strip().lower()
-        if sent_after is not None:
+        if days["sent_after"] is not None:
             sql.append("AND e.date >= :after")
-            args["after"] = _day_start(parse_day(sent_after, "sent_after", self.today))
-        if sent_before is not None:
+            args["after"] = _day_start(days["sent_after"])
+        if days["sent_before"] is not None:
             sql.append("AND e.date < :before")
-            args["before"] = _day_start(parse_day(sent_before, "sent_before", self.today))
+            args["before"] = _day_start(days["sent_before"])
         if self.until:
             sql.append("AND e.date < :until")
             args["until"] = self.until
@@ -180,7 +230,8 @@ class InboxTools:
         return [dict(r) for r in self.db.execute(" ".join(sql), args)]
 
     def read_email(self, message_id) -> dict | None:
-        """The email (ART's fields) if it is in the inbox and visible, else None."""
+        """The email (ART's fields) if it is in this inbox and dated before the query date, else None (ART's
+        read_email reads any message id in the database)."""
         message_id = _text(message_id, "message_id").strip()
         row = self.db.execute(f"SELECT e.id, e.message_id, e.date, e.subject, e.from_address, e.body, e.file_name "
                               f"FROM emails e WHERE e.message_id = :mid AND {IN_INBOX}"
@@ -220,6 +271,8 @@ class InboxTools:
             return ToolOutcome(json.dumps({"error": f"arguments are not valid JSON: {exc.msg}"}), "bad_tool_call_args")
         except TypeError as exc:  # unexpected or missing arguments
             return ToolOutcome(json.dumps({"error": f"bad arguments for {name}: {exc}"}), "bad_tool_call_args")
+        except UnreadableDate as exc:  # the agent reads it and goes on (ART never ends the episode on a date)
+            return ToolOutcome(json.dumps({"error": str(exc)}), "unreadable_date", unreadable_dates=exc.count)
         except (ToolError, RecursionError) as exc:
             return ToolOutcome(json.dumps({"error": str(exc)}), "bad_tool_call_args")
         except sqlite3.Error as exc:  # nothing the agent writes should reach here; if it does, it is still its call
