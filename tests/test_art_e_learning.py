@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from evals.art_e.learning import load_run, paired, reward_signal
