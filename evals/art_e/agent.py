@@ -154,7 +154,8 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
                 # one call per turn, asked for: ART runs only a reply's first call, and under tool_choice
                 # "required" vLLM's grammar allows a list of any length (a policy trained on a weak judge learned
                 # to write ten calls in one turn until max_tokens cut the list); vLLM keeps only the first call
-                # when parallel_tool_calls is false (it still samples the rest: vLLM PR 50502 would stop them)
+                # when parallel_tool_calls is false, and the trainer's middleware bounds vLLM's grammar to one
+                # call (trainer.vllm_middleware.bound_required_tool_lists)
                 reply = await complete(model, history, params={"tools": TOOL_SCHEMAS, "tool_choice": tool_choice,
                                                                "parallel_tool_calls": False, **(params or {})},
                                        retry=retry)
