@@ -168,6 +168,7 @@ async def test_tool_choice_and_idk_reward_reach_the_runs_and_the_summary(judge, 
     df = await run_benchmark([f"openai/scripted@{judge.base}"], [s1, s2], db, concurrency=1, tool_mode="native",
                              idk_reward=-1, progress=False)
     assert [r["tool_choice"] for r in judge.requests] == ["required"] * 3  # the default, ART's for prompted models
+    assert [r["parallel_tool_calls"] for r in judge.requests] == [False] * 3  # one call per turn, asked for
     idk, right = df.iloc[0], df.iloc[1]
     assert idk["returned_i_dont_know"] == 1 and idk["unreadable_dates"] == 1 and idk["turns"] == 2
     assert idk["reward"] == pytest.approx(-1 + 0.1) and right["correct"] and right["unreadable_dates"] == 0

@@ -208,3 +208,49 @@ async def test_an_aborted_turn_is_never_trained_even_after_litellm_rewrites_its_
                              for c, r in ((first, 0.0), (second, 1.0), (second, 3.0))])
     seqs, stats = prepare([group], None, TrainConfig(), 512)
     assert stats["skipped"] == {"trajectory with an aborted turn": 1} and len(seqs) == 2
+
+
+async def test_required_tool_lists_are_bounded_to_one_call_when_the_request_asks_for_one(monkeypatch):
+    """vLLM 0.24 builds the grammar of tool_choice="required" in vllm.tool_parsers.utils (a list of calls, no
+    upper bound) while it serves the request; here a module of that name and layout stands in for it (vLLM does
+    not install on this machine), and the route builds the grammar as vLLM's does, inside the request."""
+    import sys
+    import types
+
+    utils = types.ModuleType("vllm.tool_parsers.utils")
+    utils._get_json_schema_from_tools = lambda tools: {"type": "array", "minItems": 1,
+                                                       "items": {"anyOf": [{"name": t} for t in tools]}}
+    utils.get_json_schema_from_tools = lambda choice, tools: (utils._get_json_schema_from_tools(tools)
+                                                              if choice == "required" else None)
+    pkg = types.ModuleType("vllm.tool_parsers")
+    pkg.utils = utils
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.tool_parsers", pkg)
+    monkeypatch.setitem(sys.modules, "vllm.tool_parsers.utils", utils)
+    grammars = []
+
+    async def chat_building_the_grammar(request: Request):
+        body = await request.json()
+        grammars.append(utils.get_json_schema_from_tools(body.get("tool_choice"), body.get("tools")))
+        return await chat(request)
+
+    app = TrainingDataMiddleware(Starlette(routes=[Route("/v1/chat/completions", chat_building_the_grammar,
+                                                         methods=["POST"])]))
+    assert app.bounded_tool_lists and TrainingDataMiddleware(app.app).bounded_tool_lists  # installed once
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as c:
+        for parallel in (False, True, None):
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": ["search", "answer"],
+                    "tool_choice": "required", **({} if parallel is None else {"parallel_tool_calls": parallel})}
+            assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
+    assert [g.get("maxItems") for g in grammars] == [1, None, None]
+    assert grammars[0]["minItems"] == 1 and grammars[0]["items"] == grammars[1]["items"]
+    assert utils.get_json_schema_from_tools("required", ["x"]).get("maxItems") is None  # outside a request
+
+
+def test_without_vllm_nothing_is_bounded(monkeypatch):
+    import sys
+
+    from trainer.vllm_middleware import bound_required_tool_lists
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    assert bound_required_tool_lists() is False

@@ -20,6 +20,12 @@ rollout carries what token-exact training needs without the rollout code asking 
   `stop`), so training reads this field, which they keep, and never trains such a turn.
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
+- a request with `tool_choice` `required` and `parallel_tool_calls: false` is sampled under a grammar that allows
+  one call: vLLM builds that grammar as a list of calls with no upper bound and keeps only the first call
+  afterwards, so a policy could learn to write call after call until `max_tokens` cuts the list (seen in the
+  ART·E learning run). `bound_required_tool_lists` adds `maxItems: 1` to the list's schema for such requests
+  (what vLLM's open PR 50502 proposes); it wraps `vllm.tool_parsers.utils._get_json_schema_from_tools` (vLLM
+  0.24's layout) in vLLM's server process, and with another layout it installs nothing and says so.
 - `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`: passed through; once vLLM has loaded
   `<name>@<step>`, the bare name means that adapter; once it has unloaded the one the bare name means (a step
   rolled back), the bare name means the latest adapter still loaded, or the base model. A request is routed when it arrives: one that arrives while the server sleeps for a
@@ -32,7 +38,9 @@ This module imports nothing heavy: vLLM's server process imports it by path.
 
 from __future__ import annotations
 
+import contextvars
 import json
+import logging
 import os
 
 try:  # vLLM's server has orjson through its dependencies on most installs; json otherwise
@@ -68,9 +76,41 @@ def _with_length(headers: list, length: int) -> list:
     return kept + [(b"content-length", str(length).encode())]
 
 
+_ONE_CALL = contextvars.ContextVar("ruler_one_tool_call", default=False)  # the request being served asked for one
+
+
+def bound_required_tool_lists() -> bool:
+    """Make vLLM's grammar for `tool_choice="required"` a list of at most one call while the request being served
+    asked for `parallel_tool_calls: false` (the middleware marks it per request). True when the wrapper is in
+    place (installed now or before); False when vLLM is not importable here or its layout is not 0.24's."""
+    try:
+        from vllm.tool_parsers import utils
+    except ImportError:
+        return False
+    original = getattr(utils, "_get_json_schema_from_tools", None)
+    if original is None:
+        logging.getLogger("ruler.trainer").warning(
+            "this vLLM has no tool_parsers.utils._get_json_schema_from_tools: tool_choice='required' with "
+            "parallel_tool_calls=false samples an unbounded list of calls (vLLM keeps the first)")
+        return False
+    if getattr(original, "ruler_bounded", False):
+        return True
+
+    def bounded(tools):
+        schema = original(tools)
+        if _ONE_CALL.get() and isinstance(schema, dict) and schema.get("type") == "array":
+            schema = {**schema, "maxItems": 1}
+        return schema
+
+    bounded.ruler_bounded = True
+    utils._get_json_schema_from_tools = bounded
+    return True
+
+
 class TrainingDataMiddleware:
     def __init__(self, app):
         self.app = app
+        self.bounded_tool_lists = bound_required_tool_lists()
         self.served = os.environ.get("RULER_SERVED_NAME", "")
         self.loaded: list[str] = []  # our adapters vLLM holds, oldest first; the last is the bare name's
         self.tools_unsupported = os.environ.get("RULER_TOOLS_UNSUPPORTED") == "1"
@@ -110,11 +150,15 @@ class TrainingDataMiddleware:
             body["top_logprobs"] = 0
         raw = _dumps(body)
         scope = {**scope, "headers": _with_length(scope["headers"], len(raw))}
-        if body.get("stream"):
-            return await self.app(scope, _replay(raw, receive), send)
-        return await self.app(scope, _replay(raw, receive), _TrainingFields(send, compact_logprobs=not asked,
-                                                                            policy_step=self._step(body.get("model")),
-                                                                            constrained=constrained(body)))
+        mark = _ONE_CALL.set(body.get("parallel_tool_calls") is False)  # read where vLLM builds the grammar
+        try:
+            if body.get("stream"):
+                return await self.app(scope, _replay(raw, receive), send)
+            return await self.app(scope, _replay(raw, receive), _TrainingFields(
+                send, compact_logprobs=not asked, policy_step=self._step(body.get("model")),
+                constrained=constrained(body)))
+        finally:
+            _ONE_CALL.reset(mark)
 
     def _step(self, model) -> int | None:
         """The policy step a request routed to `model` is sampled by: `<served>@<k>` is step k, the bare served

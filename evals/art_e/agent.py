@@ -3,8 +3,9 @@
 
 The loop is ART·E's rollout:
 
-- each turn is one model call; the first tool call of the reply is run (a reply's further calls are
-  answered "not run", so the conversation stays well formed for the next turn and for training);
+- each turn is one model call, asking for one tool call (`parallel_tool_calls` false); the first tool call
+  of the reply is run (further calls, from a provider that sends them anyway, are answered "not run", so the
+  conversation stays well formed for the next turn and for training);
 - the episode ends at `return_final_answer`, at the first tool call that cannot be parsed (text mode),
   names no tool that exists, or has bad arguments (a reply without a tool call counts as bad arguments,
   as in ART), and after `max_turns` turns (ran out of turns);
@@ -150,8 +151,14 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
             turns += 1
             history = [m if isinstance(m, dict) else choice_to_message(m) for m in messages]
             if mode == "native":
+                # one call per turn, asked for: ART runs only a reply's first call, and under tool_choice
+                # "required" vLLM's grammar allows a list of any length (a policy trained on a weak judge learned
+                # to write ten calls in one turn until max_tokens cut the list); vLLM keeps only the first call
+                # when parallel_tool_calls is false, and the trainer's middleware bounds vLLM's grammar to one
+                # call (trainer.vllm_middleware.bound_required_tool_lists)
                 reply = await complete(model, history, params={"tools": TOOL_SCHEMAS, "tool_choice": tool_choice,
-                                                               **(params or {})}, retry=retry)
+                                                               "parallel_tool_calls": False, **(params or {})},
+                                       retry=retry)
                 rubric.prompt_tokens += reply.prompt_tokens
                 rubric.completion_tokens += reply.completion_tokens
                 choice = Choice.model_validate(reply.response.choices[0].model_dump())

@@ -183,7 +183,7 @@ async def run_one(spec: ModelSpec, scenario: Scenario, db_path, *, max_turns: in
     except JudgeError as exc:  # the matcher's verdict stands, the reward is unknown, and the row says so
         row["error"] = f"correctness judge: {exc}"[:500]
         matched = bool(traj.metrics["attempted_answer"]) and answer_matches(traj.metadata.get("answer"),
-                                                                            scenario.answer)
+                                                                            scenario.answer, scenario.question)
         judged, correct, reward = None, matched, float("nan")
     m = traj.metrics
     cost, priced_by = run_cost(spec.model, m["prompt_tokens"], m["completion_tokens"], charged, hour_price,

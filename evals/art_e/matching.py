@@ -1,13 +1,15 @@
-"""Deciding without a model whether an answer gives the reference answer (`answer_matches`).
+"""Deciding without a model whether an answer gives the reference answer (`match_verdict`, `answer_matches`).
 
-    answer_matches("It was $3,000.", "$3000")                 -> True
-    answer_matches("$3000", "$300")                           -> False
-    answer_matches("Not jan.moore@enron.com", "jan.moore@enron.com")  -> False
+    match_verdict("It was $3,000.", "$3000")                          -> "accept"
+    match_verdict("$3000", "$300")                                    -> "reject"
+    match_verdict("March 26, not March 19", "March 26")               -> "ask"  (a model should decide)
+    match_verdict("Not jan.moore@enron.com", "jan.moore@enron.com")   -> "ask"
+    answer_matches("It was $3,000.", "$3000")                         -> True   (accept only)
 
 The text of both is read into typed values (addresses, dollar amounts, percentages, phone numbers, dates,
-times, plain numbers) and the words left over; values are compared as values and words as whole words.
-The same readers serve the offline question generator (`facts`), so a question is only written about a
-value this module can read back.
+times, plain numbers) and the words left over; values are compared as values and words as whole words, a
+sentence-form reference by its values and the overlap of its content words. The same readers serve the offline
+question generator (`facts`), so a question is only written about a value this module can read back.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ TIME = re.compile(r"\b(?P<h>\d\d?)(?::(?P<mi>\d\d))?\s*(?P<ap>a\.?m\.?|p\.?m\.?)
 EMAIL = re.compile(r"[a-z0-9._%+'-]+@[a-z0-9.-]+\.[a-z]{2,}")
 SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "mm": 1e6, "mil": 1e6, "million": 1e6, "b": 1e9, "bn": 1e9,
          "billion": 1e9}
-AMOUNT = re.compile(r"(?:\$|\busd\s?)\s?(?P<n>\d[\d,]*(?:\.\d+)?)"  # a scale letter is one only when attached: $5m, not $5 m&a
+AMOUNT = re.compile(r"(?:\$|\busd\s?)\s?(?P<n>\d[\d,]*(?:\.\d+)?|\.\d+)"  # a scale letter is one only when attached: $5m, not $5 m&a
                     r"(?:\s?(?P<s>thousand|million|billion|mil|mm|bn)\b|(?P<sl>[kmb])\b(?![&/-]|\.\w))?"
                     r"|\b(?P<n2>\d[\d,]*(?:\.\d+)?)(?:\s?(?P<s2>thousand|million|billion|mm|bn|k|m|b))?\s?(?:dollars|usd)\b")
 PERCENT = re.compile(r"\b(?P<n>\d+(?:\.\d+)?)\s?(?:%|percent\b)")
@@ -149,10 +151,17 @@ class Facts:
     words: list
 
 
+_TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
+_SCALE_WORDS = {**{w: int(v) for w, v in NUMBER_WORDS.items()}, **_TENS}
+_WORDED = re.compile(r"\b(?P<w>" + "|".join(sorted(_SCALE_WORDS, key=len, reverse=True)) +
+                     r")(?=\s+(?:percent|thousand|million|billion|dollars)\b)")
+
+
 def facts(text: str) -> Facts:
     """Addresses, dollar amounts, percentages, phone numbers (digits; extensions as x + digits), dates
-    ((year or None, month, day)), times (minutes after midnight), plain numbers, and the words left."""
-    t = _normal(text)
+    ((year or None, month, day)), times (minutes after midnight), plain numbers, and the words left. A number
+    word before "percent", a scale or "dollars" is read as its digits ("five percent" = 5%)."""
+    t = _WORDED.sub(lambda m: str(_SCALE_WORDS[m.group("w")]), _normal(text))
     emails, t = _take(EMAIL, t, lambda m: m.group(0).strip(".'"))
     amounts, t = _take(AMOUNT, t, _amount_value)
     percents, t = _take(PERCENT, t, lambda m: float(m.group("n")))
@@ -218,6 +227,8 @@ international global america american""".split())
 
 # a shared first word that says nothing of two names' kind ("Enron Corp", "Enron Center"); Room and Building do
 _NOT_A_KIND = NOT_A_PERSON - {"room", "building"}
+# a shared last word that does say two names' kind ("Renaissance Houston Hotel", "Four Seasons Hotel")
+_PLACE_KINDS = set("hotel inn room building center centre camp club park tower restaurant lake".split())
 
 
 def _person_like(text: str) -> bool:
@@ -242,7 +253,9 @@ def _rival(item: str, reference: str, reference_words: set[str]) -> bool:
     if _person_like(reference):
         return _person_like(item)
     head, first = reference.split()[0].lower(), item.split()[0].lower()
-    return len(reference.split()) >= 2 and head == first and head not in _NOT_A_KIND
+    tail, last = reference.split()[-1].lower(), item.split()[-1].lower()
+    return len(reference.split()) >= 2 and ((head == first and head not in _NOT_A_KIND)
+                                           or (tail == last and tail in _PLACE_KINDS))
 
 
 def _lists_another_candidate(answer: str, reference: str, r: Facts) -> bool:
@@ -255,7 +268,7 @@ def _lists_another_candidate(answer: str, reference: str, r: Facts) -> bool:
     if _ITEM_SEPARATOR.search(reference) or r.amounts or r.percents or r.phones or r.dates or r.times or r.numbers:
         return False
     plain = re.sub(r"\([^()]*\)", " ", answer)
-    items = [i.strip(" .!?\"'") for i in _ITEM_SEPARATOR.split(plain)]
+    items = [re.sub(r"^(?:the|a|an|at|in)\s+", "", i.strip(" .!?\"'"), flags=re.I) for i in _ITEM_SEPARATOR.split(plain)]
     items = [i for i in items if i]
     if len(items) < 2:
         return False
@@ -266,44 +279,228 @@ def _lists_another_candidate(answer: str, reference: str, r: Facts) -> bool:
     return any(not g and _rival(item, reference, reference_words) for item, g in zip(items, gives))
 
 
-def answer_matches(answer: str | None, reference: str) -> bool:
-    """Whether `answer` gives the reference answer, decided without a model.
+# ---------------------------------------------------------------------------------------------------------
+# The verdict: accept, ask (a model should decide) or reject
+# ---------------------------------------------------------------------------------------------------------
 
-    Addresses, dollar amounts ($3,000 = $3000 = 3,000 dollars = $3k), percentages, dates (Jan. 18, 2001 =
-    1/18/01 = 2001-01-18; a year the answer leaves out is not held against it), times (10 AM = 10:00 a.m.),
-    phone numbers (713-853-6905 = (713) 853-6905 = 853-6905; extensions x35800) and plain numbers
-    (three = 3) are compared as values: the answer must give exactly the reference's values of each kind
-    the reference has, so a list of several candidate dates ("January 18, 19 and 20", "Jan 18-19") does not
-    match one date. A list that gives the reference beside another address or name-like item ("John Doe and
-    Sally Beck" for "Sally Beck") does not match either. An address may be
-    given by the name it spells (jan.moore@enron.com = Jan Moore) and a name by its address. The
-    reference's other words must each appear in the answer as whole words (case, punctuation, order and
-    plural -s ignored; a single-letter middle initial may be left out). An answer that negates or hedges
-    ("not", "never", "maybe", "I think", "either ... or") where the reference does not is not a match,
-    nor is "I don't know" or an empty answer. The matcher errs towards "no": an answer it rejects may
-    still be right, and an LLM judge may say so.
+VERDICTS = ("accept", "ask", "reject")
+# words that say the answer qualifies or overturns what it states: "former", "cancelled", "but", "instead"
+CONTRAST = set("""former formerly ex previous previously old originally original cancelled canceled postponed
+instead rather but however except although though longer replaced alone copying copied cc cced""".split())
+# words of a sentence reference that carry no fact of their own: politeness, and the verbs that report one
+FILLER = set("""please also perhaps kindly just said say says told held hold take takes taking place put reached
+reach will can could would should answered replied wrote""".split())
+# pairs of words of opposite meaning: an answer with one where the reference has the other may say the opposite
+# ("remove their access" for "give me access")
+OPPOSITES = [tuple(p.split("/")) for p in """give/remove add/remove increase/decrease raise/lower above/below
+approve/reject approved/rejected accept/decline accepted/declined early/late before/after morning/evening win/lose
+beat/lost buy/sell bought/sold open/close start/end first/last more/less higher/lower next/last this/next
+draft/final up/down""".split()]
+# units a figure may be given without ("1,517" for "1,517 MMBtu")
+UNITS = set("mmbtu mmcf mcf bcf mw mwh kwh bbl bbls dth d day per month year hour".split())
+# kept as content words of a short reference ("this weekend" is not "next weekend")
+_DEICTIC = {"this"}
+_VALUE_KINDS = ("amounts", "percents", "phones", "dates", "times", "numbers")
+_NAME_SPAN = re.compile(r"\b(?:[A-Z][a-z'\u2019-]+|[A-Z]\.)(?:\s+(?:[A-Z][a-z'\u2019-]+|[A-Z]\.)){1,3}")
+_NOT_A_NAME_WORD = set(MONTHS) | set("""monday tuesday wednesday thursday friday saturday sunday it the he she his her
+they their not no it's i call phone send forward please give ask""".split())
+# a reference of this many content words (values aside) or more is read as a sentence: by overlap, not word for word
+SENTENCE_WORDS = 4
+
+
+def _root(word: str) -> str:
+    """A light stem for comparing sentences: resigned = resign, leading = leads = lead, update = updated."""
+    word = word.replace("'", "")
+    for suffix in ("ations", "ation", "ings", "ing", "edly", "ed", "ies", "es", "s", "ly"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 4 and not word.endswith("ss"):
+            word = word[:-len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    return word[:-1] if len(word) > 4 and word.endswith("e") else word
+
+
+def _acronyms(words: list[str]) -> dict[str, set[str]]:
+    """Each run of two to five content words by its initials ("energy environmental research center" -> "eerc",
+    "enron building" -> "eb"), with the run's words."""
+    content = [w for w in words if w not in STOPWORDS]
+    out: dict[str, set[str]] = {}
+    for i in range(len(content)):
+        for n in range(2, 6):
+            run = content[i:i + n]
+            if len(run) == n:
+                out.setdefault("".join(w[0] for w in run), set()).update(run)
+    return out
+
+
+def _content(words: list[str], keep: set[str] = frozenset()) -> list[str]:
+    return [w for w in words if (w not in STOPWORDS or w in keep) and len(w.replace("'", "")) > 1]
+
+
+def _value_check(a: Facts, r: Facts) -> tuple[bool, bool, bool]:
+    """(every reference value given, some reference kind contradicted: the answer has values of that kind but not
+    the reference's, the answer has other values of a kind the reference has)."""
+    covered, contradicted, extra = True, False, False
+    for kind in _VALUE_KINDS:
+        ref, ans = getattr(r, kind), getattr(a, kind)
+        if not ref:
+            continue
+        if kind == "dates":
+            given = [any((am, ad) == (rm, rd) and (ay is None or ry is None or ay == ry) for ay, am, ad in ans)
+                     for ry, rm, rd in ref]
+            others = [v for v in ans if not any((v[1], v[2]) == (rm, rd) and (v[0] is None or ry is None or v[0] == ry)
+                                                for ry, rm, rd in ref)]
+        elif kind == "phones":
+            given = [any(_same_phones({x}, {v}) for x in ans) for v in ref]
+            others = [x for x in ans if not any(_same_phones({x}, {v}) or _extension_of(x, v) for v in ref)]
+        else:
+            given = [v in ans for v in ref]
+            others = [x for x in ans if x not in ref]
+        if not all(given):
+            covered = False
+            contradicted |= bool(ans) and not any(given)
+        extra |= bool(others)
+    return covered, contradicted, extra
+
+
+def _extension_of(extension: str, number: str) -> bool:
+    """Whether an extension ("x36964") is the end of a full number (713-853-6964 is x36964 inside Enron)."""
+    return extension.startswith("x") and not number.startswith("x") and number.endswith(extension[1:])
+
+
+def _names(text: str) -> list[str]:
+    """Spans of two to four capitalised words that read as a person's name ("Mark Tawney", "John A. Doe")."""
+    out = []
+    for m in _NAME_SPAN.finditer(text):
+        words = [w for w in m.group(0).split() if w.strip(".").lower() not in _NOT_A_NAME_WORD | STOPWORDS]
+        span = " ".join(words)
+        if _person_like(span):
+            out.append(span)
+    return out
+
+
+def _rivals(answer: str, a: Facts, reference: str, r: Facts, known: set[str]) -> bool:
+    """Whether the answer names another person or address beside the reference's: a name whose words are not all
+    the reference's or the question's (`known`: their stems, addresses' name parts included), or an address that
+    is not the reference person's."""
+    for addr in a.emails - r.emails:
+        if not any(len(w) > 2 and w in addr.split("@")[0] for w in known):
+            return True
+    return any(not {_stem(w.strip(".").lower()) for w in name.split() if len(w.strip(".")) > 1} <= known
+               for name in _names(answer))
+
+
+def _about_a_person(reference: str, r: Facts) -> bool:
+    return bool(r.emails) or bool(_names(reference)) or _person_like(reference.strip())
+
+
+def match_verdict(answer: str | None, reference: str, question: str | None = None) -> str:
+    """The matcher's verdict on `answer` against the reference answer: "accept", "ask" or "reject".
+
+    "accept": the answer gives every reference value (as `answer_matches` documents) and, for a short reference,
+    each of its other words; for a sentence-form reference (`SENTENCE_WORDS` content words or more), its values
+    and all of its content words (words the question already has aside), or all but one of six or more; and the
+    answer holds nothing that may overturn it.
+    "ask" (a model should decide): the answer gives the reference values but also other values of the same kind
+    ("March 26, not March 19"), a negation, a hedge or a contrast word ("former", "cancelled", "but", "instead")
+    the reference has not, another person's name or address beside a person reference ("X forwarded it to Y, who
+    replied"), a list with a rival item of the reference's kind, or only some of the reference's words
+    (a paraphrase, a partial answer).
+    "reject": an empty answer or "I don't know", an answer whose values of a reference kind are all different
+    ("$3000" for "$300"), or one that shares none of the reference's words and values.
+    `question`, when given, is used for a sentence reference's words (those the question already has prove
+    nothing) and so that a name the question holds is no rival.
     """
     if not isinstance(reference, str) or not reference.strip():
         raise ValueError("the reference answer must be a non-empty string")
     if answer is not None and not isinstance(answer, str):
         raise TypeError(f"the answer must be a string or None, got {type(answer).__name__}")
+    if question is not None and not isinstance(question, str):
+        raise TypeError(f"the question must be a string or None, got {type(question).__name__}")
     if answer is None or not answer.strip() or answer.strip() == IDK:
-        return False
-    r = facts(reference)
-    return _matches(answer, r) and not _lists_another_candidate(answer, reference, r)
+        return "reject"
+    r, a = facts(reference), facts(answer)
+    q = facts(question) if question else Facts(set(), set(), set(), set(), set(), set(), set(), [])
+    a_words, r_words = set(a.words), set(r.words)
+    if {"know", "sure"} & a_words and a_words & NEGATIONS and not r_words & NEGATIONS and \
+            not any(getattr(a, k) for k in _VALUE_KINDS) and not a.emails and len(a.words) <= 8:
+        return "reject"  # "I do not know", "not sure" in other words
+    covered, contradicted, extra = _value_check(a, r)
+    if contradicted:
+        return "reject"
+    r_roots = {_root(w) for w in r.words}
+    doubt = extra or any({w for w in a_words & cues if _root(w) not in r_roots} - r_words
+                         for cues in (NEGATIONS, HEDGES, CONTRAST))
+    q_stems = {_stem(w) for w in q.words} | set().union(*(_local_words(e) for e in q.emails))
+    known = {_stem(w) for w in r.words} | set().union(*(_local_words(e) for e in r.emails)) | q_stems
+    if any((x in r_words and y in a_words and y not in r_words) or (y in r_words and x in a_words and x not in r_words)
+           for x, y in OPPOSITES):
+        doubt = True
+    if _about_a_person(reference, r) and _rivals(answer, a, reference, r, known):
+        doubt = True
+    if not _ITEM_SEPARATOR.search(reference) and _lists_another_candidate(answer, reference, r):
+        doubt = True
+    have = {_stem(w) for w in a.words} | set().union(*(_local_words(e) for e in a.emails))
+    # the reference's addresses: given as themselves or by the name they spell
+    addr_given = all(e in a.emails or _local_words(e) <= have for e in r.emails)
+    addr_partial = any(_local_words(e) & have for e in r.emails)
+    has_values = bool(r.emails) or any(getattr(r, k) for k in _VALUE_KINDS)
+    content = _content(r.words)
+    sentence = len(content) >= SENTENCE_WORDS or (reference.strip().endswith(".") and len(r.words) >= 4)
+    # words the question already has prove nothing; in a sentence neither do politeness and reporting verbs; a
+    # figure may be given without its unit; an acronym stands for its words and the words for the acronym
+    skip = {_root(w) for w in q.words} | {_root(w) for w in (FILLER if sentence else set())} | \
+        ({_root(w) for w in UNITS} if has_values else set())
+    need = {_root(w) for w in (content if sentence else _content(r.words, _DEICTIC))} - skip
+    got = {_root(w) for w in a.words} | {_root(w) for w in have}
+    for short, run in _acronyms(a.words).items():
+        if short in need:
+            got.add(short)
+    for short, run in _acronyms(r.words).items():
+        if _root(short) in got:
+            got |= {_root(w) for w in run}
+    missing = [w for w in need if w not in got and not (not sentence and len(w) == 1)]  # a middle initial
+    any_word = len(missing) < len(need)
+    words_all = not missing or (sentence and len(need) >= 6 and len(missing) <= len(need) // 5)
+    values_ok = covered and addr_given
+    if has_values and not values_ok:
+        # a value left out: another address instead of the reference's, or no value of the kind at all
+        if r.emails and not addr_given and (a.emails - r.emails) and not addr_partial:
+            return "reject"
+        return "ask" if (any_word or addr_partial) else "reject"
+    if not has_values and not need:
+        return "accept" if not doubt and words_all and content else "ask" if content else "reject"
+    if doubt:
+        return "ask" if (has_values or any_word) else "reject"
+    if has_values and (sentence or words_all):
+        return "accept"  # the values carry the fact; anything that could overturn them was asked above
+    if words_all:
+        return "accept"
+    return "ask" if (any_word or has_values) else "reject"
+
+
+def answer_matches(answer: str | None, reference: str, question: str | None = None) -> bool:
+    """Whether `match_verdict` accepts `answer` ("ask" and "reject" are both False).
+
+    Addresses, dollar amounts ($3,000 = $3000 = 3,000 dollars = $3k), percentages, dates (Jan. 18, 2001 =
+    1/18/01 = 2001-01-18; a year the answer leaves out is not held against it), times (10 AM = 10:00 a.m.),
+    phone numbers (713-853-6905 = (713) 853-6905 = 853-6905; extensions x35800) and plain numbers
+    (three = 3) are compared as values. An address may be given by the name it spells (jan.moore@enron.com =
+    Jan Moore) and a name by its address. Words are compared as whole words (case, punctuation, order and
+    plural -s ignored; a single-letter middle initial may be left out). The matcher errs towards "no": an
+    answer it does not accept may still be right, and an LLM judge may say so.
+    """
+    return match_verdict(answer, reference, question) == "accept"
 
 
 def _matches(answer: str, r: Facts) -> bool:
-    """`answer_matches` but for the list rule (`_lists_another_candidate`), on checked, non-empty text and the
-    reference's `facts`."""
+    """Whether `answer` states every value and word of the reference (`r`: its `facts`) and nothing that negates
+    or hedges it; no list rule. Used to find the list item that gives the reference."""
     a = facts(answer)
     a_words, r_words = set(a.words), set(r.words)
-    if any((a_words & cues) - r_words for cues in (NEGATIONS, HEDGES)):  # "I don't know" in other words too
+    if any((a_words & cues) - r_words for cues in (NEGATIONS, HEDGES)):
         return False
     have = {_stem(w) for w in a.words}
-    for addr in a.emails:  # "Sally Beck" is given by sally.beck@enron.com
+    for addr in a.emails:
         have |= _local_words(addr)
-    # the reference's addresses may be given by name instead (each name in full), but not by other addresses
     if r.emails and (a.emails - r.emails or not all(_local_words(addr) <= have for addr in r.emails - a.emails)):
         return False
     for kind in ("amounts", "percents", "times", "numbers"):

@@ -6,8 +6,10 @@
     art_reward(rubric, max_turns=10)                     -> ART·E's reward
     await grade(trajectory, scenario, judge_model=None)  -> correctness (match, then judge), reward, metrics
 
-Correctness is decided by `answer_matches` (evals.art_e.matching) first. Only an answer it does not accept goes to an LLM
-correctness judge, and only when one is given (its verdicts cached with the RULER cache's key rules).
+Correctness is decided by the matcher (`match_verdict`, evals.art_e.matching) first: "accept", "ask" or "reject". An
+answer it does not accept ("ask": it holds other values of the reference's kind, a negation, a contrast word, another
+person beside a person reference, or only part of a sentence reference; "reject") goes to an LLM correctness judge
+when one is given (its verdicts cached with the RULER cache's key rules); without a judge only "accept" is correct.
 
 `art_reward` is ART·E's `calculate_reward` (the ART·E project's rollout.py in OpenPipe/ART), branch for branch:
 
@@ -33,14 +35,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from evals.art_e.matching import IDK, answer_matches
+from evals.art_e.matching import IDK, answer_matches, match_verdict
 from evals.art_e.questions import Scenario
 from judges.completion import RetryPolicy, complete
 from judges.local_provider import LOCAL_PROVIDER
 from ruler.cache import cache_key, open_cache
 
 __all__ = ["IDK", "REWARDS", "Grade", "Rubric", "answer_matches", "art_reward", "check_idk_reward", "grade",
-           "judge_answer"]
+           "judge_answer", "match_verdict"]
 
 REWARDS = ("art",)
 
@@ -122,9 +124,15 @@ def art_reward(rubric: Rubric, max_turns: int = 10, idk_reward: float = 0.0) -> 
 # ---------------------------------------------------------------------------------------------------------
 
 CORRECTNESS_PROMPT = """You grade answers to questions about a user's email. You get the question, the reference answer
-and the AI's answer. Decide what the question asks for, take from the reference answer only the facts that answer it,
-and accept the AI's answer if it states every one of those facts with the same meaning and contradicts none (other
-wording, order and extra non-conflicting detail are fine). Answer with JSON only:
+and the AI's answer. The reference answer may be a bare value (a date, an amount, a name, an address, a phone number)
+or a sentence; from it take only the facts that answer the question. Accept the AI's answer if it states every one of
+those facts with the same meaning: other wording, other formats of a value (3/29/00 = March 29, 2000), abbreviations,
+and extra detail that does not conflict are fine, and so is another value of the same kind that the answer clearly
+rules out or gives for something else ("March 26, not March 19"; "$50k now, $55k offered" for the current salary).
+Reject it if it contradicts the reference even while stating its value or words: it gives the value to another
+person, role or thing ("X forwarded it to Y, who replied" when X replied), swaps who did what, negates the value
+("not $300"), says it is cancelled, former or changed, adds a member to a list, offers several candidates without
+choosing, or leaves out a fact the question asks for. Answer with JSON only:
 {"reason": "<one short sentence>", "correct": true or false}"""
 
 SCHEMA = {"type": "object", "properties": {"reason": {"type": "string", "maxLength": 200},
@@ -165,27 +173,37 @@ async def judge_answer(scenario: Scenario, answer: str | None, model: str, *, pa
 
 @dataclass
 class Grade:
-    """How one rollout was graded: the matcher's verdict, the judge's (None: not asked), and the reward."""
+    """How one rollout was graded: the matcher's verdict ("accept", "ask" or "reject"; "reject" when no answer was
+    attempted), whether it accepted, the judge's verdict (None: not asked), the correctness used, and the reward."""
 
     matched: bool
     judged: bool | None
     correct: bool
     reward: float
+    verdict: str = "reject"
 
 
 async def grade(traj, scenario: Scenario, *, max_turns: int, judge_model: str | None = None,
                 judge_params: dict | None = None, reward: str = "art", cache=None,
                 retry: RetryPolicy | None = None, idk_reward: float = 0.0) -> Grade:
-    """Decide correctness (matcher first, then the judge if one is given) and set the trajectory's reward.
+    """Decide correctness and set the trajectory's reward (`idk_reward`: what "I don't know" scores, see `art_reward`).
 
-    The rubric the agent loop left in `traj.metrics` gets `answer_correct`, and `traj.reward` becomes
-    ART's reward. A judge that fails raises (`JudgeError`); the trajectory is then left as it was.
+    The matcher (`match_verdict`, with the scenario's question) rules first; an attempted answer it does not
+    accept ("ask" or "reject") goes to the judge when `judge_model` is given, and the judge's verdict decides.
+    Without a judge only "accept" is correct. The rubric the agent loop left in `traj.metrics` gets
+    `answer_correct`, the metrics get `answer_matched` (1: accepted) and `answer_match_asked` (1: the matcher
+    said "ask"), and `traj.reward` becomes ART's reward. A judge that fails raises (`JudgeError`); the trajectory
+    is then left as it was.
     """
     if reward not in REWARDS:
         raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+    check_idk_reward(idk_reward)
+    if judge_model is not None and (not isinstance(judge_model, str) or not judge_model.strip()):
+        raise ValueError(f"judge_model must be a non-empty litellm model name or None, got {judge_model!r}")
     rubric = Rubric.from_metrics(traj.metrics)
     answer = traj.metadata.get("answer")
-    matched = bool(rubric.attempted_answer) and answer_matches(answer, scenario.answer)
+    verdict = match_verdict(answer, scenario.answer, scenario.question) if rubric.attempted_answer else "reject"
+    matched = verdict == "accept"
     judged = None
     if rubric.attempted_answer and not matched and judge_model is not None:
         judged = await judge_answer(scenario, answer, judge_model, params=judge_params, cache=cache, retry=retry)
@@ -193,5 +211,6 @@ async def grade(traj, scenario: Scenario, *, max_turns: int, judge_model: str | 
     value = art_reward(rubric, max_turns, idk_reward)
     traj.metrics.update(rubric.to_metrics())
     traj.metrics["answer_matched"] = int(matched)
+    traj.metrics["answer_match_asked"] = int(verdict == "ask")
     traj.reward = value
-    return Grade(matched=matched, judged=judged, correct=rubric.answer_correct, reward=value)
+    return Grade(matched=matched, judged=judged, correct=rubric.answer_correct, reward=value, verdict=verdict)

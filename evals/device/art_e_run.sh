@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On the GPU host, after every part of evals/device/pack.sh is in /tmp/gpukit/p*: install the wheels into
+# /tmp/site, dequantize the GGUF to /tmp/models/qwen15, put the Enron folder beside the checkout, and start one
+# ART·E learning run in the background (its log: /tmp/run-NAME.log, its report: /tmp/report/NAME).
+#   usage: bash evals/device/art_e_run.sh NAME BUDGET_S [examples/email_agent.py arguments ...]
+#   e.g.   bash evals/device/art_e_run.sh ruler-seed0 720 --reward ruler --judge self --seed 0
+# The fixed arguments are the 2026-12-05 run's (evals/reports/art_e/README.md); later ones override them.
+set -uo pipefail
+root=$PWD; name=$1; budget=$2; shift 2
+if [ ! -d /tmp/site/vllm ]; then
+  cat $(ls /tmp/gpukit/p* | sort -V) | tar xf - -C /tmp || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    /tmp/gpukit/wheels/*.whl || exit 4
+fi
+export PYTHONPATH=/tmp/site:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True
+mkdir -p "$(dirname "$root")/shared/data/enron" && cp -n /tmp/gpukit/enron/* "$(dirname "$root")/shared/data/enron/"
+[ -f /tmp/models/qwen15/config.json ] || python3 -m evals.gguf_to_hf /tmp/gpukit/qwen/qwen.gguf /tmp/models/qwen15 \
+  > /tmp/convert.log 2>&1 || { tail -20 /tmp/convert.log; exit 5; }
+mkdir -p /tmp/report /tmp/runs
+setsid nohup python3 examples/email_agent.py --engine vllm --base-model /tmp/models/qwen15 --tool-mode native \
+  --tool-choice required --eval-set both --judge-max-prompt-tokens 24000 --max-turns 10 --max-tokens 1024 \
+  --max-seq-length 32768 --steps 200 --groups-per-step 6 --group-size 6 --eval-questions 400 --concurrency 64 \
+  --lr 1e-4 --gpu-memory-utilization 0.35 --no-sleep --time-budget-s "$budget" --name "$name" \
+  --db "/tmp/runs/inbox-$name.db" --out "/tmp/runs/$name" --report "/tmp/report/$name" "$@" \
+  > "/tmp/run-$name.log" 2>&1 < /dev/null &
+echo "started $name (pid $!) at $(date +%T)"

@@ -1,0 +1,52 @@
+"""evals.art_e.learning: paired intervals, regrading and the reward's ranking of right answers, on the recorded
+Qwen2.5-Coder-1.5B run (evals/reports/art_e/qwen15-h100) and on small hand-made tables."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evals.art_e.learning import load_run, paired, reward_signal
+
+RUN = Path(__file__).resolve().parents[1] / "evals/reports/art_e/qwen15-h100/ruler-seed0"
+
+
+def test_paired_interval_brackets_the_mean_difference_and_excludes_zero_only_when_it_should():
+    before, after = np.zeros(100), np.r_[np.ones(30), np.zeros(70)]
+    r = paired(before, after)
+    assert r["difference"] == pytest.approx(0.3) and 0 < r["low"] < 0.3 < r["high"]
+    same = paired(after, after)
+    assert same["difference"] == 0 and same["low"] == 0 == same["high"]
+    mixed = paired(np.r_[np.ones(5), np.zeros(95)], np.r_[np.zeros(5), np.ones(5), np.zeros(90)])
+    assert mixed["low"] < 0 < mixed["high"]
+    with pytest.raises(ValueError):
+        paired(np.zeros(3), np.zeros(4))
+
+
+def test_reward_signal_counts_right_over_wrong_pairs(tmp_path):
+    lines = [{"scored": True, "rollouts": [{"reward": 1.0, "correct": 1}, {"reward": 0.2, "correct": 0},
+                                           {"reward": 1.0, "correct": 0}, {"reward": 0.5, "correct": None}]},
+             {"scored": True, "rollouts": [{"reward": 0.1, "correct": 1}, {"reward": 0.9, "correct": 0}]},
+             {"scored": True, "rollouts": [{"reward": 0.3, "correct": 0}, {"reward": 0.4, "correct": 0}]},
+             {"scored": False, "rollouts": [{"reward": None, "correct": 1}, {"reward": None, "correct": 0}]}]
+    f = tmp_path / "groups.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines))
+    s = reward_signal(f)
+    assert (s["groups"], s["groups_mixed"], s["pairs"], s["wins"], s["ties"], s["losses"]) == (3, 2, 3, 1, 1, 1)
+    assert s["pairwise_accuracy"] == pytest.approx(0.5)
+
+
+def test_the_recorded_run_reads_back_and_regrading_uses_todays_matcher():
+    before, after = load_run(RUN)
+    assert len(before) == len(after) == 174
+    assert int(before["correct"].sum()) == 5 and int(after["correct"].sum()) == 0
+    regraded, _ = load_run(RUN, regrade=True)
+    # "The email from Vince Kaminski to Margaret Carson about Fwd curves was read." does not say who replied:
+    # the matcher of the run accepted it, today's does not
+    q = "Who replied to my email about Fwd curves?"
+    assert bool(before.loc[q, "correct"]) and not bool(regraded.loc[q, "correct"])
+    kept, _ = load_run(RUN, keep={(q, "margaret.carson@enron.com")})
+    assert list(kept.index) == [q]
+    with pytest.raises(FileNotFoundError):
+        load_run(RUN.parent / "no-such-run")
