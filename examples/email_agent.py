@@ -100,6 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--eval-temperature", type=float, default=0.0)
     ap.add_argument("--concurrency", type=int, default=16, help="evaluation runs in flight")
     ap.add_argument("--per-inbox", type=int, default=400, help="questions generated per inbox (at most)")
+    ap.add_argument("--sender-per-inbox", type=int, default=100, help="'Who emailed me about <subject>?' "
+                    "questions per training inbox (at most; 0: none): they practise searching and reading headers, "
+                    "not bodies; test inboxes never get them")
     ap.add_argument("--test-inboxes", nargs="*", default=None, help="addresses or mailbox names of the test split "
                     "(default: the second half of the mailboxes)")
     ap.add_argument("--mailbox", type=Path, nargs="*", default=None, help="default: every shared Enron mailbox")
@@ -118,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="start no training step after this many seconds from launch; the after-evaluation still "
                          "runs, and the report's run.json records the steps done (for a machine lent by the minute)")
     args = ap.parse_args(argv)
+    if args.sender_per_inbox < 0:
+        ap.error("--sender-per-inbox must be >= 0")
     for name in ("steps", "groups_per_step", "group_size", "max_turns", "max_tokens", "eval_questions",
                  "concurrency", "per_inbox", "max_seq_length"):
         if getattr(args, name) < (0 if name == "steps" else 1):
@@ -173,7 +178,7 @@ async def main(argv=None) -> None:
         annotated, _, skipped = load_annotated(ENRON_DIR / "enron_annotated.json", args.db)
         print(f"annotated questions: {len(annotated)} kept, skipped {dict(skipped)}", flush=True)
     scenarios = generate_scenarios(args.db, per_inbox=args.per_inbox, test_inboxes=args.test_inboxes,
-                                   seed=args.question_seed)
+                                   seed=args.question_seed, sender_per_inbox=args.sender_per_inbox)
     train = [s for s in scenarios if s.split == "train"]
     if annotated:  # held out means unseen: an annotated email also filed in a training inbox is dropped
         annotated, seen = drop_seen_in(annotated, args.db, {s.inbox_address for s in train})

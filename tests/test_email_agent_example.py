@@ -21,13 +21,16 @@ def test_bad_arguments_are_refused():
     for argv in (["--time-budget-s", "0"], ["--steps", "-1"], ["--reward", "art", "--judge", "x/y"],
                  ["--reward", "ruler", "--judge-max-prompt-tokens", "10"],
                  ["--reward", "ruler", "--judge", "self", "--engine", "transformers"],
-                 ["--tool-choice", "sometimes"], ["--idk-reward", "0.5"], ["--idk-reward", "-2"]):
+                 ["--tool-choice", "sometimes"], ["--idk-reward", "0.5"], ["--idk-reward", "-2"],
+                 ["--sender-per-inbox", "-1"]):
         with pytest.raises(SystemExit):
             example.parse_args(argv)
     args = example.parse_args([])
     assert (args.tool_choice, args.idk_reward) == ("auto", 0.0)  # the trained policy: auto, ART·E's original 0
     args = example.parse_args(["--tool-choice", "required", "--idk-reward", "-1"])
     assert (args.tool_choice, args.idk_reward) == ("required", -1.0)
+    assert example.parse_args([]).sender_per_inbox == 100
+    assert example.parse_args(["--sender-per-inbox", "0"]).sender_per_inbox == 0
 
 
 async def test_a_spent_time_budget_skips_training_and_still_measures(tmp_path):
