@@ -113,6 +113,9 @@ class MemoryPlanError(MemoryError):
         super().__init__(plan.message())
         self.plan = plan
 
+    def __reduce__(self):  # pickled whole (a trainer in a Ray actor raises it in the driver)
+        return type(self), (self.plan,)
+
 
 @dataclass(frozen=True)
 class Shape:
