@@ -362,6 +362,8 @@ class LocalBackend:
                              "sampler with EngineConfig(vllm_args={'dtype': 'bfloat16'})")
         device = self._trainer_device(cfg.engine, kind, cuda)
         plan, replan = _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
+        if cuda and kind == "vllm" and cfg.engine.shares_gpu:  # one GPU split in two: the trainer keeps to its share
+            torch.cuda.set_per_process_memory_fraction(cfg.engine.trainer_memory_share, torch.device(device))
         torch.manual_seed(cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
         dtype = getattr(torch, resolve_dtype(cfg.dtype, cuda))
