@@ -14,6 +14,10 @@
     python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement dedicated --phases plain:2,overlap:3
     python evals/scale_bench.py pipeline --task tiny --out DIR --placement dedicated --overlap    # SmolLM2, reward
     python evals/scale_bench.py pipeline --task tiny --dry-run --out DIR --placement dedicated --overlap  # CPU
+    # issue #35, one GPU split in two (vLLM --util, the trainer --trainer-share of GPU 0), against colocated
+    python evals/scale_bench.py pipeline --task tiny --out DIR --placement split --util 0.3 --trainer-share 0.5 --phases overlap:20
+    python evals/scale_bench.py pipeline --task tiny --out DIR --placement split --ray-trainer --phases overlap:5  # Ray actors
+    python evals/scale_bench.py pipeline-report --out DIR           # the pipeline runs' tables and reward curves
     # the memory planner's calibration (trainer/memory.py): one pass's peak, planned against measured
     python evals/scale_bench.py activations --shape qwen2.5-7b --out DIR --act-tokens 4096,8192,16384,32768
     python evals/scale_bench.py activations --shape tiny --dry-run --out DIR                     # CPU check
@@ -43,6 +47,11 @@ Workloads:
   Per step: seconds between step ends, rollout and train seconds, reward, policy lag, its phase; per phase
   (`phase_summary`): wall seconds, first and steady step seconds, each GPU's mean utilization (NVML, every
   100 ms) and peak memory. `pipeline-<task>-<placement>-<plain|overlap|plain-overlap>.json`.
+  `--placement split` (#35): dedicated on GPU 0 split in two (`inference_gpus == trainer_gpus == [0]`, vLLM's
+  `--util`, the trainer's `--trainer-share`); `--ray-trainer`: the trainer and the server each in a Ray actor
+  (label `...-<placement>-ray-...`). Per phase also: the rollout seconds that ran while a step trained
+  (`rollout_hidden_s`, of `rollout_total_s`), the adapter hand-over (`adapter_swap_s_mean`), sleep + wake and
+  the policy lag. `pipeline-report` prints every `pipeline-*.json` of `--out` as tables.
 - `activations` (#12): the memory plan's activations term against a measurement. The trainer's own forward and
   backward pass (`trainer.training.accumulate_loss`: packing, the 4-D mask, chunked logprobs; no optimizer
   step) over one sequence of each `--act-tokens` length (one micro-batch of that many tokens), without and with

@@ -59,10 +59,11 @@ def shard(peft_model, mesh=None):
     return peft_model
 
 
-def _build(base: str | None, seed: int, device: str):
-    """The LoRA model of `base` (a folder; None: `TINY`'s random Llama), seeded, in float32 on `device`."""
+def _build(base: str | None, seed: int, device: str, random_weights: bool = False):
+    """The LoRA model of `base` (a folder, its weights or with `random_weights` its config only; None: `TINY`'s
+    random Llama), seeded, in float32 on `device`."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
     from trainer.config import LoRAConfig
 
@@ -70,6 +71,9 @@ def _build(base: str | None, seed: int, device: str):
     if base is None:
         hf = AutoModelForCausalLM.from_config(LlamaConfig(**{k: v for k, v in TINY.items() if k != "architectures"}),
                                               dtype=torch.float32)
+    elif random_weights:
+        with torch.device(device):
+            hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base), dtype=torch.float32)
     else:
         hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     hf.to(device)
@@ -105,9 +109,13 @@ def _lora(model) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description="one LoRA training step under FSDP2 against the same step unsharded")
     parser.add_argument("--base", default=None, help="a model folder (untied head); default: a tiny random Llama")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="with --base: build the model from its config.json, seeded (no weights read)")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file rank 0 writes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.random_weights and args.base is None:
+        parser.error("--random-weights builds --base's config: give --base")
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -126,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
         config = TrainConfig(learning_rate=1e-2)
-        model = shard(_build(args.base, args.seed, device), mesh)
+        model = shard(_build(args.base, args.seed, device, args.random_weights), mesh)
         before = _lora(model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
         vocab = model.get_base_model().config.vocab_size
@@ -137,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "sharded_parameters": sharded, "parameters": sum(1 for _ in model.parameters()),
                   "lora_moved": max((after[k] - before[k]).abs().max().item() for k in after)}
         if rank == 0:
-            plain = _build(args.base, args.seed, device)
+            plain = _build(args.base, args.seed, device, args.random_weights)
             plain_opt = torch.optim.AdamW([p for p in plain.parameters() if p.requires_grad], lr=config.learning_rate)
             plain_stats = train_step(plain, plain_opt, _batch(vocab, args.seed), config)
             reference = _lora(plain)
