@@ -1365,8 +1365,8 @@ def pipeline_report(out: Path) -> str:
     def num(v, fmt=".2f"):
         return "" if v is None else format(v, fmt)
 
-    lines = ["| run | phase | steps | first step s | steady step s | steps/s | rollout s (all) | hidden s | hidden "
-             "| adapter hand-over s | sleep+wake s | policy lag mean / max | reward last |",
+    lines = [("| run | phase | steps | first step s | steady step s | steps/s | rollout s (all) | hidden s | hidden "
+              "| adapter hand-over s | sleep+wake s | policy lag mean / max | reward last |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for p in run.get("phase_summary", []):

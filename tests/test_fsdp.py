@@ -48,8 +48,8 @@ def test_shard_refuses_without_a_process_group_and_a_tied_head(tmp_path):
 
         from trainer.config import LoRAConfig
 
-        tied = AutoModelForCausalLM.from_config(LlamaConfig(**{**{k: v for k, v in TINY.items()
-                                                                 if k != "architectures"}, "tie_word_embeddings": True}))
+        settings = {k: v for k, v in TINY.items() if k != "architectures"}
+        tied = AutoModelForCausalLM.from_config(LlamaConfig(**{**settings, "tie_word_embeddings": True}))
         with pytest.raises(ValueError, match="ties its head to its embeddings"):
             shard(LoRAConfig(rank=4).wrap(tied, "tied"))
     finally:

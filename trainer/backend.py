@@ -19,9 +19,10 @@ so the server keeps answering (with the previous adapter) while a step trains; w
 as this process's child (`trainer/ray_placement.py`); the trainer stays here unless
 `EngineConfig.trainer_launcher="ray"` puts it in a Ray actor too (`trainer/ray_trainer.py`: this backend then
 forwards `train`, `get_step` and `delete_checkpoints` to it). A dedicated vLLM placement may split one GPU in
-two (`EngineConfig.shares_gpu`: vLLM's `gpu_memory_utilization` and the trainer's `trainer_memory_share`). Either way each
-served choice says which policy step sampled it (`policy_step`), and `train` refuses trajectories older than
-`TrainConfig.max_off_policy_steps` (`trainer.sequences.StalePolicyError`).
+two (`EngineConfig.shares_gpu`: vLLM's `gpu_memory_utilization` and the trainer's `trainer_memory_share`, to
+which its allocator is capped). Either way each served choice says which policy step sampled it
+(`policy_step`), and `train` refuses trajectories older than `TrainConfig.max_off_policy_steps`
+(`trainer.sequences.StalePolicyError`).
 
 A step is all or nothing (`LocalBackend._step`): a failure once the update has begun is rolled back whole
 (`StepFailedError`), or, when that cannot be vouched for, stops the trainer (`TrainerStateError`).

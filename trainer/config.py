@@ -219,7 +219,8 @@ class EngineConfig(_Strict):
         "process of this one (`CUDA_VISIBLE_DEVICES` from `inference_gpus`). `ray`: a Ray actor "
         "(`trainer.ray_placement`) scheduled through a STRICT_PACK placement group of one bundle "
         "(`{'GPU': len(inference_gpus), 'CPU': 1}` with vLLM, `{'GPU': gpu_memory_utilization, 'CPU': 1}` on "
-        "one GPU shared with the trainer, `{'CPU': 1}` for the transformers engine's CPU form) starts the server as its child on whichever node Ray places it; Ray sets its "
+        "one GPU shared with the trainer, `{'CPU': 1}` for the transformers engine's CPU form) starts the "
+        "server as its child on whichever node Ray places it; Ray sets its "
         "`CUDA_VISIBLE_DEVICES`, so `inference_gpus` gives only the count and Ray picks which GPUs (a local "
         "cluster this process starts is shown only the GPUs not in `trainer_gpus`, all of them when the trainer "
         "shares its GPU or is placed by Ray too). It connects to a running cluster (`ray.is_initialized()` or "
@@ -312,11 +313,12 @@ class EngineConfig(_Strict):
         if self.engine == "transformers":
             return  # refused below: GPU lists need vLLM
         if self.trainer_memory_share is None or "gpu_memory_utilization" not in self.model_fields_set:
+            given = (self.gpu_memory_utilization if "gpu_memory_utilization" in self.model_fields_set
+                     else "unset")
             raise ValueError(f"placement='dedicated' on one GPU split in two (inference_gpus == trainer_gpus == "
                              f"{self.trainer_gpus}) needs both memory shares given: gpu_memory_utilization (vLLM's "
                              "fraction of the GPU) and trainer_memory_share (the trainer's), summing to at most 1, "
-                             f"e.g. 0.45 and 0.5 (got gpu_memory_utilization="
-                             f"{self.gpu_memory_utilization if 'gpu_memory_utilization' in self.model_fields_set else 'unset'}, "
+                             f"e.g. 0.45 and 0.5 (got gpu_memory_utilization={given}, "
                              f"trainer_memory_share={self.trainer_memory_share})")
         total = self.gpu_memory_utilization + self.trainer_memory_share
         if total > 1 + 1e-9:

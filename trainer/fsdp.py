@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("run under torchrun: torchrun --nproc_per_node N -m trainer.fsdp --out FILE")
     cuda = torch.cuda.is_available()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu"
+    device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu"
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
         stats = train_step(model, optimizer, _batch(vocab, args.seed), config)
         after = _lora(model)
         sharded = sum(type(p).__name__ == "DTensor" for p in model.parameters())
-        result = {"world_size": world, "device": device, "loss_fsdp": stats["loss"], "grad_norm_fsdp": stats["grad_norm"],
+        result = {"world_size": world, "device": device, "loss_fsdp": stats["loss"],
+                  "grad_norm_fsdp": stats["grad_norm"],
                   "sharded_parameters": sharded, "parameters": sum(1 for _ in model.parameters()),
                   "lora_moved": max((after[k] - before[k]).abs().max().item() for k in after)}
         if rank == 0:
