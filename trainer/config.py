@@ -244,8 +244,8 @@ class EngineConfig(_Strict):
         "fraction of that GPU's memory the trainer may use. Required then, together with an explicit "
         "`gpu_memory_utilization` (vLLM's fraction); the two must sum to at most 1. The trainer's CUDA caching "
         "allocator is capped at it (`torch.cuda.set_per_process_memory_fraction`) and the memory plan checks the "
-        "trainer's phases against it; with `launcher='ray'` the two Ray bundles ask for these fractions of a "
-        "GPU. Default None (a GPU is never shared); 0 < share < 1. Set without a shared GPU: an error."))
+        "trainer's phases against it; with `launcher='ray'` the server's Ray bundle asks for "
+        "`gpu_memory_utilization` of a GPU, with `trainer_launcher='ray'` the trainer's for this share. Default None (a GPU is never shared); 0 < share < 1. Set without a shared GPU: an error."))
     placement_timeout_s: float = pydantic.Field(120, gt=0, description=(
         "`launcher='ray'` only: how long the placement group may wait for the cluster to have room for its "
         "bundle, in seconds, and how long connecting to the cluster `RAY_ADDRESS` names may take. Default 120; "
