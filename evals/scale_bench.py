@@ -14,6 +14,10 @@
     python evals/scale_bench.py pipeline --task agent --shape qwen2.5-7b --out DIR --placement dedicated --phases plain:2,overlap:3
     python evals/scale_bench.py pipeline --task tiny --out DIR --placement dedicated --overlap    # SmolLM2, reward
     python evals/scale_bench.py pipeline --task tiny --dry-run --out DIR --placement dedicated --overlap  # CPU
+    # issue #35, one GPU split in two (vLLM --util, the trainer --trainer-share of GPU 0), against colocated
+    python evals/scale_bench.py pipeline --task tiny --out DIR --placement split --util 0.3 --trainer-share 0.5 --phases overlap:20
+    python evals/scale_bench.py pipeline --task tiny --out DIR --placement split --ray-trainer --phases overlap:5  # Ray actors
+    python evals/scale_bench.py pipeline-report --out DIR           # the pipeline runs' tables and reward curves
     # the memory planner's calibration (trainer/memory.py): one pass's peak, planned against measured
     python evals/scale_bench.py activations --shape qwen2.5-7b --out DIR --act-tokens 4096,8192,16384,32768
     python evals/scale_bench.py activations --shape tiny --dry-run --out DIR                     # CPU check
@@ -43,6 +47,11 @@ Workloads:
   Per step: seconds between step ends, rollout and train seconds, reward, policy lag, its phase; per phase
   (`phase_summary`): wall seconds, first and steady step seconds, each GPU's mean utilization (NVML, every
   100 ms) and peak memory. `pipeline-<task>-<placement>-<plain|overlap|plain-overlap>.json`.
+  `--placement split` (#35): dedicated on GPU 0 split in two (`inference_gpus == trainer_gpus == [0]`, vLLM's
+  `--util`, the trainer's `--trainer-share`); `--ray-trainer`: the trainer and the server each in a Ray actor
+  (label `...-<placement>-ray-...`). Per phase also: the rollout seconds that ran while a step trained
+  (`rollout_hidden_s`, of `rollout_total_s`), the adapter hand-over (`adapter_swap_s_mean`), sleep + wake and
+  the policy lag. `pipeline-report` prints every `pipeline-*.json` of `--out` as tables.
 - `activations` (#12): the memory plan's activations term against a measurement. The trainer's own forward and
   backward pass (`trainer.training.accumulate_loss`: packing, the 4-D mask, chunked logprobs; no optimizer
   step) over one sequence of each `--act-tokens` length (one micro-batch of that many tokens), without and with
@@ -403,6 +412,56 @@ class GpuUsage:
                 for g, v in self.samples.items()}
 
 
+class TimedTrain:
+    """The model as `train_pipelined` sees it (`get_step`, `train`), each `train` call's (start, end) kept."""
+
+    def __init__(self, model):
+        self.model, self.spans = model, []
+
+    async def get_step(self) -> int:
+        return await self.model.get_step()
+
+    async def train(self, groups, config):
+        t0 = time.perf_counter()
+        row = await self.model.train(groups, config)
+        self.spans.append((t0, time.perf_counter()))
+        return row
+
+
+def hidden_rollout(gathers: list[tuple[float, float]], trains: list[tuple[float, float]]) -> dict:
+    """How much of the rollouts ran while a step trained: the seconds of each gather inside any train call's
+    span, summed (`rollout_hidden_s`), against all the gathers' seconds (`rollout_total_s`), and their ratio
+    (`rollout_hidden_frac`: 0 in the plain loop, up to 1 when every rollout after the first is hidden)."""
+    total = sum(b - a for a, b in gathers)
+    hidden = sum(max(0.0, min(b, tb) - max(a, ta)) for a, b in gathers for ta, tb in trains)
+    return {"rollout_total_s": total, "rollout_hidden_s": hidden,
+            "rollout_hidden_frac": hidden / total if total > 0 else None}
+
+
+def step_means(rows: list[dict]) -> dict:
+    """Means over a phase's trained steps: the adapter hand-over (`adapter_swap_s`: the checkpoint's load into the
+    server), vLLM's sleep + wake, and the policy lag of the trained rollouts."""
+    def mean(key):
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        return statistics.mean(values) if values else None
+
+    return {"adapter_swap_s_mean": mean("adapter_swap_s"), "sleep_wake_s_mean": mean("sleep_wake_s"),
+            "policy_lag_mean": mean("policy_lag_max"), "policy_lag_max": max(
+                (r["policy_lag_max"] for r in rows if isinstance(r.get("policy_lag_max"), int)), default=None)}
+
+
+def where(backend, model) -> dict:
+    """Where the run's two sides are: with the trainer placed by Ray, the actors' pids, nodes and GPUs."""
+    remote = backend._remote.get(model.name)
+    if remote is None:
+        return {"trainer_pid": os.getpid()}
+    info = dict(remote.info)
+    server = info.pop("server", {})
+    return {"trainer": {k: info.get(k) for k in ("actor_pid", "node_id", "cuda_visible_devices", "device")},
+            "server": {k: server.get(k) for k in ("actor_pid", "node_id", "cuda_visible_devices", "base_url")},
+            "driver_pid": os.getpid()}
+
+
 async def pipeline(args) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from tiny_task import messages, questions_for_step, reward
@@ -413,14 +472,18 @@ async def pipeline(args) -> dict:
     from trainer.config import LoRAConfig
     from trainer.pipeline import train_pipelined
 
-    dedicated = args.placement == "dedicated"
+    split = args.placement == "split"  # dedicated on one GPU split in two (EngineConfig.shares_gpu)
+    dedicated = args.placement == "dedicated" or split
     phases = args.phases or [("overlap" if args.overlap else "plain", args.pipeline_steps)]
     kinds = "-".join(dict.fromkeys(kind for kind, _ in phases))
-    label = f"pipeline-{args.task}-{args.placement}-{kinds}"
+    label = f"pipeline-{args.task}-{args.placement}{'-ray' if args.ray_trainer else ''}-{kinds}"
     out_json = args.out / f"{label}.json"
     engine = "transformers" if args.dry_run else "vllm"
-    gpus = {} if args.dry_run or not dedicated else {"inference_gpus": args.inference_gpus,
-                                                       "trainer_gpus": args.trainer_gpus}
+    gpus = {} if args.dry_run or not dedicated else (
+        {"inference_gpus": [0], "trainer_gpus": [0], "trainer_memory_share": args.trainer_share} if split
+        else {"inference_gpus": args.inference_gpus, "trainer_gpus": args.trainer_gpus})
+    if args.ray_trainer:  # item 2 of #35: the trainer and the server each in a Ray actor
+        gpus.update(launcher="ray", trainer_launcher="ray")
     if args.task == "tiny":
         base, random_weights, max_seq = args.tiny_model or default_tokenizer_dir(), False, 256
         lora, util = LoRAConfig(rank=8, alpha=16.0), args.util if args.util_given else 0.3
@@ -428,11 +491,11 @@ async def pipeline(args) -> dict:
         base, random_weights, max_seq = str(make_model_dir(args.shape, args.models / args.shape, args.tokenizer)), \
             True, args.max_seq
         lora, util = LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), args.util
-    if dedicated and not args.dry_run:
+    if dedicated and not split and not args.dry_run:
         util = max(util, 0.85)  # the inference GPUs are vLLM's alone
     cfg = ModelConfig(lora=lora, seed=0, random_weights=random_weights, engine=EngineConfig(
-        engine=engine, placement=args.placement, max_seq_length=max_seq, gpu_memory_utilization=util,
-        max_num_seqs=64, **gpus))
+        engine=engine, placement="dedicated" if dedicated else "colocated", max_seq_length=max_seq,
+        max_num_seqs=64, **({} if args.dry_run else {"gpu_memory_utilization": util}), **gpus))
     def train_config(kind: str) -> TrainConfig:
         return TrainConfig(learning_rate=args.lr if args.task == "tiny" else 1e-5,
                            max_tokens_per_micro_batch=args.micro_tokens,
@@ -449,14 +512,17 @@ async def pipeline(args) -> dict:
     words = word_ids(tok)
     rng = random.Random(0)
     fixed = {} if args.dry_run else {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
-    watched = sorted(set(args.inference_gpus + args.trainer_gpus)) if dedicated else [0]
+    watched = sorted(set(args.inference_gpus + args.trainer_gpus)) if dedicated and not split else [0]
     model = TrainableModel(label.replace("pipeline-", "p-"), "bench", base, cfg)
     backend = LocalBackend(args.out / "runs")
     started = time.perf_counter()
     await model.register(backend)
     result["register_s"] = time.perf_counter() - started
+    result["where"] = where(backend, model)
     client = model.openai_client(timeout=1200)
     rollout_s: list[float] = []  # per gather, in order: train_pipelined trains on them in that order
+    gathers: list[tuple[float, float]] = []  # each gather's (start, end), this process's clock
+    timed = TimedTrain(model)  # each model.train call's (start, end)
 
     async def gather(step: int) -> list:
         t0 = time.perf_counter()
@@ -492,6 +558,7 @@ async def pipeline(args) -> dict:
                                        enumerate(trajs[g * args.group_size:(g + 1) * args.group_size])])
                       for g in range(args.groups)]
         rollout_s.append(time.perf_counter() - t0)
+        gathers.append((t0, time.perf_counter()))
         return groups
 
     last_end = time.perf_counter()
@@ -501,8 +568,10 @@ async def pipeline(args) -> dict:
         nonlocal last_end
         now = time.perf_counter()
         keep = {k: v for k, v in row.items() if not isinstance(v, dict)}
-        keep.update(wall_step_s=now - last_end, gather_s=rollout_s[len(result["steps"])], phase=phase["kind"],
-                    phase_index=phase["index"])
+        index = len(result["steps"])
+        keep.update(wall_step_s=now - last_end, gather_s=rollout_s[index], phase=phase["kind"],
+                    phase_index=phase["index"], train_call_s=timed.spans[index][1] - timed.spans[index][0])
+        keep["gather_index"] = index
         last_end = now
         result["steps"].append(keep)
         save()
@@ -513,11 +582,15 @@ async def pipeline(args) -> dict:
         for index, (kind, steps) in enumerate(phases):
             phase.update(kind=kind, index=index)
             first = len(result["steps"])
+            first_gather = len(gathers)
             t0 = time.perf_counter()
             last_end = t0
             with GpuUsage(watched) as usage:
-                await train_pipelined(model, gather, steps=steps, config=train_config(kind), on_step=on_step)
+                await train_pipelined(timed, gather, steps=steps, config=train_config(kind), on_step=on_step)
             rows = result["steps"][first:]
+            # a phase gathers steps + 1 times when it overlaps (the last gather of the loop is for no step): count
+            # the gathers that fed a step, and how much of each ran while a step trained (hidden)
+            hidden = hidden_rollout(gathers[first_gather:first_gather + len(rows)], timed.spans[first:])
             # a phase's first step gathers without overlap (and the run's first warms up): steady = the rest
             steady = [r["wall_step_s"] for r in rows[1:]]
             result["phase_summary"].append({
@@ -526,7 +599,8 @@ async def pipeline(args) -> dict:
                 "steady_step_s": statistics.mean(steady) if steady else None,
                 "train_s_mean": statistics.mean(r.get("step_s", 0.0) for r in rows) if rows else None,
                 "gather_s_mean": statistics.mean(r["gather_s"] for r in rows) if rows else None,
-                "reward_last": rows[-1].get("reward_mean") if rows else None, "gpu": usage.summary()})
+                "reward_last": rows[-1].get("reward_mean") if rows else None, "gpu": usage.summary(),
+                **hidden, **step_means(rows)})
             save()
     except Exception as exc:  # noqa: BLE001 - recorded, the server still closed
         result["errors"].append(traceback.format_exc()[-2000:])
@@ -1280,6 +1354,41 @@ def report(out: Path) -> str:
     return "\n".join(lines)
 
 
+def pipeline_report(out: Path) -> str:
+    """Markdown tables of the `pipeline-*.json` files in `out`: per run and phase the steady seconds per step and
+    steps/s, the rollout seconds hidden behind training, the adapter hand-over, sleep/wake and policy lag; then
+    each run's reward per step side by side (equal curves: the same task, seed and step count)."""
+    runs = [json.loads(f.read_text()) for f in sorted(Path(out).glob("pipeline-*.json"))]
+    if not runs:
+        return f"no pipeline-*.json in {out}"
+
+    def num(v, fmt=".2f"):
+        return "" if v is None else format(v, fmt)
+
+    lines = [("| run | phase | steps | first step s | steady step s | steps/s | rollout s (all) | hidden s | hidden "
+              "| adapter hand-over s | sleep+wake s | policy lag mean / max | reward last |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for p in run.get("phase_summary", []):
+            steady = p.get("steady_step_s")
+            lines.append(f"| {run['label']} | {p['kind']} | {p['steps']} | {num(p.get('first_step_s'))} | "
+                         f"{num(steady)} | {num(1 / steady if steady else None, '.3f')} | "
+                         f"{num(p.get('rollout_total_s'))} | {num(p.get('rollout_hidden_s'))} | "
+                         f"{num(p.get('rollout_hidden_frac'), '.0%')} | {num(p.get('adapter_swap_s_mean'), '.3f')} | "
+                         f"{num(p.get('sleep_wake_s_mean'))} | {num(p.get('policy_lag_mean'))} / "
+                         f"{'' if p.get('policy_lag_max') is None else p['policy_lag_max']} | "
+                         f"{num(p.get('reward_last'), '.3f')} |")
+        if run.get("errors"):
+            lines.append(f"| {run['label']} | error | | | | | | | | | | | {run['errors'][-1].splitlines()[-1][:80]} |")
+    steps = max(len(run["steps"]) for run in runs)
+    lines += ["", "| step | " + " | ".join(run["label"] for run in runs) + " |",
+              "|---" * (len(runs) + 1) + "|"]
+    for i in range(steps):
+        cells = [num(run["steps"][i].get("reward_mean"), ".3f") if i < len(run["steps"]) else "" for run in runs]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def parse_phases(value: str) -> list[tuple[str, int]]:
     """`plain:2,overlap:3` -> [("plain", 2), ("overlap", 3)]; argparse's error otherwise."""
     phases = []
@@ -1294,8 +1403,8 @@ def parse_phases(value: str) -> list[tuple[str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline", "activations", "sharing",
-                                     "profile"])
+    ap.add_argument("part", choices=["model", "ours", "raw", "trl", "report", "pipeline", "pipeline-report",
+                                     "activations", "sharing", "profile"])
     ap.add_argument("--shape", default="qwen2.5-7b", choices=sorted(SHAPES))
     ap.add_argument("--out", type=Path, default=Path("out/scale"))
     ap.add_argument("--models", type=Path, default=Path("/tmp/scale-models"))
@@ -1326,7 +1435,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reserve-s", type=float, default=40, help="time kept for closing and writing")
     ap.add_argument("--dry-run", action="store_true", help="CPU engine, for checking the script")
     ap.add_argument("--task", default="agent", choices=["agent", "tiny"], help="pipeline: the workload")
-    ap.add_argument("--placement", default="colocated", choices=["colocated", "dedicated"], help="pipeline")
+    ap.add_argument("--placement", default="colocated", choices=["colocated", "dedicated", "split"],
+                    help="pipeline: split = dedicated on one GPU split in two (GPU 0: vLLM --util, the trainer "
+                         "--trainer-share)")
+    ap.add_argument("--trainer-share", type=float, default=0.5,
+                    help="pipeline --placement split: EngineConfig.trainer_memory_share")
+    ap.add_argument("--ray-trainer", action="store_true",
+                    help="pipeline, dedicated or split: the trainer and the server each in a Ray actor "
+                         "(launcher='ray', trainer_launcher='ray'; a local Ray cluster unless RAY_ADDRESS)")
     ap.add_argument("--inference-gpus", type=lambda v: [int(x) for x in v.split(",")], default=[1],
                     help="pipeline, dedicated: vLLM's GPUs, e.g. 1 or 1,2")
     ap.add_argument("--trainer-gpus", type=lambda v: [int(x) for x in v.split(",")], default=[0],
@@ -1374,9 +1490,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.part == "report":
         print(report(args.out))
         return
+    if args.part == "pipeline-report":
+        print(pipeline_report(args.out))
+        return
     if args.part == "pipeline":
         if args.phases and args.overlap:
             ap.error("--overlap and --phases: give the overlapped steps as a phase (e.g. --phases overlap:6)")
+        if args.ray_trainer and args.placement == "colocated":
+            ap.error("--ray-trainer places the trainer beside a dedicated server: --placement dedicated or split")
+        if args.placement == "split" and not 0 < args.trainer_share < 1:
+            ap.error("--trainer-share is a fraction of the GPU: 0 < share < 1")
         if args.dry_run and args.task == "agent" and args.shape != "tiny":
             raise SystemExit("--dry-run runs on the CPU: use --shape tiny (or --task tiny)")
         result = asyncio.run(pipeline(args))

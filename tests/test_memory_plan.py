@@ -550,3 +550,39 @@ async def test_register_checks_the_host_before_loading_anything(tmp_path, monkey
         await backend.close()
     with pytest.raises(pydantic.ValidationError, match="host_gib"):
         MemoryCheckConfig(host_gib=0)
+
+
+def split_gpu(util: float, share: float) -> EngineConfig:
+    """A dedicated vLLM placement on one GPU split in two (EngineConfig.shares_gpu)."""
+    return EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[0], trainer_gpus=[0],
+                        gpu_memory_utilization=util, trainer_memory_share=share, max_seq_length=8192)
+
+
+def test_one_gpu_split_in_two_plans_each_side_against_its_own_share():
+    plan = plan_memory(ModelConfig(lora=LORA16, engine=split_gpu(0.45, 0.5)), SHAPES["qwen2.5-7b"],
+                       device_bytes=H200, train=TrainConfig(max_tokens_per_micro_batch=16384))
+    # vLLM's share of the whole GPU, the trainer's phases against its own half, no vLLM term in them (never asleep)
+    assert plan.fits and plan.vllm_share_bytes == int(0.45 * H200) and plan.device_bytes == int(0.5 * H200)
+    assert not any(k.startswith("vLLM") for k in (*plan.rollout, *plan.training))
+    assert plan.training_bytes < plan.device_bytes
+    # the same run with the trainer given 15 %: training does not fit its share, whatever the GPU has free
+    small = plan_memory(ModelConfig(lora=LORA16, engine=split_gpu(0.8, 0.15)), SHAPES["qwen2.5-7b"],
+                        device_bytes=H200, train=TrainConfig(max_tokens_per_micro_batch=16384))
+    assert not small.fits and small.device_bytes == int(0.15 * H200)
+    assert any("training needs" in p and "(the trainer's share: trainer_memory_share 0.15 of the 139.8 GiB GPU)" in p
+               for p in small.problems)
+    assert any("TrainConfig.max_tokens_per_micro_batch <=" in s for s in small.suggestions)
+    # too small even for the weights: raise the share
+    tiny = plan_memory(ModelConfig(lora=LORA16, engine=split_gpu(0.9, 0.05)), SHAPES["qwen2.5-7b"],
+                       device_bytes=H200)
+    assert not tiny.fits and any("raise trainer_memory_share" in s for s in tiny.suggestions)
+    # memory other processes hold counts beside both shares, not inside the trainer's
+    used = plan_memory(ModelConfig(lora=LORA16, engine=split_gpu(0.45, 0.5)), SHAPES["qwen2.5-7b"],
+                       device_bytes=H200, in_use_bytes=20 * GIB, train=TrainConfig(max_tokens_per_micro_batch=16384))
+    assert used.rollout["in use by other processes"] == 0 and not used.fits
+    (problem,) = used.problems
+    assert "vLLM's share 62.9 GiB (gpu_memory_utilization 0.45) + the trainer's 69.9 GiB (trainer_memory_share " \
+           "0.5) + 20.0 GiB other processes already use exceed the 139.8 GiB GPU" in problem
+    assert plan_memory(ModelConfig(lora=LORA16, engine=split_gpu(0.45, 0.5)), SHAPES["qwen2.5-7b"],
+                       device_bytes=H200, in_use_bytes=5 * GIB,
+                       train=TrainConfig(max_tokens_per_micro_batch=16384)).fits

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from evals.scale_bench import main, parse_phases
+from evals.scale_bench import hidden_rollout, main, parse_phases, pipeline_report
 
 
 def test_phases_parse_and_bad_ones_are_refused_by_name():
@@ -28,6 +28,23 @@ def test_plain_then_overlapped_steps_on_one_model(tmp_path):
     assert [(p["kind"], p["steps"]) for p in result["phase_summary"]] == [("plain", 1), ("overlap", 2)]
     assert result["phase_summary"][0]["steady_step_s"] is None  # a phase's first step is not steady
     assert result["phase_summary"][1]["steady_step_s"] == result["steps"][2]["wall_step_s"]
+    # overlap (#35): no rollout hidden in the plain phase; in the overlapped one step 3's gather ran inside step 2
+    plain, overlap = result["phase_summary"]
+    assert plain["rollout_hidden_s"] == 0 and plain["rollout_hidden_frac"] == 0
+    assert 0 < overlap["rollout_hidden_s"] <= overlap["rollout_total_s"] and 0 < overlap["rollout_hidden_frac"] <= 1
+    assert (plain["policy_lag_max"], overlap["policy_lag_max"], overlap["policy_lag_mean"]) == (0, 1, 0.5)
+    assert overlap["adapter_swap_s_mean"] > 0
+    assert overlap["sleep_wake_s_mean"] < 0.01  # the dedicated server never sleeps
+    table = pipeline_report(tmp_path)
+    assert "| pipeline-tiny-dedicated-plain-overlap | overlap | 2 |" in table and "| 3 | " in table
+    with pytest.raises(SystemExit):
+        main(["pipeline", "--task", "tiny", "--dry-run", "--ray-trainer", "--out", str(tmp_path)])  # colocated
+
+
+def test_hidden_rollout_counts_the_seconds_of_gathers_inside_train_calls():
+    assert hidden_rollout([(0, 2), (2, 5), (10, 11)], [(2, 4), (5, 10.5)]) == {
+        "rollout_total_s": 6, "rollout_hidden_s": 2.5, "rollout_hidden_frac": 2.5 / 6}
+    assert hidden_rollout([], [])["rollout_hidden_frac"] is None
 
 
 def test_ours_runs_both_workloads_without_an_error_row(tmp_path):

@@ -116,3 +116,52 @@ def test_training_on_stale_rollouts_needs_the_sampler_correction():
         TrainConfig(max_off_policy_steps=-1)
     assert TrainConfig(max_off_policy_steps=1, sampler_correction="tis").max_off_policy_steps == 1
     assert TrainConfig().max_off_policy_steps == 0
+
+
+def test_one_gpu_split_in_two_needs_both_shares_given_and_within_the_gpu():
+    split = {"engine": "vllm", "placement": "dedicated", "inference_gpus": [0], "trainer_gpus": [0]}
+    cfg = EngineConfig(**split, gpu_memory_utilization=0.45, trainer_memory_share=0.5)
+    assert cfg.shares_gpu and EngineConfig.model_validate(cfg.model_dump()) == cfg
+    assert EngineConfig(**split, gpu_memory_utilization=0.5, trainer_memory_share=0.5).shares_gpu  # exactly all
+    assert not EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[1], trainer_gpus=[0]).shares_gpu
+    for given in ({}, {"trainer_memory_share": 0.5}, {"gpu_memory_utilization": 0.4}):
+        with pytest.raises(pydantic.ValidationError, match=r"one GPU split in two \(inference_gpus == trainer_gpus "
+                                                           r"== \[0\]\) needs both memory shares given"):
+            EngineConfig(**split, **given)
+    with pytest.raises(pydantic.ValidationError, match="gpu_memory_utilization 0.6 \\+ trainer_memory_share 0.5 = "
+                                                       "1.1 is more than the whole GPU"):
+        EngineConfig(**split, gpu_memory_utilization=0.6, trainer_memory_share=0.5)
+    for bad in ({"inference_gpus": [0, 1], "trainer_gpus": [0]}, {"inference_gpus": [0, 1], "trainer_gpus": [0, 1]}):
+        with pytest.raises(pydantic.ValidationError, match="dedicated devices are disjoint, or exactly one GPU is "
+                                                           "split in two"):
+            EngineConfig(engine="vllm", placement="dedicated", gpu_memory_utilization=0.4, trainer_memory_share=0.5,
+                         **bad)
+    with pytest.raises(pydantic.ValidationError, match="trainer_memory_share only acts when inference and trainer "
+                                                       "share one GPU"):
+        EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[1], trainer_gpus=[0],
+                     trainer_memory_share=0.5)
+    with pytest.raises(pydantic.ValidationError, match="trainer_memory_share only acts with placement='dedicated'"):
+        EngineConfig(trainer_memory_share=0.5)
+    for share in (0, 1, 1.5):
+        with pytest.raises(pydantic.ValidationError, match="trainer_memory_share"):
+            EngineConfig(**split, gpu_memory_utilization=0.4, trainer_memory_share=share)
+    with pytest.raises(pydantic.ValidationError, match="GPU lists need|needs the vLLM engine"):
+        EngineConfig(**{**split, "engine": "transformers"}, trainer_memory_share=0.5)
+    # a refused assignment leaves the shares as they were
+    with pytest.raises(pydantic.ValidationError, match="more than the whole GPU"):
+        cfg.trainer_memory_share = 0.9
+    assert cfg.trainer_memory_share == 0.5
+
+
+def test_one_gpu_split_in_two_is_refused_at_register_without_a_gpu(tmp_path):
+    """On a machine without CUDA the shared placement fails at register naming the missing GPU (vLLM needs one);
+    the placement's own rules are checked before anything loads."""
+    import asyncio
+
+    from trainer import LocalBackend, ModelConfig, TrainableModel
+
+    cfg = ModelConfig(engine=EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[0], trainer_gpus=[0],
+                                          gpu_memory_utilization=0.45, trainer_memory_share=0.5))
+    model = TrainableModel("split", "p", "local/smollm2-135m-instruct", cfg)
+    with pytest.raises(ValueError, match="needs the vLLM engine|no CUDA GPU is visible"):
+        asyncio.run(model.register(LocalBackend(tmp_path)))

@@ -16,9 +16,13 @@ Placement (`EngineConfig.placement`): `colocated` shares one device between the 
 so the server keeps answering (with the previous adapter) while a step trains; with the transformers engine
 `dedicated` runs the CPU server in a child process of its own (`trainer/engine_process.py`). With
 `EngineConfig.launcher="ray"` the dedicated server is started by a Ray actor on a placement group instead of
-as this process's child (`trainer/ray_placement.py`); the trainer stays here. Either way each
-served choice says which policy step sampled it (`policy_step`), and `train` refuses trajectories older than
-`TrainConfig.max_off_policy_steps` (`trainer.sequences.StalePolicyError`).
+as this process's child (`trainer/ray_placement.py`); the trainer stays here unless
+`EngineConfig.trainer_launcher="ray"` puts it in a Ray actor too (`trainer/ray_trainer.py`: this backend then
+forwards `train`, `get_step` and `delete_checkpoints` to it). A dedicated vLLM placement may split one GPU in
+two (`EngineConfig.shares_gpu`: vLLM's `gpu_memory_utilization` and the trainer's `trainer_memory_share`, to
+which its allocator is capped). Either way each served choice says which policy step sampled it
+(`policy_step`), and `train` refuses trajectories older than `TrainConfig.max_off_policy_steps`
+(`trainer.sequences.StalePolicyError`).
 
 A step is all or nothing (`LocalBackend._step`): a failure once the update has begun is rolled back whole
 (`StepFailedError`), or, when that cannot be vouched for, stops the trainer (`TrainerStateError`).
@@ -62,6 +66,13 @@ class StepFailedError(RuntimeError):
     def __init__(self, message: str, *, step: int):
         super().__init__(message)
         self.step = step  # the step that was not applied
+
+    def __reduce__(self):  # pickled whole (a trainer in a Ray actor raises it in the driver)
+        return _step_failed, (str(self), self.step)
+
+
+def _step_failed(message: str, step: int) -> StepFailedError:
+    return StepFailedError(message, step=step)
 
 
 class TrainerStateError(RuntimeError):
@@ -263,11 +274,15 @@ class LocalBackend:
         self.host, self.port = host, port
         self.wandb_project = wandb_project
         self._runs: dict[str, _Run] = {}
+        self._remote: dict[str, Any] = {}  # trainer.ray_trainer.RayTrainer of models trained in a Ray actor
         self._served: dict[str, Served] = {}
         self._server: BackgroundServer | None = None
 
     def inference_url(self, model) -> str:
         """The OpenAI-compatible base URL serving `model` (vLLM's server on a GPU, the CPU server otherwise)."""
+        remote = self._remote.get(getattr(model, "name", None))
+        if remote is not None:
+            return remote.base_url
         run = self._run(model)
         own = run.engine.base_url
         if own is not None:
@@ -277,11 +292,20 @@ class LocalBackend:
         return self._server.url
 
     def current_step(self, model) -> int:
-        return self._run(model).served.step
+        """The served step (with the trainer in a Ray actor: as the actor last reported it)."""
+        remote = self._remote.get(getattr(model, "name", None))
+        return remote.step if remote is not None else self._run(model).served.step
 
     async def register(self, model) -> None:
-        if model.name in self._runs:
+        if model.name in self._runs or model.name in self._remote:
             raise ValueError(f"a model named {model.name!r} is already registered with this backend")
+        if model.config.engine.trainer_launcher == "ray":  # the trainer in a Ray actor (trainer/ray_trainer.py)
+            from trainer.ray_trainer import RayTrainer
+
+            remote = RayTrainer(model.config.engine, path=self.path, wandb_project=self.wandb_project)
+            await remote.start(model)
+            self._remote[model.name] = remote
+            return
         run_dir = self.path / model.project / model.name
         removed = ckpt.remove_partial(run_dir)
         if removed:
@@ -339,6 +363,8 @@ class LocalBackend:
                              "sampler with EngineConfig(vllm_args={'dtype': 'bfloat16'})")
         device = self._trainer_device(cfg.engine, kind, cuda)
         plan, replan = _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
+        if cuda and kind == "vllm" and cfg.engine.shares_gpu:  # one GPU split in two: the trainer keeps to its share
+            torch.cuda.set_per_process_memory_fraction(cfg.engine.trainer_memory_share, torch.device(device))
         torch.manual_seed(cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
         dtype = getattr(torch, resolve_dtype(cfg.dtype, cuda))
@@ -481,7 +507,8 @@ class LocalBackend:
         return run
 
     async def get_step(self, model) -> int:
-        return self._run(model).served.step
+        remote = self._remote.get(getattr(model, "name", None))
+        return await remote.get_step() if remote is not None else self._run(model).served.step
 
     async def train(self, model, groups: list, config: TrainConfig, *,
                     on_step: Callable[[dict, list[TrainingSequence]], None] | None = None) -> dict:
@@ -490,7 +517,15 @@ class LocalBackend:
         for a batch without a served choice) is raised before anything is trained.
         `on_step(row, sequences)`, when given, is called once the row is logged, with the sequences the step
         trained on (each with its `advantage`, `group` and `position`; none when no step was taken); what it
-        raises is logged, not raised, since the step is taken by then (model.train's tracing hook)."""
+        raises is logged, not raised, since the step is taken by then (model.train's tracing hook). With the trainer
+        in a Ray actor (`EngineConfig.trainer_launcher="ray"`) the step runs there and `on_step` here."""
+        remote = self._remote.get(getattr(model, "name", None))
+        if remote is not None:
+            if not isinstance(config, TrainConfig):
+                raise TypeError("config must be a trainer.TrainConfig")
+            if on_step is not None and not callable(on_step):
+                raise TypeError(f"on_step must be callable or None, got {type(on_step).__name__}")
+            return await remote.train(groups, config, on_step)
         run = self._run(model)
         if run.broken:
             raise TrainerStateError(f"{run.broken}; no further step is taken: close the backend and register the "
@@ -717,6 +752,9 @@ class LocalBackend:
         of the row's rollouts, or the one before the row's step when that is unknown (on-policy)."""
         if not isinstance(metric, str) or not metric:
             raise ValueError(f"metric must be a run-log column name, got {metric!r}")
+        remote = self._remote.get(getattr(model, "name", None))
+        if remote is not None:
+            return await remote.delete_checkpoints(metric)
         run = self._run(model)
         steps = ckpt.list_checkpoints(run.run_dir)
         keep = {run.served.step}
@@ -731,6 +769,9 @@ class LocalBackend:
         return await asyncio.to_thread(ckpt.delete_checkpoints, run.run_dir, keep)
 
     async def close(self) -> None:
+        for remote in self._remote.values():  # each closes its actor's backend, server included
+            await remote.close()
+        self._remote.clear()
         for run in self._runs.values():
             await run.engine.close()
             if run.wandb_run is not None:

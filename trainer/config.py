@@ -192,20 +192,23 @@ class EngineConfig(_Strict):
         "devices of its own and keeps serving while the trainer trains (no sleep/wake; each step's adapter "
         "is loaded when it is written), so rollouts for the next step can be gathered during a step "
         "(`TrainConfig.max_off_policy_steps`, `trainer.pipeline`). With vLLM, `dedicated` needs "
-        "`inference_gpus` and `trainer_gpus` (disjoint). With `engine='transformers'` it runs the CPU "
+        "`inference_gpus` and `trainer_gpus`: disjoint, or one GPU split in two (`inference_gpus == trainer_gpus "
+        "== [g]` with explicit `gpu_memory_utilization` and `trainer_memory_share`: both processes on it at once, "
+        "no sleep). With `engine='transformers'` it runs the CPU "
         "engine's server in a child process of its own on the CPU (no GPU lists): the same protocol, for "
         "tests and small machines. See the README's Scale section."))
     inference_gpus: list[int] = pydantic.Field(default_factory=list, description=(
         "`placement='dedicated'` with vLLM only: the CUDA device indices (as this process numbers them) vLLM's "
         "server runs on; its child process gets them as `CUDA_VISIBLE_DEVICES`. Several: vLLM's own "
         "`--tensor-parallel-size` or `--data-parallel-size` of that count (`inference_parallel`). Default "
-        "none. Distinct ints >= 0, disjoint from `trainer_gpus`; indices beyond the visible GPUs fail at "
+        "none. Distinct ints >= 0, disjoint from `trainer_gpus` (or equal to it: one GPU split in two, "
+        "`trainer_memory_share`); indices beyond the visible GPUs fail at "
         "register."))
     trainer_gpus: list[int] = pydantic.Field(default_factory=list, description=(
         "`placement='dedicated'` with vLLM only: the CUDA device indices of the trainer; the LoRA model is "
         "trained on the first (`cuda:<first>`); more than one is accepted but only the first is used in this "
         "version (a warning; sharding the trainer with torch FSDP is the README's Scale plan). Default none. "
-        "Distinct ints >= 0, disjoint from `inference_gpus`."))
+        "Distinct ints >= 0, disjoint from `inference_gpus` (or equal to it: `trainer_memory_share`)."))
     inference_parallel: Literal["tensor", "data"] = pydantic.Field("tensor", description=(
         "vLLM only, with several `inference_gpus`: `tensor` shards each forward over them "
         "(`--tensor-parallel-size N`, for a model one GPU cannot hold or serve fast enough), `data` runs one "
@@ -215,13 +218,34 @@ class EngineConfig(_Strict):
         "`placement='dedicated'` only: who starts the dedicated inference server. Default `local`: a child "
         "process of this one (`CUDA_VISIBLE_DEVICES` from `inference_gpus`). `ray`: a Ray actor "
         "(`trainer.ray_placement`) scheduled through a STRICT_PACK placement group of one bundle "
-        "(`{'GPU': len(inference_gpus), 'CPU': 1}` with vLLM, `{'CPU': 1}` for the transformers engine's CPU "
-        "form) starts the server as its child on whichever node Ray places it; Ray sets its "
+        "(`{'GPU': len(inference_gpus), 'CPU': 1}` with vLLM, `{'GPU': gpu_memory_utilization, 'CPU': 1}` on "
+        "one GPU shared with the trainer, `{'CPU': 1}` for the transformers engine's CPU form) starts the "
+        "server as its child on whichever node Ray places it; Ray sets its "
         "`CUDA_VISIBLE_DEVICES`, so `inference_gpus` gives only the count and Ray picks which GPUs (a local "
-        "cluster this process starts is shown only the GPUs not in `trainer_gpus`). It connects to a running "
-        "cluster (`ray.is_initialized()` or `RAY_ADDRESS`), else starts a local one. The trainer stays in this "
-        "process on `trainer_gpus`; FSDP trainer workers as Ray actors are the README's Scale plan, not built. "
+        "cluster this process starts is shown only the GPUs not in `trainer_gpus`, all of them when the trainer "
+        "shares its GPU or is placed by Ray too). It connects to a running cluster (`ray.is_initialized()` or "
+        "`RAY_ADDRESS`), else starts a local one. The trainer stays in this process on `trainer_gpus` unless "
+        "`trainer_launcher='ray'`; FSDP over several trainer GPUs is the README's Scale plan, not built. "
         "Needs `pip install 'ruler-rl[ray]'`."))
+    trainer_launcher: Literal["local", "ray"] = pydantic.Field("local", description=(
+        "Where the trainer side (the LoRA model, its optimizer, each training step and checkpoint) runs. Default "
+        "`local`: in this process. `ray`: in a Ray actor (`trainer.ray_trainer.TrainerActor`) that Ray schedules "
+        "through a STRICT_PACK placement group of one bundle (`trainer.ray_trainer.trainer_bundle`: "
+        "`{'GPU': len(trainer_gpus), 'CPU': trainer_cpus}`, `{'GPU': trainer_memory_share, 'CPU': trainer_cpus}` "
+        "when the trainer shares its GPU with vLLM, `{'CPU': trainer_cpus}` for the transformers engine's CPU "
+        "form); the actor starts the inference server as `launcher='ray'` does (a second actor), and this "
+        "process keeps the same user loop (`model.register`, `model.train`, `train_pipelined`), each call "
+        "forwarded to the actor. Needs `launcher='ray'`."))
+    trainer_cpus: float = pydantic.Field(1.0, gt=0, description=(
+        "`trainer_launcher='ray'` only: the CPUs of the trainer's bundle, in Ray's CPU units (Ray also sets the "
+        "actor's `OMP_NUM_THREADS`, torch's CPU threads, from it). Default 1.0; > 0."))
+    trainer_memory_share: float | None = pydantic.Field(None, gt=0, lt=1, description=(
+        "A dedicated vLLM placement on ONE GPU split in two (`inference_gpus == trainer_gpus == [g]`): the "
+        "fraction of that GPU's memory the trainer may use. Required then, together with an explicit "
+        "`gpu_memory_utilization` (vLLM's fraction); the two must sum to at most 1. The trainer's CUDA caching "
+        "allocator is capped at it (`torch.cuda.set_per_process_memory_fraction`) and the memory plan checks the "
+        "trainer's phases against it; with `launcher='ray'` the server's Ray bundle asks for "
+        "`gpu_memory_utilization` of a GPU, with `trainer_launcher='ray'` the trainer's for this share. Default None (a GPU is never shared); 0 < share < 1. Set without a shared GPU: an error."))
     placement_timeout_s: float = pydantic.Field(120, gt=0, description=(
         "`launcher='ray'` only: how long the placement group may wait for the cluster to have room for its "
         "bundle, in seconds, and how long connecting to the cluster `RAY_ADDRESS` names may take. Default 120; "
@@ -240,6 +264,16 @@ class EngineConfig(_Strict):
     @pydantic.model_validator(mode="after")
     def _placement(self) -> EngineConfig:
         lists = [n for n in ("inference_gpus", "trainer_gpus") if getattr(self, n)]
+        if self.trainer_launcher == "ray" and self.launcher != "ray":
+            raise ValueError("trainer_launcher='ray' places the trainer beside an inference server Ray places: it "
+                             f"needs launcher='ray' and placement='dedicated' (got launcher={self.launcher!r}, "
+                             f"placement={self.placement!r})")
+        if self.trainer_launcher == "local" and "trainer_cpus" in self._changed(["trainer_cpus"]):
+            raise ValueError("trainer_cpus only acts with trainer_launcher='ray'")
+        if self.placement == "colocated" and self.trainer_memory_share is not None:
+            raise ValueError("trainer_memory_share only acts with placement='dedicated' on one shared GPU "
+                             "(inference_gpus == trainer_gpus == [g]); colocated, vLLM sleeps while the trainer "
+                             "trains and gpu_memory_utilization alone sets vLLM's share")
         if self.launcher != "local" and self.placement != "dedicated":
             raise ValueError(f"launcher={self.launcher!r} launches the dedicated inference server: it needs "
                              f"placement='dedicated' (got placement={self.placement!r})")
@@ -252,8 +286,11 @@ class EngineConfig(_Strict):
             return self
         shared = sorted(set(self.inference_gpus) & set(self.trainer_gpus))
         if shared:
-            raise ValueError(f"placement='dedicated': GPU(s) {shared} are in both inference_gpus and trainer_gpus; "
-                             "dedicated devices are disjoint (use placement='colocated' to share one)")
+            self._check_shared_gpu(shared)
+        elif self.trainer_memory_share is not None:
+            raise ValueError("trainer_memory_share only acts when inference and trainer share one GPU "
+                             "(placement='dedicated' with inference_gpus == trainer_gpus == [g]); here "
+                             f"inference_gpus={self.inference_gpus}, trainer_gpus={self.trainer_gpus}")
         if self.engine == "vllm" and len(lists) < 2:
             raise ValueError("placement='dedicated' with engine='vllm' needs both inference_gpus and trainer_gpus "
                              f"(got inference_gpus={self.inference_gpus}, trainer_gpus={self.trainer_gpus})")
@@ -265,6 +302,36 @@ class EngineConfig(_Strict):
             raise ValueError(f"placement='dedicated': give both inference_gpus and trainer_gpus, or neither "
                              f"(the transformers engine's CPU form); got only {lists[0]}")
         return self
+
+    def _check_shared_gpu(self, shared: list[int]) -> None:
+        """The rules of a dedicated placement on one GPU split in two (`shares_gpu`)."""
+        if not (self.inference_gpus == self.trainer_gpus and len(shared) == 1):
+            raise ValueError(f"placement='dedicated': GPU(s) {shared} are in both inference_gpus and trainer_gpus; "
+                             "dedicated devices are disjoint, or exactly one GPU is split in two "
+                             "(inference_gpus == trainer_gpus == [g], with trainer_memory_share and "
+                             "gpu_memory_utilization), or use placement='colocated' to take turns on one")
+        if self.engine == "transformers":
+            return  # refused below: GPU lists need vLLM
+        if self.trainer_memory_share is None or "gpu_memory_utilization" not in self.model_fields_set:
+            given = (self.gpu_memory_utilization if "gpu_memory_utilization" in self.model_fields_set
+                     else "unset")
+            raise ValueError(f"placement='dedicated' on one GPU split in two (inference_gpus == trainer_gpus == "
+                             f"{self.trainer_gpus}) needs both memory shares given: gpu_memory_utilization (vLLM's "
+                             "fraction of the GPU) and trainer_memory_share (the trainer's), summing to at most 1, "
+                             f"e.g. 0.45 and 0.5 (got gpu_memory_utilization={given}, "
+                             f"trainer_memory_share={self.trainer_memory_share})")
+        total = self.gpu_memory_utilization + self.trainer_memory_share
+        if total > 1 + 1e-9:
+            raise ValueError(f"placement='dedicated' on one GPU split in two: gpu_memory_utilization "
+                             f"{self.gpu_memory_utilization} + trainer_memory_share {self.trainer_memory_share} = "
+                             f"{total:.3g} is more than the whole GPU; lower one so they sum to at most 1")
+
+    @property
+    def shares_gpu(self) -> bool:
+        """Whether this is a dedicated placement on one GPU split in two: `inference_gpus == trainer_gpus == [g]`
+        (vLLM's share `gpu_memory_utilization`, the trainer's `trainer_memory_share`)."""
+        return (self.placement == "dedicated" and len(self.trainer_gpus) == 1
+                and self.inference_gpus == self.trainer_gpus)
 
     @pydantic.field_validator("vllm_args")
     @classmethod

@@ -38,7 +38,11 @@ Two phases, each a sum of named terms that must fit the device (`device_bytes`):
   allocator blocks), estimated at 1 GiB + 2 % of its share (the H200 run freed 61-63 GiB of a 62.9 GiB share
   at 7B, 76.5 of 76.9 GiB at 14B). Without sleep mode vLLM keeps its whole share while training. A
   dedicated placement keeps vLLM off the trainer's device (its share is checked against the inference device's
-  own size: `inference_device_bytes`, at register `torch.cuda.mem_get_info` of the first inference GPU).
+  own size: `inference_device_bytes`, at register `torch.cuda.mem_get_info` of the first inference GPU), unless
+  it splits one GPU in two (`EngineConfig.shares_gpu`): then both phases of the trainer are checked against its
+  own share, `trainer_memory_share` x device (the backend caps its allocator there), vLLM's against
+  `gpu_memory_utilization` x device, and the two shares plus memory other processes already use against the
+  whole device (so that a step fits beside vLLM, which also refuses to start when less than its share is free).
 - **CPU memory** (`host_bytes`, at register the memory the OS reports available): the weight copies the run
   keeps on the host, both at once while a step trains: vLLM's weights while it sleeps at level 1 (vLLM keeps
   them in pinned memory), and with `offload_during_rollouts` the trainer's base weights (a pinned buffer
@@ -112,6 +116,9 @@ class MemoryPlanError(MemoryError):
     def __init__(self, plan: MemoryPlan):
         super().__init__(plan.message())
         self.plan = plan
+
+    def __reduce__(self):  # pickled whole (a trainer in a Ray actor raises it in the driver)
+        return type(self), (self.plan,)
 
 
 @dataclass(frozen=True)
@@ -465,6 +472,7 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
 
     # vLLM: its share of the device, what it needs in it, and what it keeps while asleep
     colocated = engine == "vllm" and ecfg.placement == "colocated"
+    shared = engine == "vllm" and ecfg.shares_gpu  # one GPU split in two: both processes on it at once
     vllm_share = vllm_needs = vllm_kv = vllm_weights = vllm_overhead = 0
     tp = 1
     # vLLM's weights and KV cache in its own dtype (vLLM's names too)
@@ -476,7 +484,7 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
                                           and ecfg.inference_gpus) else 1
         vllm_weights = math.ceil(params * vllm_b / tp)
         vllm_overhead = VLLM_OVERHEAD_BYTES + int(VLLM_OVERHEAD_SHARE * vllm_weights)
-        vllm_share = int(ecfg.gpu_memory_utilization * (device_bytes if colocated else inference_bytes))
+        vllm_share = int(ecfg.gpu_memory_utilization * (device_bytes if colocated or shared else inference_bytes))
         vllm_needs = vllm_weights + vllm_overhead + math.ceil(model_len * kv_per_token / tp)
         vllm_kv = max(0, vllm_share - vllm_weights - vllm_overhead)
     asleep = VLLM_CONTEXT_BYTES + int(VLLM_SLEEP_SHARE * vllm_share)
@@ -498,18 +506,22 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
         terms = trainer_terms(False, tokens, checkpointing)
         if colocated:
             terms[f"vLLM's share (gpu_memory_utilization {ecfg.gpu_memory_utilization})"] = vllm_share
-        terms["in use by other processes"] = in_use_bytes
+        terms["in use by other processes"] = 0 if shared else in_use_bytes  # shared: beside both shares
         return terms
 
     def training_terms(t: int, ckpt: bool, vllm_bytes: int = vllm_in_training) -> dict[str, int]:
         terms = trainer_terms(True, t, ckpt)
         if colocated:
             terms["vLLM asleep (level 1)" if ecfg.enable_sleep_mode else "vLLM awake (no sleep mode)"] = vllm_bytes
-        terms["in use by other processes"] = in_use_bytes
+        terms["in use by other processes"] = 0 if shared else in_use_bytes
         return terms
 
     rollout, training = rollout_terms(), training_terms(tokens, checkpointing)
     device = _gib(device_bytes)
+    if shared:  # the trainer's phases are checked against its share of the GPU, vLLM's against its own
+        whole, device_bytes = device_bytes, int(ecfg.trainer_memory_share * device_bytes)
+        device = (f"{_gib(device_bytes)} (the trainer's share: trainer_memory_share {ecfg.trainer_memory_share} of "
+                  f"the {_gib(whole)} GPU)")
     problems: list[str] = []
     suggestions: list[str] = []
     util = ecfg.gpu_memory_utilization
@@ -563,9 +575,20 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
             suggestions.append(f"vLLM's weights fit one inference GPU of {_gib(inference_bytes)}, the KV cache of "
                                f"one {model_len}-token sequence beside them does not: a smaller "
                                "EngineConfig.max_model_len, or more inference_gpus with inference_parallel='tensor'")
-    if rollout_bytes > device_bytes and not colocated:
+    if rollout_bytes > device_bytes and shared:
+        suggestions.append(f"the trainer's resident state ({_gib(trainer_resident)}) exceeds its share: raise "
+                           "trainer_memory_share (lowering gpu_memory_utilization to make room), or use "
+                           "placement='colocated' (vLLM sleeps while the trainer trains)")
+    elif rollout_bytes > device_bytes and not colocated:
         suggestions.append(f"the trainer's resident state ({_gib(trainer_resident)}) exceeds {device}: use a "
                            "larger device or a smaller model")
+
+    if shared and vllm_share + device_bytes + in_use_bytes > whole:
+        problems.append(f"one GPU split in two: vLLM's share {_gib(vllm_share)} (gpu_memory_utilization {util}) + "
+                        f"the trainer's {_gib(device_bytes)} (trainer_memory_share {ecfg.trainer_memory_share}) + "
+                        f"{_gib(in_use_bytes)} other processes already use exceed the {_gib(whole)} GPU: a training "
+                        "step beside vLLM could run out of memory, or vLLM refuse to start (it needs its share free)")
+        suggestions.append("lower gpu_memory_utilization or trainer_memory_share, or free the GPU")
 
     host: dict[str, int] = {}
     if colocated and ecfg.enable_sleep_mode:

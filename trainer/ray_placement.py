@@ -10,7 +10,10 @@ picked; the actor builds the same `ServerProcess` the local launcher would (vLLM
 starts it as its own child process, waits for its health check and returns its base URL. From then on the
 driver talks HTTP to that URL as it does to a local child (health, `/v1/load_lora_adapter`), so the rollout
 code, `TrainConfig`, the pipeline and the staleness rules are unchanged. The trainer stays in the driver
-process (`trainer_gpus`); FSDP trainer workers as Ray actors are the README's Scale plan.
+process (`trainer_gpus`) unless `EngineConfig.trainer_launcher="ray"` puts it in an actor of its own
+(`trainer/ray_trainer.py`, which then starts this server from inside that actor); FSDP over several trainer
+GPUs is the README's Scale plan. On one GPU split in two (`EngineConfig.shares_gpu`) the bundle asks for
+`gpu_memory_utilization` of a GPU.
 
 Ray is imported only when a server is started (`pip install 'ruler-rl[ray]'`; `MissingExtraError` naming
 it otherwise). The driver connects to a running cluster when `ray.is_initialized()` or `RAY_ADDRESS` is
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -66,11 +70,15 @@ def require_ray():
 
 def inference_bundle(config: EngineConfig) -> dict[str, float]:
     """The one bundle of the inference server's placement group: `{"GPU": len(inference_gpus), "CPU": 1}` when
-    the config names inference GPUs (vLLM), `{"CPU": 1}` otherwise (the transformers engine's CPU form)."""
+    the config names inference GPUs (vLLM), `{"GPU": gpu_memory_utilization, "CPU": 1}` when they are one GPU
+    shared with the trainer (`EngineConfig.shares_gpu`: a fraction of a GPU, so that the trainer's bundle fits
+    beside it), `{"CPU": 1}` otherwise (the transformers engine's CPU form)."""
     if not isinstance(config, EngineConfig):
         raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
     if config.placement != "dedicated":
         raise ValueError(f"only a dedicated inference server has a bundle of its own (placement={config.placement!r})")
+    if config.shares_gpu:
+        return {"GPU": float(config.gpu_memory_utilization), "CPU": 1.0}
     return {"GPU": float(len(config.inference_gpus)), "CPU": 1.0} if config.inference_gpus else {"CPU": 1.0}
 
 
@@ -266,27 +274,22 @@ class RayServer(ServerProcess):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        await asyncio.to_thread(connect, self.config.trainer_gpus, timeout_s=self.config.placement_timeout_s)
+        # a local cluster is shown the GPUs the trainer does not hold alone (a shared one stays Ray's to place)
+        hidden = [] if self.config.shares_gpu or self.config.trainer_launcher == "ray" else self.config.trainer_gpus
+        await asyncio.to_thread(connect, hidden, timeout_s=self.config.placement_timeout_s)
         self._connected = True
         try:
             self.placement_group = placement_group([self.bundle], strategy="STRICT_PACK",
                                                    name=f"ruler-inference-{self.served_name}-{os.getpid()}")
-            placed = await asyncio.to_thread(self.placement_group.wait, self.config.placement_timeout_s)
-            if not placed:
-                total = ray.cluster_resources()
-                free = ray.available_resources()
-                raise PlacementTimeoutError(
-                    f"Ray could not place the inference server's bundle {self.bundle} (STRICT_PACK) within "
-                    f"placement_timeout_s={self.config.placement_timeout_s} s: the cluster has "
-                    f"{_resources(total)} in all, {_resources(free)} free", bundle=dict(self.bundle),
-                    cluster_resources=total)
-            gpus = int(self.bundle.get("GPU", 0))
+            await wait_placed(self.placement_group, self.bundle, self.config.placement_timeout_s,
+                              "the inference server's")
+            gpus = self.bundle.get("GPU", 0.0)  # a fraction of one GPU when it is shared with the trainer
             actor_class = ray.remote(ServerActor)
             self.actor = actor_class.options(
                 num_cpus=self.bundle["CPU"], num_gpus=gpus, max_concurrency=4,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
                                                                      placement_group_bundle_index=0),
-            ).remote(self.factory, gpus)
+            ).remote(self.factory, math.ceil(gpus))
             self.info = await self.actor.start.remote()
             self.host, self.port = self.info["host"], self.info["port"]
             self.log_file = Path(self.info["log_file"])
@@ -327,6 +330,20 @@ class RayServer(ServerProcess):
         if self._connected:
             self._connected = False
             await asyncio.to_thread(disconnect)
+
+
+async def wait_placed(group, bundle: dict[str, float], timeout_s: float, whose: str) -> None:
+    """Wait at most `timeout_s` for the cluster to place `group` (one STRICT_PACK bundle, `bundle`);
+    `PlacementTimeoutError` naming `whose` bundle, it, and the cluster's resources (in all and free) past it."""
+    import ray
+
+    if not await asyncio.to_thread(group.wait, timeout_s):
+        total = ray.cluster_resources()
+        free = ray.available_resources()
+        raise PlacementTimeoutError(
+            f"Ray could not place {whose} bundle {bundle} (STRICT_PACK) within placement_timeout_s={timeout_s} s: "
+            f"the cluster has {_resources(total)} in all, {_resources(free)} free", bundle=dict(bundle),
+            cluster_resources=total)
 
 
 def _resources(resources: dict[str, float]) -> str:
