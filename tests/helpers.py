@@ -27,3 +27,16 @@ def tiny_lora_model(seed: int = 0):
         if "lora_B" in name:
             p.data.normal_(0, 0.05)
     return peft
+
+
+def budget_review_scenario(db_path):
+    """An ART·E question about sally.beck's inbox whose answer is the sender of the first "budget review" hit."""
+    from evals.art_e.questions import Scenario
+    from evals.art_e.tools import InboxTools
+
+    sally = "sally.beck@enron.com"
+    tools = InboxTools(db_path, sally, "2001-12-31")
+    hit = tools.search_emails(["budget", "review"])[0]["message_id"]
+    email = tools.read_email(hit)
+    return Scenario(id="s1", question="Who sent the budget review?", answer=email["from_address"], message_ids=[hit],
+                    inbox_address=sally, query_date="2001-12-31", how_realistic=0.5, split="test")

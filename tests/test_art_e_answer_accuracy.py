@@ -10,9 +10,8 @@ from evals.art_e import answer_accuracy
 from evals.art_e.agent import run_agent
 from evals.art_e.answer_accuracy import load_pairs, rates, wilson
 from evals.art_e.matching import answer_matches, match_verdict
-from evals.art_e.questions import Scenario
 from evals.art_e.rewards import grade
-from evals.art_e.tools import InboxTools
+from tests.helpers import budget_review_scenario
 
 SALLY = "sally.beck@enron.com"
 
@@ -185,11 +184,7 @@ def call(name, args):
 
 @pytest.fixture(scope="module")
 def scenario(inbox_db):
-    tools = InboxTools(inbox_db[0], SALLY, "2001-12-31")
-    hit = tools.search_emails(["budget", "review"])[0]["message_id"]
-    email = tools.read_email(hit)
-    return Scenario(id="s1", question="Who sent the budget review?", answer=email["from_address"], message_ids=[hit],
-                    inbox_address=SALLY, query_date="2001-12-31", how_realistic=0.5, split="test")
+    return budget_review_scenario(inbox_db[0])
 
 
 async def answered(judge, scenario, db, answer, *verdicts):

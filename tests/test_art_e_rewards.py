@@ -6,11 +6,10 @@ import json
 import pytest
 
 from evals.art_e.agent import run_agent
-from evals.art_e.questions import Scenario
 from evals.art_e.rewards import Rubric, art_reward, grade, judge_answer
-from evals.art_e.tools import InboxTools
 from judges import EMBEDDED_JUDGE
 from judges.errors import JudgeError
+from tests.helpers import budget_review_scenario
 
 SALLY = "sally.beck@enron.com"
 
@@ -80,11 +79,7 @@ def test_outcomes_are_ordered_and_bad_input_is_refused():
 
 @pytest.fixture(scope="module")
 def scenario(inbox_db):
-    tools = InboxTools(inbox_db[0], SALLY, "2001-12-31")
-    hit = tools.search_emails(["budget", "review"])[0]["message_id"]
-    email = tools.read_email(hit)
-    return Scenario(id="s1", question="Who sent the budget review?", answer=email["from_address"], message_ids=[hit],
-                    inbox_address=SALLY, query_date="2001-12-31", how_realistic=0.5, split="test")
+    return budget_review_scenario(inbox_db[0])
 
 
 def call(name, args, cid="c1"):

@@ -319,17 +319,27 @@ class RayServer(ServerProcess):
             except ray.exceptions.RayActorError as exc:  # the actor died: its child may outlive it
                 log.warning("the Ray inference actor of %s died before stopping its server (%s); see %s",
                             self.served_name, exc, getattr(self, "log_file", "its log"))
-            ray.kill(self.actor, no_restart=True)
-            self.actor = None
-        if self.placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
+        await release(self)
 
-            remove_placement_group(self.placement_group)
-            self.placement_group = None
-        self.info = {}
-        if self._connected:
-            self._connected = False
-            await asyncio.to_thread(disconnect)
+
+async def release(owner) -> None:
+    """The end of an actor's life, as `RayServer` and the Ray trainer both end theirs once the actor has
+    stopped its work: kill `owner.actor`, remove `owner.placement_group`, clear `owner.info`, and release the
+    Ray connection if `owner._connected`. Each is skipped when already done."""
+    if owner.actor is not None:
+        import ray
+
+        ray.kill(owner.actor, no_restart=True)
+        owner.actor = None
+    if owner.placement_group is not None:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(owner.placement_group)
+        owner.placement_group = None
+    owner.info = {}
+    if owner._connected:
+        owner._connected = False
+        await asyncio.to_thread(disconnect)
 
 
 async def wait_placed(group, bundle: dict[str, float], timeout_s: float, whose: str) -> None:

@@ -243,16 +243,6 @@ class RayTrainer:
                 await self.actor.close.remote()
             except ray.exceptions.RayError as exc:  # the actor died: its server actor may outlive it
                 log.warning("the Ray trainer actor of %s failed to close its backend (%s)", self.name, exc)
-            ray.kill(self.actor, no_restart=True)
-            self.actor = None
-        if self.placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
+        from trainer.ray_placement import release
 
-            remove_placement_group(self.placement_group)
-            self.placement_group = None
-        self.info = {}
-        if self._connected:
-            from trainer.ray_placement import disconnect
-
-            self._connected = False
-            await asyncio.to_thread(disconnect)
+        await release(self)
