@@ -234,7 +234,42 @@ class ServerActor:
             await self.server.close()
 
 
-class RayServer(ServerProcess):
+class ActorHolder:
+    """What `RayServer` and the Ray trainer share: a Ray actor in a placement group of its own, what the actor
+    reported once started (`info`, with its `base_url`), and whether this holder connected to Ray."""
+
+    def _hold(self) -> None:
+        self.info: dict[str, Any] = {}
+        self.actor = None
+        self.placement_group = None
+        self._connected = False
+
+    @property
+    def base_url(self) -> str | None:
+        """The inference server's OpenAI-compatible base URL; None before `start()`."""
+        return self.info.get("base_url")
+
+    async def release(self) -> None:
+        """The end of the actor's life once it has stopped its work: kill the actor, remove its placement group,
+        clear `info`, release the Ray connection (a local cluster this process started is shut down with its
+        last user). Each is skipped when already done."""
+        if self.actor is not None:
+            import ray
+
+            ray.kill(self.actor, no_restart=True)
+            self.actor = None
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
+        self.info = {}
+        if self._connected:
+            self._connected = False
+            await asyncio.to_thread(disconnect)
+
+
+class RayServer(ActorHolder, ServerProcess):
     """The dedicated inference server in a Ray actor (a `trainer.engine.Engine` with a `base_url`): the driver
     side. `factory(host=...)` builds the `ServerProcess` the actor runs (`VLLMServer` or
     `TransformersServerProcess` with everything but the host bound); adapter loads and health go over HTTP to
@@ -255,15 +290,7 @@ class RayServer(ServerProcess):
         self.factory = factory
         self.bundle = inference_bundle(config)
         self.host, self.port = "", 0  # the actor's node and port, known once started
-        self.info: dict[str, Any] = {}
-        self.actor = None
-        self.placement_group = None
-        self._connected = False
-
-    @property
-    def base_url(self) -> str | None:
-        """The server's OpenAI-compatible base URL on the actor's node; None before `start()`."""
-        return self.info.get("base_url")
+        self._hold()
 
     async def start(self) -> None:
         """Connect to Ray (`RayConnectionError` when `RAY_ADDRESS` names a cluster that cannot be reached within
@@ -319,27 +346,7 @@ class RayServer(ServerProcess):
             except ray.exceptions.RayActorError as exc:  # the actor died: its child may outlive it
                 log.warning("the Ray inference actor of %s died before stopping its server (%s); see %s",
                             self.served_name, exc, getattr(self, "log_file", "its log"))
-        await release(self)
-
-
-async def release(owner) -> None:
-    """The end of an actor's life, as `RayServer` and the Ray trainer both end theirs once the actor has
-    stopped its work: kill `owner.actor`, remove `owner.placement_group`, clear `owner.info`, and release the
-    Ray connection if `owner._connected`. Each is skipped when already done."""
-    if owner.actor is not None:
-        import ray
-
-        ray.kill(owner.actor, no_restart=True)
-        owner.actor = None
-    if owner.placement_group is not None:
-        from ray.util.placement_group import remove_placement_group
-
-        remove_placement_group(owner.placement_group)
-        owner.placement_group = None
-    owner.info = {}
-    if owner._connected:
-        owner._connected = False
-        await asyncio.to_thread(disconnect)
+        await self.release()
 
 
 async def wait_placed(group, bundle: dict[str, float], timeout_s: float, whose: str) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import EngineConfig, ModelConfig, TrainConfig
+from trainer.ray_placement import ActorHolder
 
 log = logging.getLogger("ruler.trainer")
 
@@ -144,7 +145,7 @@ class TrainerActor:
         await self.backend.close()
 
 
-class RayTrainer:
+class RayTrainer(ActorHolder):
     """The driver's side of a trainer placed by Ray (`EngineConfig.trainer_launcher="ray"`): the placement group,
     the `TrainerActor`, and what `LocalBackend` forwards to it. `info` says where both sides run once started."""
 
@@ -157,16 +158,8 @@ class RayTrainer:
         self.config, self.path, self.wandb_project = config, Path(path), wandb_project
         self.bundle = trainer_bundle(config)
         self.name = ""
-        self.info: dict[str, Any] = {}
         self.step = 0
-        self.actor = None
-        self.placement_group = None
-        self._connected = False
-
-    @property
-    def base_url(self) -> str | None:
-        """The inference server's base URL; None before `start()`."""
-        return self.info.get("base_url")
+        self._hold()
 
     async def start(self, model) -> None:
         """Connect to Ray, reserve the trainer's bundle (`PlacementTimeoutError` past `placement_timeout_s`),
@@ -243,6 +236,4 @@ class RayTrainer:
                 await self.actor.close.remote()
             except ray.exceptions.RayError as exc:  # the actor died: its server actor may outlive it
                 log.warning("the Ray trainer actor of %s failed to close its backend (%s)", self.name, exc)
-        from trainer.ray_placement import release
-
-        await release(self)
+        await self.release()
