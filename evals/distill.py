@@ -122,10 +122,10 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     ValueError before anything is read. Returns {"train",
     "heldout", "untrained", "distilled" (Agreement rows), "history" (SFT's rows, then GRPO's), "method",
     "out"}."""
+    from evals.judge_meta import load_user_dataset
     from judges.rubrics import get_rubric
     from ruler.cache import default_cache_dir, export_judgments
     from trainer.checkpoints import save_checkpoint
-    from evals.judge_meta import load_user_dataset
     from trainer.distill import agreement, from_cache, from_labels, split_by_group
     from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import litellm
 
 from judges import EMBEDDED_JUDGE, JudgeConfigError
-from ruler.limits import UNKNOWN_CONTEXT_TOKENS
+from ruler.limits import UNKNOWN_CONTEXT_TOKENS  # noqa: F401  (importable here too)
 from ruler.prompt import response_schema
 
 LOCAL_EXPLANATION_CHARS = 80  # the embedded judge decodes ~10 tokens/s on CPU: keep its explanations short

@@ -10,7 +10,7 @@ from judges.extras import require
 
 require("train", "the trainer (import trainer)")  # before anything below imports torch
 
-import importlib  # noqa: E402
+import importlib
 
 # each name loads its module on first use (PEP 562): `import trainer` (and `ruler train-report --help`, which
 # imports trainer.cli) does not import torch, transformers or pandas until a name below is used
