@@ -35,19 +35,21 @@ import math
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from judges import DEFAULT_RUBRIC, EMBEDDED_JUDGE
+from judges import DEFAULT_RUBRIC
 from judges.extras import require
+from judges.names import EMBEDDED_JUDGE
 from ruler.cli import console
 
 require("train", "`ruler distill`")
 require("eval", "`ruler distill` (Kendall's tau: scipy)")
 
-from evals.judge_meta import Group, Pair, _convo, load_user_dataset  # noqa: E402
-from trainer.distill import LabelledGroup  # noqa: E402
+if TYPE_CHECKING:  # imported where used: `ruler distill --help` does not load the trainer or the judge client
+    from evals.judge_meta import Group, Pair
+    from trainer.distill import LabelledGroup
 
 app = typer.Typer(help="Judge distillation.")
 
@@ -69,6 +71,9 @@ def parse_when(value: str | None, name: str) -> datetime | None:
 def labelled_groups(items: list[Pair | Group]) -> list[LabelledGroup]:
     """Pairs and groups of `load_user_dataset` as labelled groups: a pair is a group of two labelled 1 (the
     preferred response) and 0; a group keeps its conversations (or prompt + responses), tools and labels."""
+    from evals.judge_meta import Group, Pair, _convo
+    from trainer.distill import LabelledGroup
+
     out = []
     for x in items:
         if isinstance(x, Pair):
@@ -117,6 +122,7 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     ValueError before anything is read. Returns {"train",
     "heldout", "untrained", "distilled" (Agreement rows), "history" (SFT's rows, then GRPO's), "method",
     "out"}."""
+    from evals.judge_meta import load_user_dataset
     from judges.rubrics import get_rubric
     from ruler.cache import default_cache_dir, export_judgments
     from trainer.checkpoints import save_checkpoint

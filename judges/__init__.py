@@ -1,26 +1,41 @@
 """Talking to judge LLMs: litellm calls with retries, the embedded offline model, rubrics.
 
 `judges` knows nothing about trajectories; `ruler` builds prompts and reads scores on top of it.
-Importing it registers two litellm providers, `local/...` (the embedded judge) and `vllm-engine/...`;
-neither imports torch or vLLM until a judge of theirs is called (`judges.extras` says what is missing).
+Importing `judges` does not import litellm: the names that need it (`complete`, `JudgeReply`, `EMBEDDED_JUDGE`,
+`register_local_provider`) load `judges.completion` on first use (PEP 562), which imports litellm and registers
+two litellm providers, `local/...` (the embedded judge) and `vllm-engine/...`; neither imports torch or vLLM until a
+judge of theirs is called (`judges.extras` says what is missing). Code that calls litellm itself with those model
+strings gets them registered by `from judges import EMBEDDED_JUDGE` or by importing `judges.completion`.
 """
 
+import importlib
 import os
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-table download at import
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-table download when litellm is imported
 
-import litellm
-
-from judges.completion import JudgeReply, RetryPolicy, complete
 from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
 from judges.extras import MissingExtraError
-from judges.local_provider import EMBEDDED_JUDGE, register_local_provider
+from judges.retry import RetryPolicy
 from judges.rubrics import DEFAULT_RUBRIC, RUBRICS, RubricText, get_rubric
-from judges.vllm_engine import register_vllm_engine_provider
 
-litellm.suppress_debug_info = True  # no provider-list banners on our errors
-register_local_provider()
-register_vllm_engine_provider()
+# name -> its module; each is loaded after judges.completion, so litellm is set up and both providers registered
+_WITH_LITELLM = {"JudgeReply": "judges.completion", "complete": "judges.completion", "EMBEDDED_JUDGE": "judges.names",
+                 "register_local_provider": "judges.local_provider"}
+
+
+def __getattr__(name: str):
+    module = _WITH_LITELLM.get(name)
+    if module is None:
+        raise AttributeError(f"module 'judges' has no attribute {name!r}")
+    importlib.import_module("judges.completion")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WITH_LITELLM})
+
 
 __all__ = [
     "DEFAULT_RUBRIC", "EMBEDDED_JUDGE", "RUBRICS", "JudgeConfigError", "JudgeError", "JudgeInputError",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +19,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.wait import wait_exponential_jitter
 
 from judges.errors import JudgeConfigError, JudgeUnavailableError
-from judges.local_provider import check_local_model
+from judges.local_provider import check_local_model, register_local_provider
+from judges.retry import MAX_ATTEMPTS, RetryPolicy  # noqa: F401  (importable here too)
+from judges.vllm_engine import register_vllm_engine_provider
+
+litellm.suppress_debug_info = True  # no provider-list banners on our errors
+# importing this module (or `judges.complete`, `judges.EMBEDDED_JUDGE`, ...) registers local/ and vllm-engine/
+register_local_provider()
+register_vllm_engine_provider()
 
 TRANSIENT = (
     litellm.RateLimitError,
@@ -30,38 +36,8 @@ TRANSIENT = (
     litellm.Timeout,
     litellm.BadGatewayError,
 )
-MAX_ATTEMPTS = 20
 CONFIG = (litellm.AuthenticationError, litellm.NotFoundError, litellm.BadRequestError,
           litellm.PermissionDeniedError)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient judge failures are retried.
-
-    attempts: total tries per call (1 = no retry; at most `MAX_ATTEMPTS`). initial/max_wait: backoff
-    bounds in seconds. max_retry_after: the longest `Retry-After` we will honour (longer ones are capped).
-    timeout: seconds one HTTP attempt may take. deadline: seconds one judge call may take in all,
-    attempts and waits included; past it the call fails with `JudgeUnavailableError` (a judge that
-    accepts connections and never answers costs at most `deadline`, not `attempts * timeout`).
-    """
-
-    attempts: int = 5
-    initial_wait: float = 0.5
-    max_wait: float = 30.0
-    max_retry_after: float = 60.0
-    timeout: float = 300.0
-    deadline: float = 600.0
-
-    def __post_init__(self):
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or not 1 <= self.attempts <= MAX_ATTEMPTS:
-            raise JudgeConfigError(f"RetryPolicy.attempts must be an integer from 1 to {MAX_ATTEMPTS}, got {self.attempts!r}")
-        for name in ("initial_wait", "max_wait", "max_retry_after", "timeout", "deadline"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise JudgeConfigError(f"RetryPolicy.{name} must be a finite number of seconds >= 0, got {value!r}")
-        if self.timeout <= 0 or self.deadline <= 0:
-            raise JudgeConfigError("RetryPolicy.timeout and RetryPolicy.deadline must be > 0")
 
 
 @dataclass

@@ -23,10 +23,8 @@ from litellm.types.utils import ModelResponse
 from judges.embedded import EMBEDDED_MODEL_NAME, folder_identity, is_adapter, load_local_model, local_model_dir
 from judges.errors import JudgeConfigError
 from judges.extras import require
+from judges.names import EMBEDDED_JUDGE, LOCAL_PROVIDER, VLLM_ENGINE_PROVIDER  # noqa: F401  (importable here too)
 
-LOCAL_PROVIDER = "local"
-VLLM_ENGINE_PROVIDER = "vllm-engine"  # judges/vllm_engine.py
-EMBEDDED_JUDGE = f"{LOCAL_PROVIDER}/{EMBEDDED_MODEL_NAME}"
 LOCAL_MODELS = {EMBEDDED_MODEL_NAME}
 
 

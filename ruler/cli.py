@@ -29,13 +29,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from judges.choice import JUDGES_BY_KEY, choose_judge
-from judges.completion import MAX_ATTEMPTS
 from judges.errors import JudgeConfigError, JudgeError
 from judges.extras import MissingExtraError, missing_modules, pip_command, require
+from judges.retry import MAX_ATTEMPTS
 from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, load_rubric_file
-from ruler.results import score_notes, score_rows
-from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, UNKNOWN_CONTEXT_TOKENS
-from ruler.trajectory import Limits
+from ruler.limits import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, UNKNOWN_CONTEXT_TOKENS, Limits
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -267,6 +265,7 @@ def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: b
 
 def _print_table(scored, title: str) -> None:
     from ruler.advantages import group_has_signal
+    from ruler.results import score_notes, score_rows
 
     rewards = [t.reward for t in scored.trajectories]
     table = Table(title=escape(title), show_lines=True)
@@ -289,6 +288,8 @@ def _print_table(scored, title: str) -> None:
 
 
 def _to_json(scored) -> str:
+    from ruler.results import score_notes, score_rows
+
     return json.dumps(allow_nan=False, obj={
         "metadata": scored.metadata,
         "scores": [row.model_dump() for row in score_rows(scored)],

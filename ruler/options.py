@@ -14,13 +14,11 @@ from judges import DEFAULT_RUBRIC, JudgeConfigError, RetryPolicy
 from judges.panel import JudgePanel
 from judges.rubrics import get_rubric
 from ruler.cache import CacheLike, open_cache
+from ruler.limits import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
 from ruler.prompt import JudgePrompt, Render, build_prompt
 from ruler.providers import default_judge_model
 from ruler.trajectory import Limits
 
-MAX_PERMUTATIONS = 32  # orderings per group (each one is a judge call)
-MIN_PROMPT_TOKENS = 256  # smaller budgets cannot hold the instructions and an answer
-MAX_PROMPT_TOKENS = 2_000_000
 MAX_FORMAT_RETRIES = 10
 
 

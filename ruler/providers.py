@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import litellm
 
 from judges import EMBEDDED_JUDGE, JudgeConfigError
+from ruler.limits import UNKNOWN_CONTEXT_TOKENS  # noqa: F401  (importable here too)
 from ruler.prompt import response_schema
 
-UNKNOWN_CONTEXT_TOKENS = 131_072  # assumed for a judge whose context litellm does not know
 LOCAL_EXPLANATION_CHARS = 80  # the embedded judge decodes ~10 tokens/s on CPU: keep its explanations short
 SERVED_EXPLANATION_CHARS = 400  # self-served models under constrained decoding: bound run-on explanations
 ANSWER_ROOM_TOKENS = 256  # the embedded judge's context left for its answer

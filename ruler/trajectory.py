@@ -30,6 +30,7 @@ from typing import Any, Union
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
+from ruler.limits import Limits
 from ruler.tracing import TRAJECTORY_ID_KEY
 
 MetadataValue = Union[float, int, str, bool, None]
@@ -305,27 +306,6 @@ MESSAGE_FIELDS = frozenset({
 """Fields a message dict may carry: OpenAI's chat message fields plus those litellm adds to assistant messages."""
 NEEDS_CONTENT = frozenset({"system", "developer", "user", "tool", "function"})
 MAX_PROBLEMS = 20  # a report stops listing after this many
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Caps on one group, enforced by `validate_trajectories` (library defaults; the service sets its own).
-
-    max_trajectories: trajectories per group. max_messages: messages (and choices) per conversation.
-    max_message_chars: characters in one message: its text, tool-call arguments and other fields together.
-    max_depth: how deeply JSON values inside a message or a tool schema may nest.
-    """
-
-    max_trajectories: int = 256
-    max_messages: int = 1024
-    max_message_chars: int = 1_000_000
-    max_depth: int = 32
-
-    def __post_init__(self):
-        for name in ("max_trajectories", "max_messages", "max_message_chars", "max_depth"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Limits.{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)

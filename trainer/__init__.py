@@ -10,13 +10,31 @@ from judges.extras import require
 
 require("train", "the trainer (import trainer)")  # before anything below imports torch
 
-from trainer.backend import LocalBackend, StepFailedError, TrainerStateError
-from trainer.config import EngineConfig, LoRAConfig, MemoryCheckConfig, ModelConfig, TrainConfig
-from trainer.memory import MemoryPlanError, plan_memory
-from ruler.gather import TooManyExceptions, gather_trajectory_groups
-from trainer.model import TrainableModel
-from trainer.pipeline import train_pipelined
-from trainer.record import record_trajectory
+import importlib
+
+# each name loads its module on first use (PEP 562): `import trainer` (and `ruler train-report --help`, which
+# imports trainer.cli) does not import torch, transformers or pandas until a name below is used
+_NAMES = {
+    "LocalBackend": "trainer.backend", "StepFailedError": "trainer.backend", "TrainerStateError": "trainer.backend",
+    "EngineConfig": "trainer.config", "LoRAConfig": "trainer.config", "MemoryCheckConfig": "trainer.config",
+    "ModelConfig": "trainer.config", "TrainConfig": "trainer.config", "MemoryPlanError": "trainer.memory",
+    "plan_memory": "trainer.memory", "TooManyExceptions": "ruler.gather", "gather_trajectory_groups": "ruler.gather",
+    "TrainableModel": "trainer.model", "train_pipelined": "trainer.pipeline", "record_trajectory": "trainer.record",
+}
+
+
+def __getattr__(name: str):
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_NAMES})
+
 
 __all__ = ["EngineConfig", "LoRAConfig", "LocalBackend", "MemoryCheckConfig", "MemoryPlanError", "ModelConfig",
            "StepFailedError", "TooManyExceptions", "TrainConfig", "TrainableModel", "TrainerStateError", "gather_trajectory_groups", "plan_memory", "record_trajectory",
