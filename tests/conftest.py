@@ -7,7 +7,6 @@ import pytest
 from evals.art_e.inbox import ENRON_DIR
 from ruler.testing import FakeJudge
 
-
 # Fixtures whose set-up alone takes seconds to minutes on a 2-core CPU (a model loaded or trained, a server
 # process, a cluster): every test that uses one, directly or through another fixture, is marked `slow`, which
 # the default run (pyproject's addopts: -m "not slow") skips and .ci/run runs.
