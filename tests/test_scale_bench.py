@@ -106,6 +106,7 @@ def test_time_by_kind_splits_kernels_into_matmul_attention_and_the_rest():
         time_by_kind([("aten::mm", "1 ms")])
 
 
+@pytest.mark.slow  # three profiled training passes
 def test_profile_part_times_one_sequence_and_a_packed_row(tmp_path):
     main(["profile", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--act-tokens", "64",
           "--prof-sequences", "1,2", "--act-checkpointing", "on", "--prof-reps", "1"])
