@@ -7,6 +7,21 @@ import pytest
 from evals.art_e.inbox import ENRON_DIR
 from ruler.testing import FakeJudge
 
+# Fixtures whose set-up alone takes seconds to minutes on a 2-core CPU (a model loaded or trained, a server
+# process, a cluster): every test that uses one, directly or through another fixture, is marked `slow`, which
+# the default run (pyproject's addopts: -m "not slow") skips and .ci/run runs.
+HEAVY_FIXTURES = frozenset({
+    "embedded_model",  # the real embedded SmolLM2 (loaded once per session)
+    "tiny_trainable",  # a TrainableModel on a LocalBackend
+    "one_varied_step",  # a training step of such a model
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):

@@ -84,6 +84,7 @@ def test_an_address_inbox_spans_mailboxes_and_copies_are_kept_once(tmp_path):
         InboxTools(tmp_path / "m.db", "nobody@enron.com")
 
 
+@pytest.mark.slow  # ~15 s: builds the inbox twice
 def test_rebuild_is_idempotent_and_a_failed_build_keeps_the_old_database(inbox_db, tmp_path):
     db, report = inbox_db
     copy = tmp_path / "again.db"

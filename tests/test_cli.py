@@ -59,6 +59,7 @@ def test_score_errors_are_clear(tmp_path, judge):
 NO_JUDGE_ENV = {"RULER_JUDGE_MODEL": None, **{var: None for var, _ in JUDGES_BY_KEY}}
 
 
+@pytest.mark.slow  # loads the embedded model in a subprocess
 def test_the_demo_says_the_embedded_judge_is_not_a_quality_measure():
     res = CliRunner().invoke(app, ["demo"], env={**NO_JUDGE_ENV, "COLUMNS": "200"})
     assert res.exit_code == 0, res.output

@@ -118,6 +118,7 @@ async def test_gpu_bench_refuses_a_data_folder_without_the_inbox(tmp_path):
         await gpu_bench(data=tmp_path, out=tmp_path / "out", dry_run=True)
 
 
+@pytest.mark.slow  # ~20 s: reads mailboxes
 def test_data_folder_is_made_from_mailboxes_split_by_inbox_and_never_overwritten(tmp_path):
     from evals.art_e.inbox import ENRON_DIR
     from evals.art_e.questions import load_scenarios

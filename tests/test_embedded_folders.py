@@ -63,7 +63,8 @@ def rss() -> int:
 
 
 @pytest.mark.parametrize("template,bound", [(SPIN, "did not finish within 1 s"),
-                                            (GROW, "grew this process's memory by more than 200 MiB")])
+                                            pytest.param(GROW, "grew this process's memory by more than 200 MiB",
+                                                         marks=pytest.mark.slow)])
 def test_a_chat_template_that_loops_is_stopped_at_its_bound_and_the_model_refused_after(tmp_path, monkeypatch,
                                                                                         template, bound):
     import time

@@ -1213,6 +1213,7 @@ def test_the_rubric_folder_follows_no_link_out_of_it(tmp_path, monkeypatch):
     assert SECRET not in res.output
 
 
+@pytest.mark.slow  # ~20 s
 def test_a_body_without_content_type_is_read_as_json_and_a_refused_one_closes_its_connection(svc, judge):
     import http.client
 

@@ -96,6 +96,7 @@ def test_the_library_names_the_extra_its_judge_needs(light_env, tmp_path):
     assert gpu.endswith("pip install 'ruler-rl[gpu]'")
 
 
+@pytest.mark.slow  # ~45 s: one subprocess per part
 def test_every_part_that_needs_an_extra_names_it(light_env, tmp_path):
     res = light(light_env, tmp_path, "-m", "ruler", "--help")
     assert res.returncode == 0, res.stderr

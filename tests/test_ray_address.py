@@ -36,7 +36,7 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("cluster", ["closed", "silent"])
+@pytest.mark.parametrize("cluster", ["closed", pytest.param("silent", marks=pytest.mark.slow)])  # silent: waits out the timeout
 def test_a_ray_address_that_does_not_answer_fails_within_the_placement_timeout(tmp_path, cluster):
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", SCRIPT, cluster, str(tmp_path)], capture_output=True, text=True,

@@ -17,6 +17,7 @@ def test_phases_parse_and_bad_ones_are_refused_by_name():
         main(["pipeline", "--task", "tiny", "--dry-run", "--phases", "plain:1", "--overlap"])
 
 
+@pytest.mark.slow  # ~65 s on 2 CPU cores
 def test_plain_then_overlapped_steps_on_one_model(tmp_path):
     main(["pipeline", "--task", "tiny", "--dry-run", "--placement", "dedicated", "--phases", "plain:1,overlap:2",
           "--groups", "2", "--group-size", "4", "--tiny-max-tokens", "8", "--out", str(tmp_path)])
@@ -47,6 +48,7 @@ def test_hidden_rollout_counts_the_seconds_of_gathers_inside_train_calls():
     assert hidden_rollout([], [])["rollout_hidden_frac"] is None
 
 
+@pytest.mark.slow  # trains the tiny model four times
 def test_ours_runs_both_workloads_without_an_error_row(tmp_path):
     """The device run's script, on the CPU engine: every train call of the prefix and agent parts trains (a
     TrainConfig the trainer refuses, or rollouts of an older policy step, would be recorded as an error row)."""
@@ -90,6 +92,7 @@ def test_sharing_part_gives_the_same_loss_with_fewer_forward_tokens(tmp_path):
     assert share["shared_prefix_groups"] == 2 and plain["shared_prefix_groups"] == 0
 
 
+@pytest.mark.slow  # two TRL steps
 def test_trls_agent_workload_runs_multi_turn_rollouts_through_its_rollout_func(tmp_path):
     """The TRL side of #12's comparison, on the CPU (transformers generation instead of vLLM): three turns per
     rollout, the tool results between them masked out of TRL's loss, every step trained."""
@@ -120,6 +123,7 @@ def test_time_by_kind_splits_kernels_into_matmul_attention_and_the_rest():
         time_by_kind([("aten::mm", "1 ms")])
 
 
+@pytest.mark.slow  # three profiled training passes
 def test_profile_part_times_one_sequence_and_a_packed_row(tmp_path):
     main(["profile", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--act-tokens", "64",
           "--prof-sequences", "1,2", "--act-checkpointing", "on", "--prof-reps", "1"])

@@ -158,6 +158,7 @@ def test_jobs_run_in_the_background_and_report_results(service):
     assert r.status_code == 200 and r.json()["cancelled"] is False
 
 
+@pytest.mark.slow  # ~20 s of waiting on a hung judge
 def test_a_hanging_judge_becomes_an_error_result_not_a_stuck_job(service, judge):
     judge.slow_seconds = 3
     try:

@@ -598,6 +598,7 @@ def seconds_to_exit(mode: str) -> float:
     return time.monotonic() - done
 
 
+@pytest.mark.slow  # waits out the flush bound
 def test_a_silent_langfuse_costs_an_exiting_process_at_most_the_flush_bound():
     """The SDK's own shutdown retries a host that accepts and never answers for about 5 s at every exit; the
     tracer's shutdown waits `flush_timeout_s` (0.5 s here) and drops what is left."""
