@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the GPU host (issue #35): one measurement of evals/reports/scale/one-gpu-split.md per call, its JSON and log
+# kept in /tmp/split and everything measured so far brought back as $OUT/split.tgz.
+#   usage: bash evals/device/one_gpu_split.sh install | tiny-colocated | tiny-split | agent-colocated |
+#                                             agent-split | tiny-split-ray | report
+# `install` joins the GPU kit's parts (/tmp/gpukit/p*, from ../shared/gpu-kit/build.sh "ray==2.60.0") and
+# converts SmolLM2-135M-Instruct; each later part starts its own vLLM server and closes it.
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
+  PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+res=/tmp/split; mkdir -p $res
+bench() { python3 evals/scale_bench.py pipeline --out $res "$@"; }
+case "$1" in
+  install) bash .gpukit/k0/install.sh && python3 -c "import ray; print('ray', ray.__version__)" ;;
+  tiny-colocated) bench --task tiny --placement colocated --phases plain:20 ;;
+  tiny-split) bench --task tiny --placement split --util 0.3 --trainer-share 0.5 --phases overlap:20 ;;
+  agent-colocated) bench --task agent --shape qwen2.5-7b --placement colocated --phases plain:3 ;;
+  agent-split) bench --task agent --shape qwen2.5-7b --placement split --util 0.45 --trainer-share 0.5 \
+                 --phases plain:2,overlap:3 ;;
+  tiny-split-ray) bench --task tiny --placement split --util 0.3 --trainer-share 0.5 --ray-trainer --phases overlap:5 ;;
+  report) python3 evals/scale_bench.py pipeline-report --out $res > $res/tables.md; cat $res/tables.md ;;
+  *) echo "unknown part: $1" >&2; exit 2 ;;
+esac 2>&1 | tee -a "$res/$1.log"
+rc=${PIPESTATUS[0]}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader >> "$res/$1.log" 2>/dev/null
+tar czf "$OUT/split.tgz" -C /tmp split 2>/dev/null
+exit "$rc"
