@@ -10,7 +10,7 @@
 """
 
 from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
-from ruler.trajectory import TrajectoryError
+from ruler.messages import TrajectoryError
 
 
 class TooManyExceptions(RuntimeError):

@@ -22,6 +22,7 @@ from judges import DEFAULT_RUBRIC
 from judges.panel import JudgePanel
 from ruler import tracing
 from ruler.budget import score_within_budget
+from ruler.messages import Problem, TrajectoryError, require_task_stated, validate_message_lists
 from ruler.options import (MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, GroupKeywords, RulerKeywords,
                            RulerOptions)
 from ruler.panel import score_panel
@@ -29,8 +30,7 @@ from ruler.parse import TrajectoryScore
 from ruler.prompt import flatten_histories
 from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge
 from ruler.results import EXPLANATION_KEY, NOTES_KEY, RulerResult
-from ruler.trajectory import (Choice, Problem, Trajectory, TrajectoryError, TrajectoryGroup, choice_to_message,
-                              require_task_stated, validate_message_lists, validate_trajectories)
+from ruler.trajectory import Choice, Trajectory, TrajectoryGroup, choice_to_message, validate_trajectories
 
 __all__ = ["MAX_PERMUTATIONS", "MAX_PROMPT_TOKENS", "MIN_PROMPT_TOKENS", "UNKNOWN_CONTEXT_TOKENS", "RulerResult",
            "ruler", "ruler_result", "ruler_score_group"]

@@ -27,8 +27,9 @@ from ruler import (
     tracing,
 )
 from ruler.errors import JudgeUnavailableError
+from ruler.messages import TrajectoryError
 from ruler.scoring import ruler_result
-from ruler.trajectory import TrajectoryError, validate_trajectories
+from ruler.trajectory import validate_trajectories
 from tests.helpers import convo
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,7 +48,8 @@ import httpx
 import pydantic
 from openai.types.chat.chat_completion import ChatCompletionMessage, Choice
 
-from ruler.trajectory import History, Trajectory, TrajectoryError, choice_to_message, validate_trajectories
+from ruler.messages import TrajectoryError
+from ruler.trajectory import History, Trajectory, choice_to_message, validate_trajectories
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from collections import Counter
 from contextlib import contextmanager, nullcontext
 
 from ruler.advantages import group_advantages, group_has_signal
-from ruler.trajectory import Problem, TrajectoryError, TrajectoryGroup, validate_trajectories
+from ruler.messages import Problem, TrajectoryError
+from ruler.trajectory import TrajectoryGroup, validate_trajectories
 from trainer.attention import BLOCK_ATTENTION, blocks_forward, use_blocks
 from trainer.config import TrainConfig
 from trainer.loss import policy_loss, token_weights

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 from judges.completion import RetryPolicy
 from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
+from ruler.messages import TrajectoryError
 from ruler.results import score_notes, score_rows
 from ruler.scoring import ruler_score_group
 from ruler.service.config import ServiceConfig, checked_options
 from ruler.service.metrics import Metrics
 from ruler.service.models import ScoreResponse, Usage
-from ruler.trajectory import TrajectoryError, TrajectoryGroup
+from ruler.trajectory import TrajectoryGroup
 
 log = logging.getLogger("ruler.service")
 

@@ -9,10 +9,10 @@ from fastapi.exceptions import RequestValidationError
 
 from judges.errors import JudgeConfigError
 from judges.rubrics import get_rubric
+from ruler.messages import MAX_PROBLEMS, TrajectoryError, unknown_field
 from ruler.service.config import ServiceConfig
 from ruler.service.models import REQUEST_FIELDS, ScoreOptions
-from ruler.trajectory import (MAX_PROBLEMS, Trajectory, TrajectoryError, TrajectoryGroup, unknown_field,
-                              validate_trajectories)
+from ruler.trajectory import Trajectory, TrajectoryGroup, validate_trajectories
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 
