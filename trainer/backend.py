@@ -296,8 +296,8 @@ class _Chat:
 
 
 def _chat_settings(cfg, tokenizer, hf) -> _Chat:
-    """The `_Chat` of a loaded model: `EngineConfig.chat_template` or the tokenizer's, and the parsers the
-    engine config names or the model type defaults to."""
+    """The `_Chat` of a loaded model: `EngineConfig.chat_template` or what `pick_chat_template` picks, and the
+    parsers the engine config names or the model type defaults to."""
     from trainer.vllm_server import default_parsers
 
     end_of_turn = end_of_turn_ids(tokenizer, getattr(hf, "generation_config", None))
@@ -310,7 +310,8 @@ def _chat_settings(cfg, tokenizer, hf) -> _Chat:
 
 def _proven_paths(peft_model, base: str, dtype) -> tuple[bool, bool]:
     """(full_forward, masks): whether training must use the model's full forward (the chunked logprobs differ
-    from it) and whether packed rows are proven equal to each sequence's own forward (float32 only)."""
+    from it), and whether packed rows may share prefixes: checked against each sequence's own forward in
+    float32, taken as given in half precision (where rounding alone differs as much as a mask fault)."""
     import torch
 
     # logprobs for training: the chunked path only where it is proven equal to the model's own forward
