@@ -26,7 +26,7 @@
 
 A model folder holds the shape's `config.json` (numbers of the public Hugging Face configs, `SHAPES`),
 SmolLM2-135M-Instruct's tokenizer (49,152 ids, all inside each shape's vocabulary) and a
-`generation_config.json`; no weights. The trainer builds it with `ModelConfig(random_weights=True)`
+`generation_config.json`; no weights. The trainer builds it with `LocalBackend(random_weights=True)`
 (transformers `from_config`, bf16, on the GPU) and vLLM's server starts with `--load-format dummy`.
 The policy is noise, so every request fixes its work: `min_tokens` = `max_tokens` with `ignore_eos`, and
 sampling is restricted (`allowed_token_ids`) to SmolLM2 tokens that are one whole word with a leading space,
@@ -137,7 +137,7 @@ def default_tokenizer_dir() -> str:
 
 def make_model_dir(shape: str, directory: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
     """A folder with `shape`'s config.json, SmolLM2's tokenizer files and a generation_config.json (no
-    weights): what `ModelConfig(random_weights=True)` and vLLM's `--load-format dummy` start from."""
+    weights): what `LocalBackend(random_weights=True)` and vLLM's `--load-format dummy` start from."""
     import shutil
 
     from transformers import AutoTokenizer
@@ -252,7 +252,7 @@ async def ours(args) -> dict:
         out_json.write_text(json.dumps(result, indent=1, default=str))
 
     engine = "transformers" if args.dry_run else "vllm"
-    cfg = ModelConfig(lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), seed=0, random_weights=True,
+    cfg = ModelConfig(lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), seed=0,
                       offload_during_rollouts=args.offload,
                       engine=EngineConfig(engine=engine, max_seq_length=args.max_seq, gpu_memory_utilization=args.util,
                                           max_num_seqs=64, **vllm_fields(args)))
@@ -261,7 +261,7 @@ async def ours(args) -> dict:
         fixed = {}
     with PeakMemory() as mem:
         model = TrainableModel("scale", "bench", str(model_dir), cfg)
-        backend = LocalBackend(args.out / "runs")
+        backend = LocalBackend(args.out / "runs", random_weights=True)
         started = time.perf_counter()
         await model.register(backend)
         result["register_s"] = time.perf_counter() - started
@@ -493,7 +493,7 @@ async def pipeline(args) -> dict:
         lora, util = LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), args.util
     if dedicated and not split and not args.dry_run:
         util = max(util, 0.85)  # the inference GPUs are vLLM's alone
-    cfg = ModelConfig(lora=lora, seed=0, random_weights=random_weights, engine=EngineConfig(
+    cfg = ModelConfig(lora=lora, seed=0, engine=EngineConfig(
         engine=engine, placement="dedicated" if dedicated else "colocated", max_seq_length=max_seq,
         max_num_seqs=64, **({} if args.dry_run else {"gpu_memory_utilization": util}), **gpus))
     def train_config(kind: str) -> TrainConfig:
@@ -514,7 +514,7 @@ async def pipeline(args) -> dict:
     fixed = {} if args.dry_run else {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
     watched = sorted(set(args.inference_gpus + args.trainer_gpus)) if dedicated and not split else [0]
     model = TrainableModel(label.replace("pipeline-", "p-"), "bench", base, cfg)
-    backend = LocalBackend(args.out / "runs")
+    backend = LocalBackend(args.out / "runs", random_weights=random_weights)
     started = time.perf_counter()
     await model.register(backend)
     result["register_s"] = time.perf_counter() - started
@@ -734,9 +734,9 @@ async def raw_server(args) -> dict:
         from trainer.config import LoRAConfig
 
         model = TrainableModel("raw", "bench", str(model_dir), ModelConfig(
-            lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), random_weights=True, seed=0,
+            lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), seed=0,
             engine=EngineConfig(engine="transformers", max_seq_length=args.max_seq)))
-        backend = LocalBackend(args.out / "runs")
+        backend = LocalBackend(args.out / "runs", random_weights=True)
         await model.register(backend)
         base_url, name, close = model.inference_base_url, model.name, backend.close
     else:

@@ -112,9 +112,8 @@ def tiny_trainable(tiny_dir, tmp_path):
     r4, and the LocalBackend to register it with (the test registers it and closes the backend)."""
     from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
 
-    cfg = ModelConfig(random_weights=True, lora=LoRAConfig(rank=4, alpha=8),
-                      engine=EngineConfig(engine="transformers", max_seq_length=256))
-    return TrainableModel("tiny", "p", str(tiny_dir), cfg), LocalBackend(tmp_path / "runs")
+    cfg = ModelConfig(lora=LoRAConfig(rank=4, alpha=8), engine=EngineConfig(engine="transformers", max_seq_length=256))
+    return TrainableModel("tiny", "p", str(tiny_dir), cfg), LocalBackend(tmp_path / "runs", random_weights=True)
 
 
 @pytest.fixture

@@ -21,19 +21,10 @@ from evals.art_e.tools import InboxTools
 from ruler import TrajectoryGroup, gather_trajectory_groups
 from ruler.errors import TooManyExceptions
 from ruler.testing import FakeJudge, free_port
-from trainer.mcp_rl import (
-    STDERR_KEEP_BYTES,
-    MCPRLConfig,
-    MCPServerError,
-    MCPTask,
-    MCPToolbox,
-    TaskSet,
-    TaskWriterError,
-    openai_tool_schema,
-    rollout,
-    train_mcp_rl,
-    write_tasks,
-)
+from trainer.mcp_client import STDERR_KEEP_BYTES, MCPServerError, MCPToolbox, openai_tool_schema
+from trainer.mcp_rl import MCPRLConfig, train_mcp_rl
+from trainer.mcp_rollout import rollout
+from trainer.mcp_tasks import MCPTask, TaskSet, TaskWriterError, write_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
@@ -488,3 +479,10 @@ async def test_a_server_that_floods_its_stderr_leaves_only_the_end_of_it():
         tail = box.stderr_tail()
         assert tail.endswith("last words") and len(tail) <= 2000
         assert rss() - before < 20 * 2**20 and len(box._errlog._kept) <= STDERR_KEEP_BYTES  # kept: the end only
+
+
+def test_the_loops_module_still_offers_the_names_the_readme_imports_from_it():
+    import trainer.mcp_rl as loop
+
+    assert (loop.MCPToolbox, loop.write_tasks) == (MCPToolbox, write_tasks)
+    assert {"MCPRLConfig", "MCPToolbox", "train_mcp_rl", "write_tasks"} <= set(loop.__all__)

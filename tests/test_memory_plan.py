@@ -586,3 +586,86 @@ def test_one_gpu_split_in_two_plans_each_side_against_its_own_share():
     assert plan_memory(ModelConfig(lora=LORA16, engine=split_gpu(0.45, 0.5)), SHAPES["qwen2.5-7b"],
                        device_bytes=H200, in_use_bytes=5 * GIB,
                        train=TrainConfig(max_tokens_per_micro_batch=16384)).fits
+
+
+def _golden_cases() -> dict[str, tuple[str, ModelConfig, dict]]:
+    """name -> (shape, ModelConfig, plan_memory's other arguments): colocated and split runs of the Qwen2.5 shapes
+    that fit and that do not, each branch of the advice (utilisation window, offload, dedicated, sleep mode,
+    checkpointing, micro-batch search, host memory, a split GPU), other engines and attention kernels."""
+    mbt = TrainConfig(max_tokens_per_micro_batch=16384)
+    seq8k = {"max_seq_length": 8192}
+
+    def colocated(util: float, **kw) -> EngineConfig:
+        return EngineConfig(gpu_memory_utilization=util, **{**seq8k, **kw})
+
+    def dedicated(util: float, inference: list[int], **kw) -> EngineConfig:
+        return EngineConfig(engine="vllm", placement="dedicated", inference_gpus=inference, trainer_gpus=[0],
+                            gpu_memory_utilization=util, **{**seq8k, **kw})
+
+    return {
+        "7b colocated H200": ("qwen2.5-7b", ModelConfig(lora=LORA16, engine=colocated(0.45)),
+                              {"device_bytes": H200, "train": mbt, "host_bytes": 200 * GIB}),
+        "14b colocated H200": ("qwen2.5-14b", ModelConfig(lora=LORA16, engine=colocated(0.55)),
+                               {"device_bytes": H200, "train": mbt, "in_use_bytes": 3 * GIB}),
+        "32b colocated H200 refused": ("qwen2.5-32b", ModelConfig(lora=LORA16, engine=colocated(0.45)),
+                                       {"device_bytes": H200, "train": mbt}),
+        "32b colocated H100 two copies": ("qwen2.5-32b", ModelConfig(lora=LORA16, engine=colocated(0.5)),
+                                          {"device_bytes": H100, "train": mbt}),
+        "32b offloaded H200 host short": ("qwen2.5-32b", ModelConfig(lora=LORA16, offload_during_rollouts=True,
+                                                                     engine=colocated(0.85)),
+                                          {"device_bytes": H200, "train": mbt, "host_bytes": 100 * GIB}),
+        "14b colocated host short": ("qwen2.5-14b", ModelConfig(lora=LORA16, engine=colocated(0.55)),
+                                     {"device_bytes": H200, "train": mbt, "host_bytes": 20 * GIB}),
+        "7b H100 no checkpointing": ("qwen2.5-7b", ModelConfig(lora=LORA16, gradient_checkpointing=False,
+                                                               engine=colocated(0.45)),
+                                     {"device_bytes": H100, "train": TrainConfig(max_tokens_per_micro_batch=8192)}),
+        "7b H100 awake": ("qwen2.5-7b", ModelConfig(lora=LORA16, engine=colocated(0.7, enable_sleep_mode=False)),
+                          {"device_bytes": H100, "train": mbt}),
+        "7b long sequences": ("qwen2.5-7b", ModelConfig(engine=EngineConfig(max_seq_length=131072)),
+                              {"device_bytes": H100, "train": TrainConfig(max_tokens_per_micro_batch=8192)}),
+        "7b split fits": ("qwen2.5-7b", ModelConfig(lora=LORA16, engine=dedicated(0.45, [0], trainer_memory_share=0.5)),
+                          {"device_bytes": H200, "train": mbt}),
+        "7b split trainer short": ("qwen2.5-7b", ModelConfig(lora=LORA16,
+                                                             engine=dedicated(0.8, [0], trainer_memory_share=0.15)),
+                                   {"device_bytes": H200, "train": mbt}),
+        "7b split weights short": ("qwen2.5-7b", ModelConfig(lora=LORA16,
+                                                             engine=dedicated(0.9, [0], trainer_memory_share=0.05)),
+                                   {"device_bytes": H200}),
+        "7b split in use": ("qwen2.5-7b", ModelConfig(lora=LORA16, engine=dedicated(0.45, [0], trainer_memory_share=0.5)),
+                            {"device_bytes": H200, "train": mbt, "in_use_bytes": 20 * GIB}),
+        "32b dedicated tensor": ("qwen2.5-32b", ModelConfig(lora=LORA16, engine=dedicated(
+            0.9, [1, 2], inference_parallel="tensor")), {"device_bytes": H200, "inference_device_bytes": H100}),
+        "32b dedicated one H100": ("qwen2.5-32b", ModelConfig(lora=LORA16, engine=dedicated(0.9, [1])),
+                                   {"device_bytes": H200, "inference_device_bytes": H100}),
+        "32b dedicated one 40 GiB GPU": ("qwen2.5-32b", ModelConfig(lora=LORA16, engine=dedicated(0.95, [1])),
+                                         {"device_bytes": H200, "inference_device_bytes": 40 * GIB}),
+        "14b dedicated low share": ("qwen2.5-14b", ModelConfig(lora=LORA16, engine=dedicated(0.3, [1])),
+                                    {"device_bytes": H100, "train": mbt}),
+        "14b dedicated long context": ("qwen2.5-14b", ModelConfig(lora=LORA16, engine=dedicated(
+            0.95, [1], max_model_len=1_000_000)), {"device_bytes": H100, "inference_device_bytes": 40 * GIB}),
+        "32b dedicated trainer short": ("qwen2.5-32b", ModelConfig(lora=LORA16, engine=dedicated(0.9, [1])),
+                                        {"device_bytes": 40 * GIB, "train": mbt}),
+        "14b dedicated no pass fits": ("qwen2.5-14b", ModelConfig(lora=LORA16, engine=dedicated(0.9, [1])),
+                                       {"device_bytes": 34 * GIB, "train": mbt}),
+        "7b transformers eager": ("qwen2.5-7b", ModelConfig(engine=EngineConfig(engine="transformers")),
+                                  {"device_bytes": H100, "attention": "eager", "margin": 0.2}),
+        "7b flash attention": ("qwen2.5-7b", ModelConfig(lora=LORA16, engine=colocated(0.45)),
+                               {"device_bytes": H100, "train": mbt, "attention": "flash_attention_2"}),
+        "7b float32 beside bf16 vLLM": ("qwen2.5-7b", ModelConfig(lora=LORA16, dtype="float32", engine=colocated(
+            0.45, vllm_args={"dtype": "bfloat16"})), {"device_bytes": H200, "train": mbt}),
+        "tiny on the CPU": ("tiny", ModelConfig(), {"device_bytes": 2 * GIB, "cuda": False}),
+    }
+
+
+def test_plan_memory_gives_the_pinned_plans():
+    """Every field of each case's plan (terms, numbers, problems and advice) as the planner gave them when this
+    test was written (tests/memory_plan_golden.json): a change to the planner's results shows here."""
+    import dataclasses
+    import json
+
+    golden = json.loads((Path(__file__).parent / "memory_plan_golden.json").read_text())
+    cases = _golden_cases()
+    assert sorted(golden) == sorted(cases)
+    for name, (shape, config, kwargs) in cases.items():
+        plan = plan_memory(config, SHAPES[shape], base=shape, **kwargs)
+        assert dataclasses.asdict(plan) == golden[name], name

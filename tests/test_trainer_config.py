@@ -165,3 +165,11 @@ def test_one_gpu_split_in_two_is_refused_at_register_without_a_gpu(tmp_path):
     model = TrainableModel("split", "p", "local/smollm2-135m-instruct", cfg)
     with pytest.raises(ValueError, match="needs the vLLM engine|no CUDA GPU is visible"):
         asyncio.run(model.register(LocalBackend(tmp_path)))
+
+
+def test_random_weights_is_no_field_of_the_training_configuration():
+    """Benchmarks and tests build random weights through `LocalBackend(random_weights=True)`; a ModelConfig
+    asking for them is refused naming the field."""
+    assert "random_weights" not in ModelConfig.model_fields
+    with pytest.raises(pydantic.ValidationError, match="random_weights\n  Extra inputs are not permitted"):
+        ModelConfig(random_weights=True)

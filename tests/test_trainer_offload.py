@@ -66,15 +66,14 @@ async def test_a_step_brings_the_weights_back_and_sends_them_off_again(tiny_trai
     EngineConfig(engine="vllm", enable_sleep_mode=False),                     # vLLM would keep its share
 ])
 def test_offloading_is_refused_where_nothing_frees_the_gpu_for_the_weights(tiny_dir, tmp_path, engine):
-    cfg = ModelConfig(random_weights=True, offload_during_rollouts=True, engine=engine)
+    cfg = ModelConfig(offload_during_rollouts=True, engine=engine)
     with pytest.raises(ValueError, match="offload_during_rollouts .* needs the vLLM engine"):
-        LocalBackend(tmp_path)._load(TrainableModel("x", "p", str(tiny_dir), cfg), tmp_path / "x")
+        LocalBackend(tmp_path, random_weights=True)._load(TrainableModel("x", "p", str(tiny_dir), cfg), tmp_path / "x")
 
 
 def test_a_colocated_sleeping_vllm_run_loads_with_its_weights_offloaded(tiny_dir, tmp_path):
-    cfg = ModelConfig(random_weights=True, offload_during_rollouts=True, lora=LoRAConfig(rank=4),
-                      engine=EngineConfig(engine="vllm"))
-    run = LocalBackend(tmp_path)._load(TrainableModel("v", "p", str(tiny_dir), cfg), tmp_path / "v")
+    cfg = ModelConfig(offload_during_rollouts=True, lora=LoRAConfig(rank=4), engine=EngineConfig(engine="vllm"))
+    run = LocalBackend(tmp_path, random_weights=True)._load(TrainableModel("v", "p", str(tiny_dir), cfg), tmp_path / "v")
     # off before vLLM's server starts (register starts it after _load): its start-up sees the freed memory
     assert run.offload is not None and not run.offload.on_device and len(run.offload.seconds) == 1
     moved = {id(p) for p in run.offload.params}

@@ -1,6 +1,6 @@
-"""ModelConfig(random_weights=True): a model folder with only config.json and a tokenizer trains and serves
-on the CPU (transformers `from_config`), and vLLM's server is told to make its own weights (`--load-format
-dummy`)."""
+"""LocalBackend(random_weights=True), the benchmarks' and tests' route: a model folder with only config.json and
+a tokenizer trains and serves on the CPU (transformers `from_config`), and vLLM's server is told to make its own
+weights (`--load-format dummy`)."""
 
 import pytest
 
@@ -36,9 +36,9 @@ def test_random_weights_start_vllm_with_dummy_weights_and_a_seeded_model(tiny_di
     import torch
 
     def load(random_weights, seed=0, name="v"):
-        cfg = ModelConfig(random_weights=random_weights, seed=seed, lora=LoRAConfig(rank=8),
-                          engine=EngineConfig(engine="vllm", vllm_args={"swap_space": 1}))
-        return LocalBackend(tmp_path)._load(TrainableModel(name, "p", str(tiny_dir), cfg), tmp_path / name)
+        cfg = ModelConfig(seed=seed, lora=LoRAConfig(rank=8), engine=EngineConfig(engine="vllm",
+                                                                                  vllm_args={"swap_space": 1}))
+        return LocalBackend(tmp_path, random_weights=random_weights)._load(TrainableModel(name, "p", str(tiny_dir), cfg), tmp_path / name)
 
     a, b, c = load(True), load(True, name="w"), load(True, seed=1, name="x")
     argv = a.engine.command()
@@ -55,9 +55,9 @@ def test_model_config_dtype_sets_the_trainers_weights_and_vllms_dtype(tiny_dir, 
     import torch
 
     def load(dtype, name, engine="transformers", vllm_args=None):
-        cfg = ModelConfig(random_weights=True, dtype=dtype, lora=LoRAConfig(rank=4),
+        cfg = ModelConfig(dtype=dtype, lora=LoRAConfig(rank=4),
                           engine=EngineConfig(engine=engine, vllm_args=vllm_args or {}))
-        return LocalBackend(tmp_path)._load(TrainableModel(name, "p", str(tiny_dir), cfg), tmp_path / name)
+        return LocalBackend(tmp_path, random_weights=True)._load(TrainableModel(name, "p", str(tiny_dir), cfg), tmp_path / name)
 
     def weight(run):
         return run.peft_model.get_base_model().model.layers[0].mlp.up_proj.weight
@@ -75,3 +75,4 @@ def test_model_config_dtype_sets_the_trainers_weights_and_vllms_dtype(tiny_dir, 
             load(dtype, "f", engine="vllm", vllm_args=args)
     with pytest.raises(ValueError):
         ModelConfig(dtype="float8")
+

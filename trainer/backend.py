@@ -243,6 +243,94 @@ def _state_on_cpu(peft_model, optimizer) -> tuple[dict, dict]:
     return adapter, copy.deepcopy(optimizer.state_dict())
 
 
+def _engine_kind(cfg) -> str:
+    """The engine `cfg` asks for (`auto`: vLLM when installed, else transformers), its settings checked against
+    it: `offload_during_rollouts` needs a colocated, sleeping vLLM, and vLLM does not serve float32."""
+    kind = cfg.engine.engine
+    if kind == "auto":
+        from trainer.vllm_server import vllm_available
+
+        kind = "vllm" if vllm_available() else "transformers"
+    if cfg.offload_during_rollouts and (kind != "vllm" or cfg.engine.placement != "colocated"
+                                        or not cfg.engine.enable_sleep_mode):
+        raise ValueError("offload_during_rollouts frees the trainer's GPU memory for a colocated vLLM during "
+                         f"rollouts: it needs the vLLM engine (here {kind!r}), placement='colocated' (here "
+                         f"{cfg.engine.placement!r}) and enable_sleep_mode=True (here "
+                         f"{cfg.engine.enable_sleep_mode}), so that vLLM frees its memory while the weights "
+                         "come back for a step")
+    if kind == "vllm" and vllm_dtype(cfg) in ("float32", "float"):
+        raise ValueError("vLLM serves LoRA adapters in bfloat16/float16 only (its LoRA kernels refuse float32): "
+                         "with engine='vllm' keep dtype 'auto' or 'bfloat16', or train in float32 beside a bf16 "
+                         "sampler with EngineConfig(vllm_args={'dtype': 'bfloat16'})")
+    return kind
+
+
+def _resume(peft_model, optimizer, run_dir: Path, name: str, device) -> tuple[int, tuple[dict, dict] | None]:
+    """(the latest complete checkpoint's step, loaded into `peft_model` and `optimizer`; None as the initial
+    state) or, with no checkpoint, (0, the initial adapter and optimizer state on the CPU: what a failed first
+    step rolls back to)."""
+    step = ckpt.latest_checkpoint(run_dir) or 0
+    if not step:
+        return 0, _state_on_cpu(peft_model, optimizer)
+    import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    where = ckpt.checkpoint_dir(run_dir, step)
+    set_peft_model_state_dict(peft_model, load_file(str(where / "adapter_model.safetensors")))
+    if (where / "optimizer.pt").is_file():
+        optimizer.load_state_dict(torch.load(where / "optimizer.pt", map_location=device))
+    log.info("resumed %s from step %d", name, step)
+    return step, None
+
+
+@dataclass(frozen=True)
+class _Chat:
+    """How a model's chats are rendered and parsed: its chat template (None: the tokenizer's own), whether it
+    renders tools, the tool-call and reasoning parsers, and the end-of-turn token ids."""
+    template: str | None
+    tools_ok: bool
+    tool_parser: str | None
+    reasoning_parser: str | None
+    end_of_turn: Any
+
+
+def _chat_settings(cfg, tokenizer, hf) -> _Chat:
+    """The `_Chat` of a loaded model: `EngineConfig.chat_template` or what `pick_chat_template` picks, and the
+    parsers the engine config names or the model type defaults to."""
+    from trainer.vllm_server import default_parsers
+
+    end_of_turn = end_of_turn_ids(tokenizer, getattr(hf, "generation_config", None))
+    template, tools_ok = pick_chat_template(tokenizer, cfg.engine.chat_template)
+    tool_parser, reasoning_parser = default_parsers(hf.config.model_type,
+                                                    template or getattr(tokenizer, "chat_template", None))
+    return _Chat(template, tools_ok, cfg.engine.tool_call_parser or tool_parser,
+                 cfg.engine.reasoning_parser or reasoning_parser, end_of_turn)
+
+
+def _proven_paths(peft_model, base: str, dtype) -> tuple[bool, bool]:
+    """(full_forward, masks): whether training must use the model's full forward (the chunked logprobs differ
+    from it), and whether packed rows may share prefixes: checked against each sequence's own forward in
+    float32, taken as given in half precision (where rounding alone differs as much as a mask fault)."""
+    import torch
+
+    # logprobs for training: the chunked path only where it is proven equal to the model's own forward
+    deviation = verify_logprob_path(peft_model)
+    full_forward = deviation > (1e-3 if dtype == torch.float32 else 5e-2)
+    if full_forward:
+        log.warning("%s: chunked logprobs differ from the model's own forward by %.2g; training uses the "
+                    "model's full forward (more memory)", base, deviation)
+    # packed rows against each sequence alone: in float32 only, where they agree to ~1e-5; in half precision
+    # rounding alone moves a logprob by 0.1-0.25 (SmolLM2 in bf16 against float32), as much as a mask fault
+    packed_deviation = verify_packed_rows(peft_model) if dtype == torch.float32 else 0.0
+    masks = packed_deviation <= 1e-3
+    if not masks:
+        log.warning("%s: packed rows (a 4-D mask, shared prefixes) differ from each sequence's own forward by "
+                    "%.2g; training gives every sequence a forward pass of its own (no sharing)", base,
+                    packed_deviation)
+    return full_forward, masks
+
+
 @dataclass
 class _Run:
     model: Any
@@ -268,9 +356,21 @@ class _Run:
 
 
 class LocalBackend:
+    """Loads, serves and trains the models registered with it (the module docstring says how). `path`: the folder
+    of the runs (checkpoints, run logs), `host`: the address the servers it starts listen on, `port`: the CPU
+    server's (None: a free one), `wandb_project`: log each step to Weights & Biases.
+
+    `random_weights`, for benchmarks and tests only: build every model registered here from its config.json with
+    random weights instead of reading its weights (transformers `from_config` in the trainer's dtype, created on
+    its device, seeded by `ModelConfig.seed`; vLLM started with `load_format='dummy'`, its own random weights), so
+    the base folder needs only config.json and the tokenizer. The two engines then hold different weights:
+    importance ratios and rewards mean nothing, speed and memory are those of the real architecture. It is an
+    argument of the backend, not a `ModelConfig` field, so that no training configuration carries it."""
+
     def __init__(self, path: str | Path = "./.ruler-runs", *, host: str = "127.0.0.1", port: int | None = None,
-                 wandb_project: str | None = None):
+                 wandb_project: str | None = None, random_weights: bool = False):
         self.path = Path(path)
+        self.random_weights = random_weights
         self.host, self.port = host, port
         self.wandb_project = wandb_project
         self._runs: dict[str, _Run] = {}
@@ -302,7 +402,8 @@ class LocalBackend:
         if model.config.engine.trainer_launcher == "ray":  # the trainer in a Ray actor (trainer/ray_trainer.py)
             from trainer.ray_trainer import RayTrainer
 
-            remote = RayTrainer(model.config.engine, path=self.path, wandb_project=self.wandb_project)
+            remote = RayTrainer(model.config.engine, path=self.path, wandb_project=self.wandb_project,
+                                random_weights=self.random_weights)
             await remote.start(model)
             self._remote[model.name] = remote
             return
@@ -338,37 +439,58 @@ class LocalBackend:
                 await self._server.start()
 
     def _load(self, model, run_dir: Path) -> _Run:
+        """Load `model` for `register`, in order: the engine and the memory plan checked before anything is
+        loaded, the tokenizer and the base model with its LoRA and optimizer (resumed from the latest
+        checkpoint), the chat settings, the proven logprob paths, the engine (not yet started), and with
+        `offload_during_rollouts` the base weights moved to CPU memory."""
         import torch
-        from peft import set_peft_model_state_dict
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         cfg = model.config
         base = resolve_base_model(model.base_model)
         cuda = torch.cuda.is_available()
-        kind = cfg.engine.engine
-        if kind == "auto":
-            from trainer.vllm_server import vllm_available
-
-            kind = "vllm" if vllm_available() else "transformers"
-        if cfg.offload_during_rollouts and (kind != "vllm" or cfg.engine.placement != "colocated"
-                                            or not cfg.engine.enable_sleep_mode):
-            raise ValueError("offload_during_rollouts frees the trainer's GPU memory for a colocated vLLM during "
-                             f"rollouts: it needs the vLLM engine (here {kind!r}), placement='colocated' (here "
-                             f"{cfg.engine.placement!r}) and enable_sleep_mode=True (here "
-                             f"{cfg.engine.enable_sleep_mode}), so that vLLM frees its memory while the weights "
-                             "come back for a step")
-        if kind == "vllm" and vllm_dtype(cfg) in ("float32", "float"):
-            raise ValueError("vLLM serves LoRA adapters in bfloat16/float16 only (its LoRA kernels refuse float32): "
-                             "with engine='vllm' keep dtype 'auto' or 'bfloat16', or train in float32 beside a bf16 "
-                             "sampler with EngineConfig(vllm_args={'dtype': 'bfloat16'})")
+        kind = _engine_kind(cfg)
         device = self._trainer_device(cfg.engine, kind, cuda)
         plan, replan = _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
         if cuda and kind == "vllm" and cfg.engine.shares_gpu:  # one GPU split in two: the trainer keeps to its share
             torch.cuda.set_per_process_memory_fraction(cfg.engine.trainer_memory_share, torch.device(device))
         torch.manual_seed(cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
+        hf = self._base_model(cfg, base, device, cuda)
+        peft_model = cfg.lora.wrap(hf, base)
+        optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-5)
+        step, initial = _resume(peft_model, optimizer, run_dir, model.name, hf.device)
+        lock = threading.Lock()
+        _check_lora(cfg, kind)
+        chat = _chat_settings(cfg, tokenizer, hf)
+        full_forward, masks = _proven_paths(peft_model, base, hf.dtype)
+        if kind == "vllm":
+            engine = self._vllm_engine(model, base, chat, run_dir)
+        else:
+            engine = self._transformers_engine(model, base, chat, run_dir, peft_model, tokenizer, lock, step)
+        served = Served(model.name, engine if isinstance(engine, GeneratingEngine) else None, tokenizer,
+                        cfg.engine.max_seq_length, step, chat_template=chat.template, renders_tools=chat.tools_ok,
+                        tool_parser=chat.tool_parser, reasoning_parser=chat.reasoning_parser,
+                        end_of_turn=chat.end_of_turn)
+        offload = None
+        if cfg.offload_during_rollouts:  # before vLLM starts: its start-up sizes the KV cache to the free memory
+            from trainer.offload import WeightOffload
+
+            offload = WeightOffload(peft_model)
+            log.info("%s: %.1f GiB of base weights moved to CPU memory in %.1f s (offload_during_rollouts)",
+                     model.name, offload.bytes / 2**30, offload.to_cpu())
+        return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward,
+                    masks=masks, memory_plan=plan, replan=replan, offload=offload, initial_state=initial)
+
+    def _base_model(self, cfg, base: str, device: str, cuda: bool):
+        """The transformers model of `base` on `device` in the trainer's dtype (its weights read, or with the
+        backend's `random_weights` built from its config.json on the device), gradient checkpointing and block
+        attention set as `cfg` asks."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
         dtype = getattr(torch, resolve_dtype(cfg.dtype, cuda))
-        if cfg.random_weights:  # the architecture only: built on the device, no weights read
+        if self.random_weights:  # the architecture only: built on the device, no weights read
             from transformers import AutoConfig
 
             with torch.device(device):
@@ -384,88 +506,50 @@ class LocalBackend:
             hf.enable_input_require_grads()
         if cfg.block_attention:  # packed rows as one SDPA call per block (no [T x T] mask); SDPA models only
             attention.enable(hf)
-        peft_model = cfg.lora.wrap(hf, base)
-        optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-5)
-        step = ckpt.latest_checkpoint(run_dir) or 0
-        initial = _state_on_cpu(peft_model, optimizer) if not step else None
-        if step:
-            from safetensors.torch import load_file
+        return hf
 
-            where = ckpt.checkpoint_dir(run_dir, step)
-            set_peft_model_state_dict(peft_model, load_file(str(where / "adapter_model.safetensors")))
-            if (where / "optimizer.pt").is_file():
-                optimizer.load_state_dict(torch.load(where / "optimizer.pt", map_location=hf.device))
-            log.info("resumed %s from step %d", model.name, step)
-        lock = threading.Lock()
-        _check_lora(cfg, kind)
-        end_of_turn = end_of_turn_ids(tokenizer, getattr(hf, "generation_config", None))
-        template, tools_ok = pick_chat_template(tokenizer, cfg.engine.chat_template)
-        from trainer.vllm_server import default_parsers
+    def _vllm_engine(self, model, base: str, chat: _Chat, run_dir: Path):
+        """vLLM's server for `model` (not started): the chat template written to the run folder, vLLM's dtype the
+        trainer's unless `vllm_args` sets one, and with the backend's `random_weights` vLLM's own random weights
+        (`load_format='dummy'`)."""
+        from trainer.vllm_server import VLLMServer
 
-        tool_parser, reasoning_parser = default_parsers(hf.config.model_type,
-                                                        template or getattr(tokenizer, "chat_template", None))
-        tool_parser = cfg.engine.tool_call_parser or tool_parser
-        reasoning_parser = cfg.engine.reasoning_parser or reasoning_parser
-        # logprobs for training: the chunked path only where it is proven equal to the model's own forward
-        deviation = verify_logprob_path(peft_model)
-        full_forward = deviation > (1e-3 if hf.dtype == torch.float32 else 5e-2)
-        if full_forward:
-            log.warning("%s: chunked logprobs differ from the model's own forward by %.2g; training uses the "
-                        "model's full forward (more memory)", base, deviation)
-        # packed rows against each sequence alone: in float32 only, where they agree to ~1e-5; in half precision
-        # rounding alone moves a logprob by 0.1-0.25 (SmolLM2 in bf16 against float32), as much as a mask fault
-        packed_deviation = verify_packed_rows(peft_model) if hf.dtype == torch.float32 else 0.0
-        masks = packed_deviation <= 1e-3
-        if not masks:
-            log.warning("%s: packed rows (a 4-D mask, shared prefixes) differ from each sequence's own forward by "
-                        "%.2g; training gives every sequence a forward pass of its own (no sharing)", base,
-                        packed_deviation)
-        if kind == "vllm":
-            from trainer.vllm_server import VLLMServer
+        cfg = model.config
+        template_file = None
+        if chat.template is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            template_file = run_dir / "chat_template.jinja"
+            template_file.write_text(chat.template)
+        defaults = {**({"load_format": "dummy"} if self.random_weights else {}),
+                    **({"dtype": vllm_dtype(cfg)} if vllm_dtype(cfg) else {})}
+        engine_cfg = cfg.engine.model_copy(update={"vllm_args": {**defaults, **cfg.engine.vllm_args}})
+        make = partial(VLLMServer, base, engine_cfg, served_name=model.name, lora_rank=cfg.lora.rank,
+                       log_dir=run_dir, chat_template_file=template_file, tool_parser=chat.tool_parser,
+                       reasoning_parser=chat.reasoning_parser, tools_ok=chat.tools_ok)
+        return self._launch(make, engine_cfg, model.name, run_dir)
 
-            template_file = None
-            if template is not None:
-                run_dir.mkdir(parents=True, exist_ok=True)
-                template_file = run_dir / "chat_template.jinja"
-                template_file.write_text(template)
-            # vLLM's own random weights of the same architecture; the trainer's dtype unless vllm_args sets one
-            defaults = {**({"load_format": "dummy"} if cfg.random_weights else {}),
-                        **({"dtype": vllm_dtype(cfg)} if vllm_dtype(cfg) else {})}
-            engine_cfg = cfg.engine.model_copy(update={"vllm_args": {**defaults, **cfg.engine.vllm_args}})
-            make = partial(VLLMServer, base, engine_cfg, served_name=model.name, lora_rank=cfg.lora.rank,
-                           log_dir=run_dir, chat_template_file=template_file, tool_parser=tool_parser,
-                           reasoning_parser=reasoning_parser, tools_ok=tools_ok)
-            engine = self._launch(make, engine_cfg, model.name, run_dir)
-        else:
-            from trainer.chat import TOOL_PARSERS
-            from trainer.engine_transformers import TransformersEngine
+    def _transformers_engine(self, model, base: str, chat: _Chat, run_dir: Path, peft_model, tokenizer,
+                             lock: threading.Lock, step: int):
+        """The transformers engine for `model`: in a child process of its own with `placement='dedicated'`,
+        else generating with the trainer's own `peft_model` in this process (served by the CPU server)."""
+        from trainer.chat import TOOL_PARSERS
+        from trainer.engine_transformers import TransformersEngine
 
-            if tool_parser not in TOOL_PARSERS:
-                raise ValueError(f"the CPU engine parses tool calls with {sorted(TOOL_PARSERS)}; {base} defaults to "
-                                 f"{tool_parser!r}: set EngineConfig.tool_call_parser")
-            if cfg.engine.placement == "dedicated":  # the CPU server in a child process of its own
-                from trainer.engine_process import TransformersServerProcess
+        cfg = model.config
+        if chat.tool_parser not in TOOL_PARSERS:
+            raise ValueError(f"the CPU engine parses tool calls with {sorted(TOOL_PARSERS)}; {base} defaults to "
+                             f"{chat.tool_parser!r}: set EngineConfig.tool_call_parser")
+        if cfg.engine.placement == "dedicated":  # the CPU server in a child process of its own
+            from trainer.engine_process import TransformersServerProcess
 
-                make = partial(TransformersServerProcess, base, cfg.engine, served_name=model.name, lora=cfg.lora,
-                               log_dir=run_dir, chat_template=template, renders_tools=tools_ok,
-                               tool_parser=tool_parser, reasoning_parser=reasoning_parser,
-                               end_of_turn=end_of_turn, random_weights=cfg.random_weights, seed=cfg.seed)
-                engine = self._launch(make, cfg.engine, model.name, run_dir)
-            else:
-                engine = TransformersEngine(peft_model, tokenizer, lock, stop_token_ids=end_of_turn)
-                engine.policy_step = step
-        served = Served(model.name, engine if isinstance(engine, GeneratingEngine) else None, tokenizer,
-                        cfg.engine.max_seq_length, step, chat_template=template, renders_tools=tools_ok,
-                        tool_parser=tool_parser, reasoning_parser=reasoning_parser, end_of_turn=end_of_turn)
-        offload = None
-        if cfg.offload_during_rollouts:  # before vLLM starts: its start-up sizes the KV cache to the free memory
-            from trainer.offload import WeightOffload
-
-            offload = WeightOffload(peft_model)
-            log.info("%s: %.1f GiB of base weights moved to CPU memory in %.1f s (offload_during_rollouts)",
-                     model.name, offload.bytes / 2**30, offload.to_cpu())
-        return _Run(model, run_dir, peft_model, tokenizer, optimizer, engine, served, lock, full_forward,
-                    masks=masks, memory_plan=plan, replan=replan, offload=offload, initial_state=initial)
+            make = partial(TransformersServerProcess, base, cfg.engine, served_name=model.name, lora=cfg.lora,
+                           log_dir=run_dir, chat_template=chat.template, renders_tools=chat.tools_ok,
+                           tool_parser=chat.tool_parser, reasoning_parser=chat.reasoning_parser,
+                           end_of_turn=chat.end_of_turn, random_weights=self.random_weights, seed=cfg.seed)
+            return self._launch(make, cfg.engine, model.name, run_dir)
+        engine = TransformersEngine(peft_model, tokenizer, lock, stop_token_ids=chat.end_of_turn)
+        engine.policy_step = step
+        return engine
 
     def _launch(self, make, engine_cfg, name: str, run_dir: Path):
         """The dedicated server `make(host=...)` builds: a child process of this one on the backend's host

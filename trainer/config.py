@@ -462,12 +462,6 @@ class ModelConfig(_Strict):
         "Seed of torch's generator when the model is loaded: the LoRA A matrices' initialisation (B starts at "
         "zero) and, after it, dropout. Default 0; any int. Sampling seeds are per request (`seed` in a "
         "chat-completion request)."))
-    random_weights: bool = pydantic.Field(False, description=(
-        "Build the base model from its config.json with random weights instead of loading weights: the trainer "
-        "uses transformers `from_config` (in `dtype`, created on the device, seeded by `seed`) and vLLM starts "
-        "with `--load-format dummy` (its own random weights), so the base folder needs only config.json and the "
-        "tokenizer. For speed and memory benchmarks of real architectures only: the two engines hold different "
-        "weights, so importance ratios and rewards mean nothing. Default False."))
     memory_check: MemoryCheckConfig = pydantic.Field(default_factory=MemoryCheckConfig, description=(
         "The memory plan made at register before anything is loaded (`MemoryCheckConfig`, "
         "`trainer.memory.plan_memory`): a run that would not fit the device is refused with "

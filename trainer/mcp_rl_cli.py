@@ -125,7 +125,9 @@ def mcp_rl(
 
 async def _run(a: dict) -> None:
     from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-    from trainer.mcp_rl import MCPRLConfig, MCPToolbox, TaskSet, train_mcp_rl, write_tasks
+    from trainer.mcp_client import MCPToolbox
+    from trainer.mcp_rl import MCPRLConfig, train_mcp_rl
+    from trainer.mcp_tasks import TaskSet, write_tasks
 
     config = MCPRLConfig(steps=a["steps"], groups_per_step=a["groups_per_step"], group_size=a["group_size"],
                          max_turns=a["max_turns"], max_tokens=a["max_tokens"], eval_rollouts=a["eval_rollouts"],

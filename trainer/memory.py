@@ -93,7 +93,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config import ModelConfig, TrainConfig, vllm_flag_name
+from trainer.config import EngineConfig, ModelConfig, TrainConfig, vllm_flag_name
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 1 * GIB       # the trainer's CUDA context, cuBLAS handles and kernels
@@ -418,6 +418,41 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     Bad input is a
     TypeError or ValueError naming it; a model whose weights are quantised or offloaded (`weight_shrinking`) is a
     ValueError naming the setting (the plan models bf16 weights only)."""
+    device_bytes, inference_bytes, host_bytes, in_use_bytes, margin = _checked_sizes(
+        model_config, train, cuda, base, device_bytes, inference_device_bytes, host_bytes, in_use_bytes, margin)
+    run = _resolve(model_config, hf_config, train=train, cuda=cuda, engine=engine, attention=attention,
+                   in_use_bytes=in_use_bytes, margin=margin)
+    vllm = _vllm_side(run, device_bytes, inference_bytes)
+    rollout, training = _rollout_terms(run, vllm), _training_terms(run, vllm, run.tokens, run.checkpointing)
+    whole, device = device_bytes, _gib(device_bytes)
+    if run.shared:  # the trainer's phases are checked against its share of the GPU, vLLM's against its own
+        share = run.ecfg.trainer_memory_share
+        device_bytes = int(share * whole)
+        device = (f"{_gib(device_bytes)} (the trainer's share: trainer_memory_share {share} of the {_gib(whole)} "
+                  "GPU)")
+    host, *host_verdict = _host_plan(run, vllm, host_bytes)
+    verdicts = [_rollout_verdict(run, vllm, rollout, device_bytes, inference_bytes, device),
+                _split_gpu_verdict(run, vllm, device_bytes, whole), host_verdict,
+                _training_verdict(run, vllm, training, device_bytes, device)]
+    problems = [problem for found, _ in verdicts for problem in found]
+    suggestions = [suggestion for _, advice in verdicts for suggestion in advice]
+    return MemoryPlan(
+        device_bytes=device_bytes, base=base, parameters=run.params, lora_parameters=run.lora, dtype=run.dtype,
+        engine=run.engine, placement=run.ecfg.placement, gradient_checkpointing=run.checkpointing,
+        attention=run.attention, tokens_per_pass=run.tokens, max_tokens_per_micro_batch=run.mbt,
+        max_seq_length=run.seq, margin=float(margin), rollout=rollout, training=training,
+        activations_bytes=run.activations(run.tokens, run.checkpointing),
+        activations_checkpointed_bytes=run.activations(run.tokens, True),
+        activations_full_bytes=run.activations(run.tokens, False), vllm_share_bytes=vllm.share,
+        vllm_needs_bytes=vllm.needs, vllm_kv_cache_bytes=vllm.kv,
+        vllm_kv_tokens=vllm.kv // vllm.kv_per_token if vllm.kv else 0, problems=problems, suggestions=suggestions,
+        host=host, host_bytes=host_bytes)
+
+
+def _checked_sizes(model_config, train, cuda, base, device_bytes, inference_device_bytes, host_bytes, in_use_bytes,
+                   margin) -> tuple[int, int, int, int, float]:
+    """plan_memory's arguments checked (TypeError / ValueError naming the bad one): (device, inference device,
+    host (0: not checked), in use) bytes and the margin (`memory_check.margin` when None)."""
     if not isinstance(model_config, ModelConfig):
         raise TypeError(f"model_config must be a trainer.ModelConfig, got {type(model_config).__name__}")
     if train is not None and not isinstance(train, TrainConfig):
@@ -433,10 +468,68 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     in_use_bytes = _int("in_use_bytes", in_use_bytes, 0)
     if in_use_bytes >= device_bytes:
         raise ValueError(f"in_use_bytes ({in_use_bytes}) must be below device_bytes ({device_bytes})")
-    check = model_config.memory_check
-    margin = check.margin if margin is None else margin
+    margin = model_config.memory_check.margin if margin is None else margin
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 1:
         raise ValueError(f"margin must be a fraction 0..1, got {margin!r}")
+    return device_bytes, inference_bytes, host_bytes, in_use_bytes, margin
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The model's sizes and the run's settings as the plan uses them, and the trainer's terms they give."""
+    shape: Shape
+    ecfg: EngineConfig
+    engine: str  # vllm or transformers
+    attention: str
+    dtype: str
+    dtype_bytes: int
+    vllm_dtype_bytes: int  # of vLLM's weights and KV cache
+    params: int
+    lora: int
+    targets: list[str]
+    checkpointing: bool
+    mbt: int  # max_tokens_per_micro_batch
+    seq: int  # max_seq_length
+    tokens: int  # the most tokens of one pass
+    logprob_chunk: int
+    cuda: bool
+    margin: float
+    in_use_bytes: int
+    colocated: bool  # vLLM on the trainer's device, asleep or awake while it trains
+    shared: bool  # one GPU split in two: both processes on it at once
+    offloaded: bool  # offload_during_rollouts with a colocated vLLM
+
+    @property
+    def weights(self) -> int:
+        """The trainer's base weights in bytes."""
+        return self.params * self.dtype_bytes
+
+    def activations(self, tokens: int, checkpointing: bool) -> int:
+        return activation_bytes(self.shape, tokens, checkpointing=checkpointing, targets=self.targets,
+                                attention=self.attention, dtype_bytes=self.dtype_bytes,
+                                logprob_chunk=self.logprob_chunk)
+
+    def trainer_terms(self, training: bool, tokens: int, checkpointing: bool,
+                      offload: bool | None = None) -> dict[str, int]:
+        """The trainer's own terms in one phase (`offload`: the base weights in CPU memory outside training;
+        default as planned), the margin on them last."""
+        offload = self.offloaded if offload is None else offload
+        terms = {"CUDA context": CUDA_CONTEXT_BYTES} if self.cuda else {}
+        if training or not offload:  # offloaded: in CPU memory while vLLM serves
+            terms[f"base weights ({self.dtype})"] = self.weights
+        terms["LoRA parameters + AdamW state (fp32)"] = self.lora * 12
+        if training:
+            terms["LoRA gradients (fp32)"] = self.lora * 4
+            terms[f"activations ({tokens} tokens, checkpointing {'on' if checkpointing else 'off'})"] = \
+                self.activations(tokens, checkpointing)
+        terms[f"margin ({self.margin:.0%} of the trainer's terms)"] = int(self.margin * sum(terms.values()))
+        return terms
+
+
+def _resolve(model_config: ModelConfig, hf_config: Mapping[str, Any], *, train: TrainConfig | None, cuda: bool,
+             engine: str | None, attention: str | None, in_use_bytes: int, margin: float) -> _Run:
+    """The `_Run` of plan_memory's arguments: the model's shape and counts, the engine, attention, dtype,
+    checkpointing and tokens per pass as the backend would pick them; a config it cannot plan is a ValueError."""
     shape = model_shape(hf_config)
     shrunk = weight_shrinking(model_config, hf_config)
     if shrunk is not None:
@@ -453,210 +546,255 @@ def plan_memory(model_config: ModelConfig, hf_config: Mapping[str, Any], *, devi
     if engine not in ("vllm", "transformers"):
         raise ValueError(f"engine must be 'vllm' or 'transformers', got {engine!r}")
     if train is None:
+        check = model_config.memory_check
         train = TrainConfig(**({"max_tokens_per_micro_batch": check.max_tokens_per_micro_batch}
                                if check.max_tokens_per_micro_batch else {}))
     dtype = resolve_dtype(model_config.dtype, cuda)
-    b = _DTYPE_BYTES[dtype]
     params = shape.parameters()
     checkpointing = model_config.gradient_checkpointing
     if checkpointing is None:  # as the backend decides
         checkpointing = default_checkpointing(params, cuda)
     targets = list(model_config.lora.target_modules)
-    lora = lora_parameters(shape, model_config.lora.rank, targets)
     mbt, seq = train.max_tokens_per_micro_batch, ecfg.max_seq_length
-    tokens = seq if attention == "flash_attention_2" else max(mbt, seq)  # no mask: one sequence per pass
-
-    def activations(t: int, ckpt: bool) -> int:
-        return activation_bytes(shape, t, checkpointing=ckpt, targets=targets, attention=attention,
-                                dtype_bytes=b, logprob_chunk=train.logprob_chunk_size)
-
-    # vLLM: its share of the device, what it needs in it, and what it keeps while asleep
     colocated = engine == "vllm" and ecfg.placement == "colocated"
-    shared = engine == "vllm" and ecfg.shares_gpu  # one GPU split in two: both processes on it at once
-    vllm_share = vllm_needs = vllm_kv = vllm_weights = vllm_overhead = 0
-    tp = 1
-    # vLLM's weights and KV cache in its own dtype (vLLM's names too)
-    vllm_b = {**_DTYPE_BYTES, "float": 4, "half": 2}.get(vllm_dtype(model_config) or "bfloat16", 2)
-    kv_per_token = shape.kv_bytes_per_token(vllm_b)
-    model_len = ecfg.max_model_len or seq
-    if engine == "vllm":
-        tp = len(ecfg.inference_gpus) if (ecfg.placement == "dedicated" and ecfg.inference_parallel == "tensor"
-                                          and ecfg.inference_gpus) else 1
-        vllm_weights = math.ceil(params * vllm_b / tp)
-        vllm_overhead = VLLM_OVERHEAD_BYTES + int(VLLM_OVERHEAD_SHARE * vllm_weights)
-        vllm_share = int(ecfg.gpu_memory_utilization * (device_bytes if colocated or shared else inference_bytes))
-        vllm_needs = vllm_weights + vllm_overhead + math.ceil(model_len * kv_per_token / tp)
-        vllm_kv = max(0, vllm_share - vllm_weights - vllm_overhead)
-    asleep = VLLM_CONTEXT_BYTES + int(VLLM_SLEEP_SHARE * vllm_share)
-    offloaded = model_config.offload_during_rollouts and colocated
-    vllm_in_training = (asleep if ecfg.enable_sleep_mode else vllm_share) if colocated else 0
+    return _Run(shape=shape, ecfg=ecfg, engine=engine, attention=attention, dtype=dtype,
+                dtype_bytes=_DTYPE_BYTES[dtype], params=params,
+                vllm_dtype_bytes={**_DTYPE_BYTES, "float": 4, "half": 2}.get(vllm_dtype(model_config) or "bfloat16", 2),
+                lora=lora_parameters(shape, model_config.lora.rank, targets), targets=targets,
+                checkpointing=checkpointing, mbt=mbt, seq=seq,
+                tokens=seq if attention == "flash_attention_2" else max(mbt, seq),  # no mask: one sequence per pass
+                logprob_chunk=train.logprob_chunk_size, cuda=cuda, margin=margin, in_use_bytes=in_use_bytes,
+                colocated=colocated, shared=engine == "vllm" and ecfg.shares_gpu,
+                offloaded=model_config.offload_during_rollouts and colocated)
 
-    def trainer_terms(training: bool, t: int, ckpt: bool, offload: bool = offloaded) -> dict[str, int]:
-        terms = {"CUDA context": CUDA_CONTEXT_BYTES} if cuda else {}
-        if training or not offload:  # offloaded: in CPU memory while vLLM serves
-            terms[f"base weights ({dtype})"] = params * b
-        terms["LoRA parameters + AdamW state (fp32)"] = lora * 12
-        if training:
-            terms["LoRA gradients (fp32)"] = lora * 4
-            terms[f"activations ({t} tokens, checkpointing {'on' if ckpt else 'off'})"] = activations(t, ckpt)
-        terms[f"margin ({margin:.0%} of the trainer's terms)"] = int(margin * sum(terms.values()))
-        return terms
 
-    def rollout_terms() -> dict[str, int]:
-        terms = trainer_terms(False, tokens, checkpointing)
-        if colocated:
-            terms[f"vLLM's share (gpu_memory_utilization {ecfg.gpu_memory_utilization})"] = vllm_share
-        terms["in use by other processes"] = 0 if shared else in_use_bytes  # shared: beside both shares
-        return terms
+@dataclass(frozen=True)
+class _VLLMSide:
+    """vLLM's share of its device, what it needs in it, and what it keeps while the trainer trains (all 0 without
+    vLLM)."""
+    kv_per_token: int  # KV cache bytes per token, in vLLM's dtype
+    model_len: int  # max_model_len
+    tp: int = 1  # tensor-parallel inference GPUs
+    weights: int = 0  # per GPU
+    overhead: int = 0
+    share: int = 0
+    needs: int = 0  # weights + overhead + the KV cache of one max_model_len sequence
+    kv: int = 0  # the KV cache its share leaves
+    asleep: int = 0  # what it keeps at sleep level 1
+    in_training: int = 0  # what it keeps on the trainer's device while a step trains
 
-    def training_terms(t: int, ckpt: bool, vllm_bytes: int = vllm_in_training) -> dict[str, int]:
-        terms = trainer_terms(True, t, ckpt)
-        if colocated:
-            terms["vLLM asleep (level 1)" if ecfg.enable_sleep_mode else "vLLM awake (no sleep mode)"] = vllm_bytes
-        terms["in use by other processes"] = 0 if shared else in_use_bytes
-        return terms
+    @property
+    def one_sequence_kv(self) -> float:
+        return self.model_len * self.kv_per_token / self.tp
 
-    rollout, training = rollout_terms(), training_terms(tokens, checkpointing)
-    device = _gib(device_bytes)
-    if shared:  # the trainer's phases are checked against its share of the GPU, vLLM's against its own
-        whole, device_bytes = device_bytes, int(ecfg.trainer_memory_share * device_bytes)
-        device = (f"{_gib(device_bytes)} (the trainer's share: trainer_memory_share {ecfg.trainer_memory_share} of "
-                  f"the {_gib(whole)} GPU)")
+
+def _vllm_side(run: _Run, device_bytes: int, inference_bytes: int) -> _VLLMSide:
+    """vLLM's side of the plan: its weights and KV cache in its own dtype, its share (of the trainer's device when
+    colocated or split, else of an inference GPU), and its memory while asleep."""
+    ecfg = run.ecfg
+    vllm_b = run.vllm_dtype_bytes
+    kv_per_token = run.shape.kv_bytes_per_token(vllm_b)
+    model_len = ecfg.max_model_len or run.seq
+    if run.engine != "vllm":
+        return _VLLMSide(kv_per_token, model_len)
+    tp = len(ecfg.inference_gpus) if (ecfg.placement == "dedicated" and ecfg.inference_parallel == "tensor"
+                                      and ecfg.inference_gpus) else 1
+    weights = math.ceil(run.params * vllm_b / tp)
+    overhead = VLLM_OVERHEAD_BYTES + int(VLLM_OVERHEAD_SHARE * weights)
+    share = int(ecfg.gpu_memory_utilization * (device_bytes if run.colocated or run.shared else inference_bytes))
+    asleep = VLLM_CONTEXT_BYTES + int(VLLM_SLEEP_SHARE * share)
+    in_training = (asleep if ecfg.enable_sleep_mode else share) if run.colocated else 0
+    return _VLLMSide(kv_per_token, model_len, tp=tp, weights=weights, overhead=overhead, share=share,
+                     needs=weights + overhead + math.ceil(model_len * kv_per_token / tp),
+                     kv=max(0, share - weights - overhead), asleep=asleep, in_training=in_training)
+
+
+def _rollout_terms(run: _Run, vllm: _VLLMSide) -> dict[str, int]:
+    """The rollout phase: the trainer's resident state, a colocated vLLM's whole share, other processes."""
+    terms = run.trainer_terms(False, run.tokens, run.checkpointing)
+    if run.colocated:
+        terms[f"vLLM's share (gpu_memory_utilization {run.ecfg.gpu_memory_utilization})"] = vllm.share
+    terms["in use by other processes"] = 0 if run.shared else run.in_use_bytes  # shared: beside both shares
+    return terms
+
+
+def _training_terms(run: _Run, vllm: _VLLMSide, tokens: int, checkpointing: bool,
+                    vllm_bytes: int | None = None) -> dict[str, int]:
+    """The training phase of a `tokens`-token pass: the trainer's terms, what a colocated vLLM keeps
+    (`vllm_bytes`, default as planned), other processes."""
+    terms = run.trainer_terms(True, tokens, checkpointing)
+    if run.colocated:
+        kept = vllm.in_training if vllm_bytes is None else vllm_bytes
+        terms["vLLM asleep (level 1)" if run.ecfg.enable_sleep_mode else "vLLM awake (no sleep mode)"] = kept
+    terms["in use by other processes"] = 0 if run.shared else run.in_use_bytes
+    return terms
+
+
+def _rollout_verdict(run: _Run, vllm: _VLLMSide, rollout: dict[str, int], device_bytes: int, inference_bytes: int,
+                     device: str) -> tuple[list[str], list[str]]:
+    """(problems, suggestions) of the rollout phase: vLLM's share must hold what it needs, the phase must fit
+    the trainer's device."""
     problems: list[str] = []
-    suggestions: list[str] = []
-    util = ecfg.gpu_memory_utilization
-
-    # the vLLM side: the share must hold vLLM's weights, overhead and one sequence of KV cache
     trainer_resident = sum(v for k, v in rollout.items() if not k.startswith("vLLM"))
-    if engine == "vllm" and vllm_needs > vllm_share:
-        where = "its device" if ecfg.placement == "dedicated" else "the device"
-        problems.append(f"gpu_memory_utilization {util} gives vLLM {_gib(vllm_share)} of {where}, less than the "
-                        f"{_gib(vllm_needs)} it needs: its weights {_gib(vllm_weights)} + overhead "
-                        f"{_gib(vllm_overhead)} + the KV cache of one {model_len}-token sequence "
-                        f"{_gib(model_len * kv_per_token / tp)}")
+    vllm_short = run.engine == "vllm" and vllm.needs > vllm.share
+    if vllm_short:
+        where = "its device" if run.ecfg.placement == "dedicated" else "the device"
+        problems.append(f"gpu_memory_utilization {run.ecfg.gpu_memory_utilization} gives vLLM {_gib(vllm.share)} of "
+                        f"{where}, less than the {_gib(vllm.needs)} it needs: its weights {_gib(vllm.weights)} + "
+                        f"overhead {_gib(vllm.overhead)} + the KV cache of one {vllm.model_len}-token sequence "
+                        f"{_gib(vllm.one_sequence_kv)}")
     rollout_bytes = sum(rollout.values())
-    if rollout_bytes > device_bytes:
-        problems.append(f"rollout needs {_gib(rollout_bytes)} of {device}: the trainer's "
-                        f"{_gib(trainer_resident)}" + ("" if offloaded else f" (weights {_gib(params * b)})") +
-                        " stays beside vLLM's share of "
-                        f"{_gib(vllm_share)}" if colocated else
-                        f"rollout needs {_gib(rollout_bytes)} of {device}: the trainer's weights alone are "
-                        f"{_gib(params * b)}")
-    if colocated and (vllm_needs > vllm_share or rollout_bytes > device_bytes):
-        low = math.ceil(vllm_needs / device_bytes * 100) / 100
-        high = math.floor((device_bytes - trainer_resident) / device_bytes * 100) / 100
-        if low <= high:
-            kv_left = int(high * device_bytes) - vllm_needs + math.ceil(model_len * kv_per_token)
-            suggestions.append(f"set gpu_memory_utilization between {low:.2f} and {high:.2f} (now {util}): vLLM needs "
-                               f">= {_gib(vllm_needs)}, the trainer keeps {_gib(trainer_resident)} beside it; at "
-                               f"{high:.2f} vLLM's KV cache is ~{_gib(kv_left)} (~{kv_left // kv_per_token:,} "
-                               "tokens of concurrent rollouts)")
-        if not offloaded:
-            resident_offloaded = sum(trainer_terms(False, tokens, checkpointing, offload=True).values()) + in_use_bytes
-            free = math.floor((device_bytes - resident_offloaded) / device_bytes * 100) / 100
-            if low <= free:
-                suggestions.append(f"set ModelConfig.offload_during_rollouts=True (the trainer's {_gib(params * b)} "
-                                   "of weights in CPU memory while vLLM serves, back on the GPU for each step): then "
-                                   f"gpu_memory_utilization between {low:.2f} and {free:.2f}")
-        if low > high:
-            suggestions.append(f"no gpu_memory_utilization fits both copies of the weights: vLLM needs "
-                               f">= {_gib(vllm_needs)} and the trainer {_gib(trainer_resident)} of {device}; use "
-                               "placement='dedicated' (vLLM on inference_gpus, the trainer on trainer_gpus), a "
-                               "larger device or a smaller model")
-    elif engine == "vllm" and vllm_needs > vllm_share:
-        low = math.ceil(vllm_needs / inference_bytes * 100) / 100
-        if low <= 1:
-            suggestions.append(f"set gpu_memory_utilization >= {low:.2f} (now {util})")
-        elif vllm_weights + vllm_overhead > inference_bytes:
-            suggestions.append(f"vLLM's weights ({_gib(vllm_weights)} + overhead {_gib(vllm_overhead)}) do not fit "
-                               f"one inference GPU of {_gib(inference_bytes)}: more inference_gpus with "
-                               "inference_parallel='tensor', larger inference GPUs or a smaller model")
-        else:
-            suggestions.append(f"vLLM's weights fit one inference GPU of {_gib(inference_bytes)}, the KV cache of "
-                               f"one {model_len}-token sequence beside them does not: a smaller "
-                               "EngineConfig.max_model_len, or more inference_gpus with inference_parallel='tensor'")
-    if rollout_bytes > device_bytes and shared:
+    too_big = rollout_bytes > device_bytes
+    if too_big and run.colocated:
+        problems.append(f"rollout needs {_gib(rollout_bytes)} of {device}: the trainer's {_gib(trainer_resident)}"
+                        + ("" if run.offloaded else f" (weights {_gib(run.weights)})")
+                        + f" stays beside vLLM's share of {_gib(vllm.share)}")
+    elif too_big:
+        problems.append(f"rollout needs {_gib(rollout_bytes)} of {device}: the trainer's weights alone are "
+                        f"{_gib(run.weights)}")
+    suggestions: list[str] = []
+    if run.colocated and (vllm_short or too_big):
+        suggestions += _utilization_advice(run, vllm, trainer_resident, device_bytes, device)
+    elif vllm_short:
+        suggestions.append(_inference_gpu_advice(run, vllm, inference_bytes))
+    if too_big and run.shared:
         suggestions.append(f"the trainer's resident state ({_gib(trainer_resident)}) exceeds its share: raise "
                            "trainer_memory_share (lowering gpu_memory_utilization to make room), or use "
                            "placement='colocated' (vLLM sleeps while the trainer trains)")
-    elif rollout_bytes > device_bytes and not colocated:
+    elif too_big and not run.colocated:
         suggestions.append(f"the trainer's resident state ({_gib(trainer_resident)}) exceeds {device}: use a "
                            "larger device or a smaller model")
+    return problems, suggestions
 
-    if shared and vllm_share + device_bytes + in_use_bytes > whole:
-        problems.append(f"one GPU split in two: vLLM's share {_gib(vllm_share)} (gpu_memory_utilization {util}) + "
-                        f"the trainer's {_gib(device_bytes)} (trainer_memory_share {ecfg.trainer_memory_share}) + "
-                        f"{_gib(in_use_bytes)} other processes already use exceed the {_gib(whole)} GPU: a training "
-                        "step beside vLLM could run out of memory, or vLLM refuse to start (it needs its share free)")
-        suggestions.append("lower gpu_memory_utilization or trainer_memory_share, or free the GPU")
 
+def _utilization_advice(run: _Run, vllm: _VLLMSide, trainer_resident: int, device_bytes: int,
+                        device: str) -> list[str]:
+    """A colocated run whose rollout phase does not fit: the window of gpu_memory_utilization that does, with
+    and without offloading the trainer's weights, or that none does."""
+    util = run.ecfg.gpu_memory_utilization
+    suggestions = []
+    low = math.ceil(vllm.needs / device_bytes * 100) / 100
+    high = math.floor((device_bytes - trainer_resident) / device_bytes * 100) / 100
+    if low <= high:
+        kv_left = int(high * device_bytes) - vllm.needs + math.ceil(vllm.model_len * vllm.kv_per_token)
+        suggestions.append(f"set gpu_memory_utilization between {low:.2f} and {high:.2f} (now {util}): vLLM needs "
+                           f">= {_gib(vllm.needs)}, the trainer keeps {_gib(trainer_resident)} beside it; at "
+                           f"{high:.2f} vLLM's KV cache is ~{_gib(kv_left)} (~{kv_left // vllm.kv_per_token:,} "
+                           "tokens of concurrent rollouts)")
+    if not run.offloaded:
+        resident = sum(run.trainer_terms(False, run.tokens, run.checkpointing, offload=True).values())
+        free = math.floor((device_bytes - resident - run.in_use_bytes) / device_bytes * 100) / 100
+        if low <= free:
+            suggestions.append(f"set ModelConfig.offload_during_rollouts=True (the trainer's {_gib(run.weights)} "
+                               "of weights in CPU memory while vLLM serves, back on the GPU for each step): then "
+                               f"gpu_memory_utilization between {low:.2f} and {free:.2f}")
+    if low > high:
+        suggestions.append(f"no gpu_memory_utilization fits both copies of the weights: vLLM needs "
+                           f">= {_gib(vllm.needs)} and the trainer {_gib(trainer_resident)} of {device}; use "
+                           "placement='dedicated' (vLLM on inference_gpus, the trainer on trainer_gpus), a "
+                           "larger device or a smaller model")
+    return suggestions
+
+
+def _inference_gpu_advice(run: _Run, vllm: _VLLMSide, inference_bytes: int) -> str:
+    """A vLLM off the trainer's device whose share does not hold what it needs: a larger share, or what else."""
+    low = math.ceil(vllm.needs / inference_bytes * 100) / 100
+    if low <= 1:
+        return f"set gpu_memory_utilization >= {low:.2f} (now {run.ecfg.gpu_memory_utilization})"
+    if vllm.weights + vllm.overhead > inference_bytes:
+        return (f"vLLM's weights ({_gib(vllm.weights)} + overhead {_gib(vllm.overhead)}) do not fit one inference "
+                f"GPU of {_gib(inference_bytes)}: more inference_gpus with inference_parallel='tensor', larger "
+                "inference GPUs or a smaller model")
+    return (f"vLLM's weights fit one inference GPU of {_gib(inference_bytes)}, the KV cache of one "
+            f"{vllm.model_len}-token sequence beside them does not: a smaller EngineConfig.max_model_len, or more "
+            "inference_gpus with inference_parallel='tensor'")
+
+
+def _split_gpu_verdict(run: _Run, vllm: _VLLMSide, trainer_bytes: int, whole: int) -> tuple[list[str], list[str]]:
+    """(problems, suggestions) of one GPU split in two (none otherwise): vLLM's share, the trainer's and what other
+    processes use must fit the GPU."""
+    if not run.shared or vllm.share + trainer_bytes + run.in_use_bytes <= whole:
+        return [], []
+    problem = (f"one GPU split in two: vLLM's share {_gib(vllm.share)} (gpu_memory_utilization "
+               f"{run.ecfg.gpu_memory_utilization}) + the trainer's {_gib(trainer_bytes)} (trainer_memory_share "
+               f"{run.ecfg.trainer_memory_share}) + {_gib(run.in_use_bytes)} other processes already use exceed the "
+               f"{_gib(whole)} GPU: a training step beside vLLM could run out of memory, or vLLM refuse to start "
+               "(it needs its share free)")
+    return [problem], ["lower gpu_memory_utilization or trainer_memory_share, or free the GPU"]
+
+
+def _host_plan(run: _Run, vllm: _VLLMSide, host_bytes: int) -> tuple[dict[str, int], list[str], list[str]]:
+    """(the weight copies kept in CPU memory, problems, suggestions): they must fit `host_bytes` (0: not
+    checked)."""
     host: dict[str, int] = {}
-    if colocated and ecfg.enable_sleep_mode:
-        host["vLLM's weights while asleep (level 1)"] = vllm_weights
-    if offloaded:
-        host[f"the trainer's base weights ({dtype}, offload_during_rollouts)"] = params * b
-    if host_bytes and sum(host.values()) > host_bytes:
-        parts = " + ".join(f"{name} {_gib(n)}" for name, n in host.items())
-        problems.append(f"CPU memory: the weight copies kept on the host need {_gib(sum(host.values()))} "
-                        f"({parts}), more than the {_gib(host_bytes)} available")
-        if offloaded:
-            suggestions.append("set ModelConfig.offload_during_rollouts=False (the host then keeps vLLM's copy "
-                               f"only, {_gib(vllm_weights)}; both copies stay on the GPU while vLLM serves), or "
-                               "free host memory")
-        else:
-            suggestions.append("set EngineConfig.enable_sleep_mode=False (vLLM keeps its weights on the GPU "
-                               "while training), use placement='dedicated', or free host memory")
+    if run.colocated and run.ecfg.enable_sleep_mode:
+        host["vLLM's weights while asleep (level 1)"] = vllm.weights
+    if run.offloaded:
+        host[f"the trainer's base weights ({run.dtype}, offload_during_rollouts)"] = run.weights
+    if not host_bytes or sum(host.values()) <= host_bytes:
+        return host, [], []
+    parts = " + ".join(f"{name} {_gib(n)}" for name, n in host.items())
+    problem = (f"CPU memory: the weight copies kept on the host need {_gib(sum(host.values()))} ({parts}), more "
+               f"than the {_gib(host_bytes)} available")
+    if run.offloaded:
+        suggestion = ("set ModelConfig.offload_during_rollouts=False (the host then keeps vLLM's copy only, "
+                      f"{_gib(vllm.weights)}; both copies stay on the GPU while vLLM serves), or free host memory")
+    else:
+        suggestion = ("set EngineConfig.enable_sleep_mode=False (vLLM keeps its weights on the GPU while "
+                      "training), use placement='dedicated', or free host memory")
+    return host, [problem], [suggestion]
 
+
+def _training_verdict(run: _Run, vllm: _VLLMSide, training: dict[str, int], device_bytes: int,
+                      device: str) -> tuple[list[str], list[str]]:
+    """(problems, suggestions) of the training phase: when it does not fit, what checkpointing, sleep mode or
+    fewer tokens per pass would give."""
     training_bytes = sum(training.values())
-    if training_bytes > device_bytes:
-        act = activations(tokens, checkpointing)
-        problems.append(f"training needs {_gib(training_bytes)} of {device} (activations of a {tokens}-token pass "
-                        f"{_gib(act)})")
-        if mbt < tokens:
-            problems.append(f"max_seq_length {seq} > max_tokens_per_micro_batch {mbt}: a sequence cannot be "
-                            f"split, so a pass holds up to {seq} tokens")
+    if training_bytes <= device_bytes:
+        return [], []
+    tokens, checkpointing = run.tokens, run.checkpointing
+    act = run.activations(tokens, checkpointing)
+    problems = [(f"training needs {_gib(training_bytes)} of {device} (activations of a {tokens}-token pass "
+                 f"{_gib(act)})")]
+    if run.mbt < tokens:
+        problems.append(f"max_seq_length {run.seq} > max_tokens_per_micro_batch {run.mbt}: a sequence cannot be "
+                        f"split, so a pass holds up to {run.seq} tokens")
+    suggestions = []
+    if not checkpointing:
+        on = run.activations(tokens, True)
+        then = sum(_training_terms(run, vllm, tokens, True).values())
+        suggestions.append(f"turn on gradient checkpointing (ModelConfig.gradient_checkpointing=True): "
+                           f"activations {_gib(act)} -> {_gib(on)}, training {_gib(then)} of {device}"
+                           + ("" if then <= device_bytes else " (not enough alone)"))
+    if run.colocated and not run.ecfg.enable_sleep_mode:
+        then = sum(_training_terms(run, vllm, tokens, checkpointing, vllm.asleep).values())
+        suggestions.append(f"turn on EngineConfig.enable_sleep_mode: vLLM's {_gib(vllm.share)} is freed during "
+                           f"training (training {_gib(then)} of {device})")
+    suggestions.append(_micro_batch_advice(run, vllm, device_bytes, device, act))
+    return problems, suggestions
 
-        def fits(t: int, ckpt: bool, vllm_bytes: int = vllm_in_training) -> bool:
-            return sum(training_terms(t, ckpt, vllm_bytes).values()) <= device_bytes
 
-        if not checkpointing:
-            on = activations(tokens, True)
-            then = sum(training_terms(tokens, True).values())
-            suggestions.append(f"turn on gradient checkpointing (ModelConfig.gradient_checkpointing=True): "
-                               f"activations {_gib(act)} -> {_gib(on)}, training {_gib(then)} of {device}"
-                               + ("" if then <= device_bytes else " (not enough alone)"))
-        if colocated and not ecfg.enable_sleep_mode:
-            then = sum(training_terms(tokens, checkpointing, asleep).values())
-            suggestions.append(f"turn on EngineConfig.enable_sleep_mode: vLLM's {_gib(vllm_share)} is freed during "
-                               f"training (training {_gib(then)} of {device})")
-        for ckpt in dict.fromkeys([checkpointing, True]):
-            lo, hi = 16, tokens - 1  # the most tokens per pass that fit
-            if not fits(lo, ckpt):
-                continue
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if fits(mid, ckpt) else (lo, mid - 1)
-            best = lo - lo % 256 if lo >= 512 else lo
-            then = activations(best, ckpt)
-            change = (f"set TrainConfig.max_tokens_per_micro_batch <= {best} (the steps' micro-batches) and "
-                      f"ModelConfig.memory_check.max_tokens_per_micro_batch <= {best} (what this plan assumes)")
-            if seq > best:
-                change += (f" and EngineConfig.max_seq_length <= {best} (now {seq}; a sequence is never split "
-                           "across passes, longer ones are truncated)")
-            with_ckpt = " with gradient checkpointing on" if ckpt and not checkpointing else ""
-            suggestions.append(f"{change}{with_ckpt}: activations {_gib(act)} -> {_gib(then)}")
-            break
-        else:
-            base_terms = sum(training_terms(16, True).values())
-            suggestions.append(f"even a 16-token pass needs {_gib(base_terms)} of {device}: use a larger device, "
-                               "a smaller model" + (", placement='dedicated'" if colocated else ""))
+def _micro_batch_advice(run: _Run, vllm: _VLLMSide, device_bytes: int, device: str, act: int) -> str:
+    """The most tokens per pass that fit (as planned, else with checkpointing on) and the settings that give it,
+    or that even a 16-token pass does not fit."""
+    def fits(tokens: int, checkpointing: bool) -> bool:
+        return sum(_training_terms(run, vllm, tokens, checkpointing).values()) <= device_bytes
 
-    return MemoryPlan(
-        device_bytes=device_bytes, base=base, parameters=params, lora_parameters=lora, dtype=dtype, engine=engine,
-        placement=ecfg.placement, gradient_checkpointing=checkpointing, attention=attention, tokens_per_pass=tokens,
-        max_tokens_per_micro_batch=mbt, max_seq_length=seq, margin=float(margin), rollout=rollout,
-        training=training, activations_bytes=activations(tokens, checkpointing),
-        activations_checkpointed_bytes=activations(tokens, True), activations_full_bytes=activations(tokens, False),
-        vllm_share_bytes=vllm_share, vllm_needs_bytes=vllm_needs, vllm_kv_cache_bytes=vllm_kv,
-        vllm_kv_tokens=vllm_kv // kv_per_token if vllm_kv else 0, problems=problems, suggestions=suggestions,
-        host=host, host_bytes=host_bytes)
+    for ckpt in dict.fromkeys([run.checkpointing, True]):
+        lo, hi = 16, run.tokens - 1  # the most tokens per pass that fit
+        if not fits(lo, ckpt):
+            continue
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid, ckpt) else (lo, mid - 1)
+        best = lo - lo % 256 if lo >= 512 else lo
+        change = (f"set TrainConfig.max_tokens_per_micro_batch <= {best} (the steps' micro-batches) and "
+                  f"ModelConfig.memory_check.max_tokens_per_micro_batch <= {best} (what this plan assumes)")
+        if run.seq > best:
+            change += (f" and EngineConfig.max_seq_length <= {best} (now {run.seq}; a sequence is never split "
+                       "across passes, longer ones are truncated)")
+        with_ckpt = " with gradient checkpointing on" if ckpt and not run.checkpointing else ""
+        return f"{change}{with_ckpt}: activations {_gib(act)} -> {_gib(run.activations(best, ckpt))}"
+    base_terms = sum(_training_terms(run, vllm, 16, True).values())
+    return (f"even a 16-token pass needs {_gib(base_terms)} of {device}: use a larger device, a smaller model"
+            + (", placement='dedicated'" if run.colocated else ""))

@@ -85,12 +85,13 @@ class TrainerActor:
     `RayTrainer`, one per model, in its placement group). Async methods, run in the actor's event loop; the
     training step itself runs in a thread there (as in `LocalBackend`), so `get_step` answers during a step."""
 
-    def __init__(self, path: str, wandb_project: str | None):
+    def __init__(self, path: str, wandb_project: str | None, random_weights: bool = False):
         import ray
 
         from trainer.backend import LocalBackend
 
-        self.backend = LocalBackend(path, host=ray.util.get_node_ip_address(), wandb_project=wandb_project)
+        self.backend = LocalBackend(path, host=ray.util.get_node_ip_address(), wandb_project=wandb_project,
+                                    random_weights=random_weights)
         self.models: dict[str, Any] = {}
 
     async def register(self, name: str, project: str, base_model: str, config: ModelConfig) -> dict[str, Any]:
@@ -149,13 +150,15 @@ class RayTrainer(ActorHolder):
     """The driver's side of a trainer placed by Ray (`EngineConfig.trainer_launcher="ray"`): the placement group,
     the `TrainerActor`, and what `LocalBackend` forwards to it. `info` says where both sides run once started."""
 
-    def __init__(self, config: EngineConfig, *, path: Path, wandb_project: str | None = None):
+    def __init__(self, config: EngineConfig, *, path: Path, wandb_project: str | None = None,
+                 random_weights: bool = False):
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
         if config.trainer_launcher != "ray":
             raise ValueError(f"RayTrainer needs EngineConfig(trainer_launcher='ray'), got "
                              f"trainer_launcher={config.trainer_launcher!r}")
         self.config, self.path, self.wandb_project = config, Path(path), wandb_project
+        self.random_weights = random_weights  # the driver's LocalBackend(random_weights=...), for the actor's
         self.bundle = trainer_bundle(config)
         self.name = ""
         self.step = 0
@@ -182,7 +185,7 @@ class RayTrainer(ActorHolder):
                 num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0.0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
                                                                      placement_group_bundle_index=0),
-            ).remote(str(self.path), self.wandb_project)
+            ).remote(str(self.path), self.wandb_project, self.random_weights)
             self.info = await self._call(self.actor.register, model.name, model.project, model.base_model, config)
             self.step = self.info["step"]
             log.info("trainer of %s placed by Ray (node %s, GPUs %s, %s); its server at %s", model.name,
