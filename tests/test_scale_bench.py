@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from evals.scale_bench import hidden_rollout, main, parse_phases, pipeline_report
+from evals.scale_bench.cli import main
+from evals.scale_bench.pipeline import hidden_rollout, parse_phases
+from evals.scale_bench.report import pipeline_report
 
 
 def test_phases_parse_and_bad_ones_are_refused_by_name():
@@ -110,7 +112,7 @@ def test_trls_agent_workload_runs_multi_turn_rollouts_through_its_rollout_func(t
 
 
 def test_time_by_kind_splits_kernels_into_matmul_attention_and_the_rest():
-    from evals.scale_bench import time_by_kind
+    from evals.scale_bench.profile import time_by_kind
 
     kinds = time_by_kind([("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 2.0), ("nvjet_tst_192x192_64x3_2x1_v_bz", 1.0),
                           ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", 0.5),
@@ -146,7 +148,8 @@ def test_the_plain_server_is_ours_without_the_middleware(tmp_path):
     """`raw --raw-via server` isolates the middleware: vLLM's server with exactly ours' flags but for it."""
     import argparse
 
-    from evals.scale_bench import make_model_dir, plain_vllm_server
+    from evals.scale_bench.raw import plain_vllm_server
+    from evals.scale_bench.shapes import make_model_dir
     from trainer.vllm_server import VLLMServer
 
     args = argparse.Namespace(max_seq=2048, util=0.45, batched_tokens=12288, log_stats=False)
