@@ -69,4 +69,9 @@ Workloads:
   logprobs): beside `ours --parts rollout` and `raw`, where ours' rollout overhead over vLLM goes.
   `raw-server-<shape>.json`.
 Every part writes its JSON as it goes (`ours-<shape>.json`), and stops starting new work after `--budget-s`.
+
+Modules: `shapes` (the shapes and their model folders), `workloads` (random word text, the prefix and agent
+workloads, their rewards, the budget), one per part (`ours`, `raw` with `raw --raw-via server`, `trl_grpo`,
+`pipeline`, `activations`, `sharing`, `profile`; `passes`: what the last three share), `report` (`report` and
+`pipeline-report`) and `cli` (the command line; `__main__` runs it).
 """

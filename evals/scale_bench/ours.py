@@ -10,7 +10,14 @@ import time
 import traceback
 
 from evals.scale_bench.shapes import LORA, SHAPES, make_model_dir, param_count
-from evals.scale_bench.workloads import Budget, synthetic_text, word_ids
+from evals.scale_bench.workloads import (
+    Budget,
+    agent_rollouts,
+    prefix_prompts,
+    rewarded_groups,
+    varied_rewards,
+    word_ids,
+)
 from evals.trainer_gpu_bench import PeakMemory
 
 
@@ -92,14 +99,10 @@ async def ours(args) -> dict:
             return await client.chat.completions.create(model=model.name, messages=messages, n=n,
                                                         max_tokens=args.gen, temperature=1.0, extra_body=fixed)
 
-        def rewards(n):
-            return [float(i % 3) for i in range(n)]  # varying: every trajectory has a non-zero advantage
-
         try:
             # --- #18: the shared-prefix workload, trained with and without sharing
             if "prefix" in args.parts or "rollout" in args.parts:  # `rollout`: the base-model rollouts only
-                prompts = [[{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}]
-                           for _ in range(args.groups)]
+                prompts = prefix_prompts(tok, words, args, rng)
                 part: dict = {}
 
                 async def rollout(key: str = "rollout_s") -> list:
@@ -114,7 +117,7 @@ async def ours(args) -> dict:
                     part["prompt_tokens"] = [r.usage.prompt_tokens for r in replies]
                     part["sampled_tokens"] = gen
                     return [TrajectoryGroup([Trajectory(messages_and_choices=[*p, c], reward=w)
-                                             for c, w in zip(r.choices, rewards(len(r.choices)))])
+                                             for c, w in zip(r.choices, varied_rewards(len(r.choices)))])
                             for p, r in zip(prompts, replies)]
 
                 for _ in range(args.rollout_reps):  # the base model (no adapter yet), as `raw` serves it; the first
@@ -145,26 +148,9 @@ async def ours(args) -> dict:
                         result["errors"].append(f"agent step {step}: skipped, budget")
                         break
                     t0 = time.perf_counter()
-                    firsts = [synthetic_text(tok, words, args.turn_tokens, rng) for _ in range(args.groups)]
-
-                    async def rollout_history(first):
-                        items: list = [{"role": "user", "content": first}]
-                        for k in range(args.turns):
-                            history = [it if isinstance(it, dict) else
-                                       {"role": "assistant", "content": it.message.content} for it in items]
-                            r = await turn(history)
-                            items.append(r.choices[0])
-                            if k < args.turns - 1:
-                                items.append({"role": "user", "content": "Tool result: " +
-                                              synthetic_text(tok, words, args.turn_tokens, rng)})
-                        return items
-
-                    trajs = await asyncio.gather(*(rollout_history(firsts[g]) for g in range(args.groups)
-                                                   for _ in range(args.group_size)))
+                    trajs = await agent_rollouts(turn, tok, words, args, rng)
                     rollout_s = time.perf_counter() - t0
-                    groups = [TrajectoryGroup([Trajectory(messages_and_choices=items, reward=w) for items, w in
-                                               zip(trajs[g * args.group_size:(g + 1) * args.group_size],
-                                                   rewards(args.group_size))]) for g in range(args.groups)]
+                    groups = rewarded_groups(trajs, args.group_size)
                     sampled = sum(len(c.model_extra["token_ids"]) for items in trajs for c in items
                                   if not isinstance(c, dict))
                     row = await measured_train(model, groups, TrainConfig(

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from evals.scale_bench.shapes import LORA, default_tokenizer_dir, make_model_dir
-from evals.scale_bench.workloads import synthetic_text, word_ids
+from evals.scale_bench.workloads import agent_rollouts, rewarded_groups, word_ids
 
 
 class GpuUsage:
@@ -185,25 +185,11 @@ async def pipeline(args) -> dict:
             groups = await asyncio.gather(*(group(i, q, a) for i, (q, a) in
                                             enumerate(questions_for_step(step, args.groups))))
         else:
-            async def history(first):
-                items: list = [{"role": "user", "content": first}]
-                for k in range(args.turns):
-                    msgs = [it if isinstance(it, dict) else {"role": "assistant", "content": it.message.content}
-                            for it in items]
-                    r = await client.chat.completions.create(model=model.name, messages=msgs, max_tokens=args.gen,
-                                                             temperature=1.0, extra_body=fixed)
-                    items.append(r.choices[0])
-                    if k < args.turns - 1:
-                        items.append({"role": "user", "content": "Tool result: " +
-                                      synthetic_text(tok, words, args.turn_tokens, rng)})
-                return items
+            async def ask(msgs):
+                return await client.chat.completions.create(model=model.name, messages=msgs, max_tokens=args.gen,
+                                                            temperature=1.0, extra_body=fixed)
 
-            firsts = [synthetic_text(tok, words, args.turn_tokens, rng) for _ in range(args.groups)]
-            trajs = await asyncio.gather(*(history(firsts[g]) for g in range(args.groups)
-                                           for _ in range(args.group_size)))
-            groups = [TrajectoryGroup([Trajectory(messages_and_choices=items, reward=float(i % 3)) for i, items in
-                                       enumerate(trajs[g * args.group_size:(g + 1) * args.group_size])])
-                      for g in range(args.groups)]
+            groups = rewarded_groups(await agent_rollouts(ask, tok, words, args, rng), args.group_size)
         rollout_s.append(time.perf_counter() - t0)
         gathers.append((t0, time.perf_counter()))
         return groups

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from evals.scale_bench.ours import vllm_fields
 from evals.scale_bench.shapes import LORA, make_model_dir
-from evals.scale_bench.workloads import synthetic_text, word_ids
+from evals.scale_bench.workloads import prefix_prompts, word_ids
 
 
 def raw(args) -> dict:
@@ -30,8 +30,8 @@ def raw(args) -> dict:
     llm = LLM(model=str(model_dir), load_format="dummy", gpu_memory_utilization=args.util, max_model_len=args.max_seq,
               enable_lora=True, max_lora_rank=LORA["rank"], max_num_seqs=64, seed=0)
     result["start_s"] = time.perf_counter() - started
-    prompts = [tok.apply_chat_template([{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}],
-                                       add_generation_prompt=True, tokenize=True) for _ in range(args.groups)]
+    prompts = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+               for p in prefix_prompts(tok, words, args, rng)]
     prompts = [p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompts]
     params = SamplingParams(n=args.group_size, max_tokens=args.gen, min_tokens=args.gen, ignore_eos=True,
                             temperature=1.0, logprobs=0, allowed_token_ids=words)
@@ -115,8 +115,7 @@ async def raw_server(args) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir)
     words = word_ids(tok)
     rng = random.Random(0)  # the prompts of `ours` and `raw`
-    prompts = [[{"role": "user", "content": synthetic_text(tok, words, args.prefix_tokens, rng)}]
-               for _ in range(args.groups)]
+    prompts = prefix_prompts(tok, words, args, rng)
     fixed = {} if args.dry_run else {"min_tokens": args.gen, "ignore_eos": True, "allowed_token_ids": words}
     result: dict = {"shape": args.shape, "dry_run": args.dry_run, "kinds": {k: [] for k in REQUEST_KINDS},
                     "errors": []}

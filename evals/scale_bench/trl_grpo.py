@@ -9,7 +9,7 @@ import time
 import traceback
 
 from evals.scale_bench.shapes import LORA, make_model_dir
-from evals.scale_bench.workloads import synthetic_text, word_ids
+from evals.scale_bench.workloads import synthetic_text, varied_rewards, word_ids
 from evals.trainer_gpu_bench import PeakMemory, step_clock
 
 
@@ -92,7 +92,7 @@ def trl(args) -> dict:
     rollout = trl_agent_rollout(args, tok, words, rng, result) if agent else None
 
     def reward(completions, **_):
-        return [float(i % 3) for i in range(len(completions))]
+        return varied_rewards(len(completions))
 
     def partial(clock) -> None:  # after each step: what it took so far, written at once
         result["step_end_s"] = [b - a for a, b in zip(clock.stamps[0::2], clock.stamps[1::2], strict=False)]
