@@ -138,10 +138,10 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
                     max_seq_length: int = 8192) -> dict:
     """Distil `student` on the graded groups of `train`; agreement with the rubric on `test` before and after;
     the distilled judge on LLMBar Natural (`llmbar_limit` pairs; 0 skips it)."""
-    from evals.distill import labelled_groups, untrained_judge
-    from evals.judge_meta import load_user_dataset
     from judges import DEFAULT_RUBRIC
-    from trainer.distill import agreement, from_labels
+    from ruler.labels import load_user_dataset
+    from trainer.distill import agreement, from_labels, labelled_groups
+    from trainer.distill_cli import untrained_judge
     from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
     def examples(path: Path):
@@ -293,10 +293,10 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
     Each phase stops early rather than overrun (sampling by about 40% of the budget, SFT 60 s before the end)
     and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase (the
     budget's end recorded as "budget of N s reached during phase X", `run_within_budget`)."""
-    from evals.distill import labelled_groups
-    from evals.judge_meta import DEFAULT_ROOT, evaluate, load_user_dataset
+    from evals.judge_meta import DEFAULT_ROOT, evaluate
     from judges import DEFAULT_RUBRIC
-    from trainer.distill import agreement, from_labels
+    from ruler.labels import load_user_dataset
+    from trainer.distill import agreement, from_labels, labelled_groups
     from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
     db, scenarios = Path(data) / "inbox.db", Path(data) / "scenarios.jsonl"

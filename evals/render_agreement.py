@@ -17,15 +17,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from evals.judge_meta import DEFAULT_ROOT, LLMBAR, Pair, _convo, _verdict, load_llmbar
+from evals.judge_meta import DEFAULT_ROOT, LLMBAR, _verdict, load_llmbar
 from ruler import ruler
+from ruler.labels import Pair, conversation
 
 DEFAULT_DATA = DEFAULT_ROOT / LLMBAR["llmbar-natural"]
 
 
 async def verdict(pair: Pair, judge: str | None, render: str) -> int:
     """1 or 2 for the output the judge scored higher, 0 for a tie."""
-    s = await ruler([_convo(pair.prompt, pair.a), _convo(pair.prompt, pair.b)], judge, render=render)
+    s = await ruler([conversation(pair.prompt, pair.a), conversation(pair.prompt, pair.b)], judge, render=render)
     return _verdict(s[0].score, s[1].score)
 
 

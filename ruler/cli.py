@@ -75,7 +75,7 @@ PLUGIN_COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "eval": ("evals.cli", "app", "eval", "Evaluations: judge meta-evaluation, benchmarks."),
     "mcp-rl": ("trainer.mcp_rl_cli", "app", "mcp",
                "Train an agent on the tools of an MCP server with RULER as the reward."),
-    "distill": ("evals.distill", "app", "train",
+    "distill": ("trainer.distill_cli", "app", "train",
                 "Distil a cheap local judge from a judge's cached judgments and/or labelled groups."),
 }
 

@@ -101,7 +101,7 @@ def inbox_db(tmp_path_factory):
 @pytest.fixture
 def tiny_dir(tmp_path):
     """A model folder of the scale benchmark's `tiny` shape: its config.json and SmolLM2's tokenizer, no weights."""
-    from evals.scale_bench import make_model_dir
+    from evals.scale_bench.shapes import make_model_dir
 
     return make_model_dir("tiny", tmp_path / "tiny")
 

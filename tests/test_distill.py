@@ -177,8 +177,8 @@ def test_agreement_figures_count_ties_as_wrong_and_errors_apart():
 
 
 def test_user_dataset_rows_become_labelled_groups(tmp_path):
-    from evals.distill import labelled_groups
-    from evals.judge_meta import load_user_dataset
+    from ruler.labels import load_user_dataset
+    from trainer.distill import labelled_groups
 
     path = tmp_path / "labels.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [

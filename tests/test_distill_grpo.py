@@ -235,7 +235,7 @@ def _cli(*args):
 
 
 async def test_run_distill_refuses_bad_types(tmp_path):
-    from evals.distill import run_distill
+    from trainer.distill_cli import run_distill
 
     common = {"teacher": None, "since": None, "until": None, "cache": tmp_path / "cache",
               "datasets": [tmp_path / "x.jsonl"], "student": "local/smollm2-135m-instruct", "steps": 1, "lr": 1e-3,
@@ -284,14 +284,14 @@ def test_sft_then_grpo_starts_from_the_sft_adapter_and_grpo_trains_the_lora(tmp_
 
     from safetensors.torch import load_file
 
-    import evals.distill
+    import trainer.distill_cli
     import trainer.sft
-    from evals.distill import run_distill
     from tests.test_distill import synthetic_dataset
+    from trainer.distill_cli import run_distill
     from trainer.runlog import load_run_log
 
     loaded, alive_at_grpo = [], []
-    real_load, real_stage = trainer.sft.load_student, evals.distill._grpo_stage
+    real_load, real_stage = trainer.sft.load_student, trainer.distill_cli._grpo_stage
 
     def load_student(*a, **k):
         model, tokenizer, full_forward = real_load(*a, **k)
@@ -303,7 +303,7 @@ def test_sft_then_grpo_starts_from_the_sft_adapter_and_grpo_trains_the_lora(tmp_
         return await real_stage(*a, **k)
 
     monkeypatch.setattr(trainer.sft, "load_student", load_student)
-    monkeypatch.setattr(evals.distill, "_grpo_stage", grpo_stage)
+    monkeypatch.setattr(trainer.distill_cli, "_grpo_stage", grpo_stage)
 
     data = synthetic_dataset(tmp_path / "synth.jsonl", n_groups=6)
     out = tmp_path / "sft-grpo-judge"

@@ -7,7 +7,8 @@ from pathlib import Path
 import litellm
 import pytest
 
-from evals.judge_meta import DatasetError, evaluate, load_user_dataset
+from evals.judge_meta import evaluate
+from ruler.labels import DatasetError, load_user_dataset
 
 SYSTEM = {"role": "system", "content": "Answer the question."}
 USER = {"role": "user", "content": "When is the meeting?"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from evals.scale_bench import SHAPES
+from evals.scale_bench.shapes import SHAPES
 from trainer import LocalBackend, MemoryCheckConfig, MemoryPlanError, ModelConfig, TrainableModel, plan_memory
 from trainer.config import EngineConfig, LoRAConfig, TrainConfig
 from trainer.memory import (

@@ -1,11 +1,29 @@
-"""The pipeline benchmark's phases (issue #13), run on the CPU engine: one registered model trains the plain
-steps, then the overlapped ones, and each step and phase is recorded as such."""
+"""The scale benchmark's parts on the CPU engine (`--dry-run`), on the `tiny` shape: the pipeline's phases (issue
+#13: one registered model trains the plain steps, then the overlapped ones, each step and phase recorded as such),
+ours, the sharing and profile passes, TRL's agent workload and vLLM's plain server."""
 
 import json
 
 import pytest
 
-from evals.scale_bench import hidden_rollout, main, parse_phases, pipeline_report
+from evals.scale_bench.cli import main
+from evals.scale_bench.pipeline import hidden_rollout, parse_phases
+from evals.scale_bench.report import pipeline_report
+
+
+@pytest.fixture(scope="module")
+def tiny_weights_dir(tmp_path_factory):
+    """The `tiny` shape's model folder with its random weights saved (seed 0): a model `--task tiny` loads as it
+    loads SmolLM2, at a fraction of the cost (2 layers of width 32)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from evals.scale_bench.shapes import make_model_dir
+
+    folder = make_model_dir("tiny", tmp_path_factory.mktemp("tiny-weights"))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    return folder
 
 
 def test_phases_parse_and_bad_ones_are_refused_by_name():
@@ -17,10 +35,11 @@ def test_phases_parse_and_bad_ones_are_refused_by_name():
         main(["pipeline", "--task", "tiny", "--dry-run", "--phases", "plain:1", "--overlap"])
 
 
-@pytest.mark.slow  # ~65 s on 2 CPU cores
-def test_plain_then_overlapped_steps_on_one_model(tmp_path):
-    main(["pipeline", "--task", "tiny", "--dry-run", "--placement", "dedicated", "--phases", "plain:1,overlap:2",
-          "--groups", "2", "--group-size", "4", "--tiny-max-tokens", "8", "--out", str(tmp_path)])
+@pytest.mark.slow  # a dedicated server process and three training steps
+def test_plain_then_overlapped_steps_on_one_model(tmp_path, tiny_weights_dir):
+    main(["pipeline", "--task", "tiny", "--tiny-model", str(tiny_weights_dir), "--dry-run", "--placement", "dedicated",
+          "--phases", "plain:1,overlap:2", "--groups", "2", "--group-size", "4", "--tiny-max-tokens", "8",
+          "--out", str(tmp_path)])
     result = json.loads((tmp_path / "pipeline-tiny-dedicated-plain-overlap.json").read_text())
     assert not result["errors"]
     assert [(s["phase"], s["step"]) for s in result["steps"]] == [("plain", 1), ("overlap", 2), ("overlap", 3)]
@@ -52,8 +71,8 @@ def test_hidden_rollout_counts_the_seconds_of_gathers_inside_train_calls():
 def test_ours_runs_both_workloads_without_an_error_row(tmp_path):
     """The device run's script, on the CPU engine: every train call of the prefix and agent parts trains (a
     TrainConfig the trainer refuses, or rollouts of an older policy step, would be recorded as an error row)."""
-    main(["ours", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens", "300",
-          "--turn-tokens", "100", "--gen", "16", "--groups", "2", "--group-size", "4", "--agent-steps", "1",
+    main(["ours", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens", "100",
+          "--turn-tokens", "40", "--gen", "8", "--groups", "2", "--group-size", "2", "--agent-steps", "1",
           "--max-seq", "2048", "--micro-tokens", "2048", "--lora-autocast", "alternate"])
     result = json.loads((tmp_path / "ours-tiny.json").read_text())
     assert not result["errors"]
@@ -73,7 +92,7 @@ def test_ours_runs_both_workloads_without_an_error_row(tmp_path):
 def test_rollout_part_only_samples_the_base_model(tmp_path):
     """`--parts rollout` (against `raw`): the requested number of base-model rollouts, no train call."""
     main(["ours", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--parts", "rollout", "--rollout-reps", "4",
-          "--prefix-tokens", "200", "--gen", "8", "--groups", "2", "--group-size", "2", "--max-seq", "1024",
+          "--prefix-tokens", "100", "--gen", "4", "--groups", "2", "--group-size", "2", "--max-seq", "1024",
           "--micro-tokens", "1024"])
     result = json.loads((tmp_path / "ours-tiny.json").read_text())
     assert not result["errors"] and "agent" not in result
@@ -82,12 +101,12 @@ def test_rollout_part_only_samples_the_base_model(tmp_path):
 
 
 def test_sharing_part_gives_the_same_loss_with_fewer_forward_tokens(tmp_path):
-    main(["sharing", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens", "300", "--gen", "16",
-          "--groups", "2", "--group-size", "4", "--micro-tokens", "2048"])
+    main(["sharing", "--shape", "tiny", "--dry-run", "--out", str(tmp_path), "--prefix-tokens", "100", "--gen", "8",
+          "--groups", "2", "--group-size", "4", "--micro-tokens", "1024"])
     result = json.loads((tmp_path / "sharing-tiny.json").read_text())
     share, plain, again = result["calls"]
     assert (share["share_prefix"], plain["share_prefix"]) == (True, False)
-    assert share["forward_tokens"] == 2 * 300 + 8 * 16 and plain["forward_tokens"] == 8 * (300 + 16)
+    assert share["forward_tokens"] == 2 * 100 + 8 * 8 and plain["forward_tokens"] == 8 * (100 + 8)
     assert abs(share["loss"] - plain["loss"]) < 1e-5 and share["loss"] == pytest.approx(again["loss"], abs=1e-7)
     assert share["shared_prefix_groups"] == 2 and plain["shared_prefix_groups"] == 0
 
@@ -97,20 +116,20 @@ def test_trls_agent_workload_runs_multi_turn_rollouts_through_its_rollout_func(t
     """The TRL side of #12's comparison, on the CPU (transformers generation instead of vLLM): three turns per
     rollout, the tool results between them masked out of TRL's loss, every step trained."""
     main(["trl", "--trl-workload", "agent", "--shape", "tiny", "--dry-run", "--out", str(tmp_path),
-          "--turn-tokens", "60", "--gen", "8", "--groups", "2", "--group-size", "4", "--turns", "3",
-          "--trl-steps", "2", "--trl-per-device", "2", "--max-seq", "1024"])
+          "--turn-tokens", "20", "--gen", "4", "--groups", "2", "--group-size", "2", "--turns", "3",
+          "--trl-steps", "2", "--trl-per-device", "2", "--max-seq", "512"])
     result = json.loads((tmp_path / "trl-agent-tiny.json").read_text())
     assert not result["errors"] and len(result["step_s"]) == 2
     assert len(result["trl_rollout_turn_s"]) == 2 * 3  # one generation call per turn and step
     steps = [row for row in result["log"] if "loss" in row]
     assert len(steps) == 2 and all(row["grad_norm"] > 0 for row in steps)
-    # TRL counts only the sampled tokens (env_mask 1): 3 turns x 8; the completions also hold the tool results
-    assert all(row["completions/mean_length"] == 24 for row in steps)
-    assert all(n > 24 + 2 * 60 for lengths in result["trl_completion_tokens"] for n in lengths)
+    # TRL counts only the sampled tokens (env_mask 1): 3 turns x 4; the completions also hold the tool results
+    assert all(row["completions/mean_length"] == 12 for row in steps)
+    assert all(n > 12 + 2 * 20 for lengths in result["trl_completion_tokens"] for n in lengths)
 
 
 def test_time_by_kind_splits_kernels_into_matmul_attention_and_the_rest():
-    from evals.scale_bench import time_by_kind
+    from evals.scale_bench.profile import time_by_kind
 
     kinds = time_by_kind([("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 2.0), ("nvjet_tst_192x192_64x3_2x1_v_bz", 1.0),
                           ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", 0.5),
@@ -146,7 +165,8 @@ def test_the_plain_server_is_ours_without_the_middleware(tmp_path):
     """`raw --raw-via server` isolates the middleware: vLLM's server with exactly ours' flags but for it."""
     import argparse
 
-    from evals.scale_bench import make_model_dir, plain_vllm_server
+    from evals.scale_bench.raw import plain_vllm_server
+    from evals.scale_bench.shapes import make_model_dir
     from trainer.vllm_server import VLLMServer
 
     args = argparse.Namespace(max_seq=2048, util=0.45, batched_tokens=12288, log_stats=False)

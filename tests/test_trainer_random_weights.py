@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 def test_the_model_folder_holds_no_weights_and_its_ids_fit(tiny_dir):
     from transformers import AutoTokenizer
 
-    from evals.scale_bench import SHAPES, make_model_dir
+    from evals.scale_bench.shapes import SHAPES, make_model_dir
 
     assert not list(tiny_dir.glob("*.safetensors")) and (tiny_dir / "config.json").is_file()
     assert len(AutoTokenizer.from_pretrained(tiny_dir)) <= SHAPES["tiny"]["vocab_size"]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from judges.errors import JudgeError
 from ruler.cache import CachedJudgment
+from ruler.labels import Group, Pair, conversation
 from ruler.prompt import JudgePrompt, build_prompt
 from ruler.providers import LOCAL_EXPLANATION_CHARS
 
@@ -79,6 +80,25 @@ class LabelledGroup:
             raise ValueError(f"group {self.id}: labels must be finite numbers")
         if len(set(self.labels)) < 2:
             raise ValueError(f"group {self.id}: every label is equal; nothing to rank")
+
+
+def labelled_groups(items: list[Pair | Group]) -> list[LabelledGroup]:
+    """Pairs and groups of `ruler.labels.load_user_dataset` as labelled groups: a pair is a group of two
+    labelled 1 (the preferred response) and 0; a group keeps its conversations (or prompt + responses), tools
+    and labels."""
+    out = []
+    for x in items:
+        if isinstance(x, Pair):
+            if x.label not in (1, 2):
+                raise ValueError(f"pair {x.id}: a tie (label 0) has no preferred response to teach")
+            out.append(LabelledGroup(x.id, [conversation(x.prompt, x.a), conversation(x.prompt, x.b)],
+                                     [1.0, 0.0] if x.label == 1 else [0.0, 1.0]))
+        elif isinstance(x, Group):
+            convs = x.convs or [conversation(x.prompt, r) for r in x.responses]
+            out.append(LabelledGroup(x.id, convs, list(x.human), x.tools))
+        else:
+            raise TypeError(f"expected a Pair or a Group, got {type(x).__name__}")
+    return out
 
 
 def render_answer(ids: list[str], scores: dict[str, float], explanations: dict[str, str],

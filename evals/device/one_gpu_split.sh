@@ -9,7 +9,7 @@ set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
   PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 res=/tmp/split; mkdir -p $res
-bench() { python3 evals/scale_bench.py pipeline --out $res "$@"; }
+bench() { python3 -m evals.scale_bench pipeline --out $res "$@"; }
 case "$1" in
   install) bash .gpukit/k0/install.sh && python3 -c "import ray; print('ray', ray.__version__)" ;;
   tiny-colocated) bench --task tiny --placement colocated --phases plain:20 ;;
@@ -18,7 +18,7 @@ case "$1" in
   agent-split) bench --task agent --shape qwen2.5-7b --placement split --util 0.45 --trainer-share 0.5 \
                  --phases plain:2,overlap:3 ;;
   tiny-split-ray) bench --task tiny --placement split --util 0.3 --trainer-share 0.5 --ray-trainer --phases overlap:5 ;;
-  report) python3 evals/scale_bench.py pipeline-report --out $res > $res/tables.md; cat $res/tables.md ;;
+  report) python3 -m evals.scale_bench pipeline-report --out $res > $res/tables.md; cat $res/tables.md ;;
   *) echo "unknown part: $1" >&2; exit 2 ;;
 esac 2>&1 | tee -a "$res/$1.log"
 rc=${PIPESTATUS[0]}

@@ -7,7 +7,7 @@
 
 Teacher data: `--teacher` selects one judge model's judgments from the cache (`--cache`, default the
 judge cache; `--since`/`--until` bound the date they were stored), `--dataset` adds labelled pairs and
-groups in the formats of `ruler eval judge --dataset` (`evals.judge_meta.load_user_dataset`), rendered as
+groups in the formats of `ruler eval judge --dataset` (`ruler.labels.load_user_dataset`), rendered as
 RULER prompts with `--rubric`. A seeded share of the groups (`--holdout`) is held out. The student
 (`--student`, default the embedded SmolLM2-135M) gets a LoRA adapter trained by SFT on the teacher's answers
 (`trainer.sft`; `--method sft`, the default), by GRPO rewarded by agreement with the teacher's scores
@@ -23,7 +23,7 @@ get gradient (`trainer.distill.train_grpo`). An answer cut at its token bound is
 (`answers_cut` in each GRPO step's row).
 
 `ruler.cli` loads `app` by name when the command runs (`ruler.cli.PLUGIN_COMMANDS`); it needs the `train`
-extra, and scipy (the `eval` extra) for Kendall's tau; it runs from a checkout (evals is not in the wheel).
+extra, and scipy (the `eval` extra) for Kendall's tau.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import math
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -46,10 +46,6 @@ from ruler.cli import console
 
 require("train", "`ruler distill`")
 require("eval", "`ruler distill` (Kendall's tau: scipy)")
-
-if TYPE_CHECKING:  # imported where used: `ruler distill --help` does not load the trainer or the judge client
-    from evals.judge_meta import Group, Pair
-    from trainer.distill import LabelledGroup
 
 app = typer.Typer(help="Judge distillation.")
 
@@ -66,27 +62,6 @@ def parse_when(value: str | None, name: str) -> datetime | None:
         raise typer.BadParameter(f"not an ISO 8601 date or date-time: {value!r} (e.g. 2026-11-01 or "
                                  "2026-11-01T12:00:00+00:00)", param_hint=name) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def labelled_groups(items: list[Pair | Group]) -> list[LabelledGroup]:
-    """Pairs and groups of `load_user_dataset` as labelled groups: a pair is a group of two labelled 1 (the
-    preferred response) and 0; a group keeps its conversations (or prompt + responses), tools and labels."""
-    from evals.judge_meta import Group, Pair, _convo
-    from trainer.distill import LabelledGroup
-
-    out = []
-    for x in items:
-        if isinstance(x, Pair):
-            if x.label not in (1, 2):
-                raise ValueError(f"pair {x.id}: a tie (label 0) has no preferred response to teach")
-            out.append(LabelledGroup(x.id, [_convo(x.prompt, x.a), _convo(x.prompt, x.b)],
-                                     [1.0, 0.0] if x.label == 1 else [0.0, 1.0]))
-        elif isinstance(x, Group):
-            convs = x.convs or [_convo(x.prompt, r) for r in x.responses]
-            out.append(LabelledGroup(x.id, convs, list(x.human), x.tools))
-        else:
-            raise TypeError(f"expected a Pair or a Group, got {type(x).__name__}")
-    return out
 
 
 def untrained_judge(student: str) -> str:
@@ -122,11 +97,11 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     ValueError before anything is read. Returns {"train",
     "heldout", "untrained", "distilled" (Agreement rows), "history" (SFT's rows, then GRPO's), "method",
     "out"}."""
-    from evals.judge_meta import load_user_dataset
     from judges.rubrics import get_rubric
     from ruler.cache import default_cache_dir, export_judgments
+    from ruler.labels import load_user_dataset
     from trainer.checkpoints import save_checkpoint
-    from trainer.distill import agreement, from_cache, from_labels, split_by_group
+    from trainer.distill import agreement, from_cache, from_labels, labelled_groups, split_by_group
     from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
     if method not in METHODS:
