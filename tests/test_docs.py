@@ -83,8 +83,8 @@ def by_kind(*kinds: str, runs: bool | None = None) -> list:
 
 def test_the_pages_hold_code_blocks():
     """The parser sees the blocks (an empty list would make every test below pass vacuously)."""
-    assert len([b for b in BLOCKS if b.page.name == "README.md"]) >= 3
-    assert len(BLOCKS) >= 40
+    assert len([b for b in BLOCKS if b.page.name == "README.md"]) >= 5
+    assert len([b for b in BLOCKS if b.page.name != "README.md"]) >= 15
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in BLOCKS])
@@ -250,7 +250,10 @@ def run_params() -> list:
 
 @pytest.mark.parametrize("block", run_params())
 def test_runnable_block_runs_and_prints_what_the_page_shows(block, scripted_judge):
+    scripted_judge.reset()
     stdout = run_block(block, scripted_judge, timeout=900)
+    if "--judge openai/" in block.code:  # reached the judge through litellm, not a cache or a fallback
+        assert scripted_judge.requests, f"{block.id} names an openai/ judge but never called it"
     shown = output_after(block)
     if shown is not None:
         assert shape(stdout) == shape(shown.code), (
@@ -270,24 +273,12 @@ def test_readme_is_short_and_its_quickstart_runs_both_judges():
     assert all(output_after(b) is not None for b in named + embedded)
 
 
-def test_the_scripted_judge_answers_the_named_judge_quickstart(scripted_judge):
-    """The fast-tier run of the named-judge block reaches the judge through litellm (not a cache or a fallback)."""
-    block = next(b for b in BLOCKS if b.page.name == "README.md" and b.runs and "--judge openai/" in b.code)
-    scripted_judge.reset()
-    run_block(block, scripted_judge, timeout=300)
-    assert len(scripted_judge.requests) == 1
-
-
 def test_reference_pages_document_every_public_name():
-    """docs/reference/PACKAGE.md has a `::: module.NAME` entry for every name of PACKAGE.__all__, from the module
-    the package loads it from."""
+    """docs/reference/PACKAGE.md has a `::: module.NAME` entry for every name of PACKAGE.__all__, and that module
+    has the name (mkdocs build --strict fails on an entry it cannot find; this names the public name left out)."""
     for package in ("ruler", "judges", "trainer"):
-        module = importlib.import_module(package)
-        lazy = {**getattr(module, "_NAMES", {}), **getattr(module, "_WITH_LITELLM", {})}
         page = (ROOT / "docs" / "reference" / f"{package}.md").read_text()
         entries = dict(reversed(m.groups()) for m in re.finditer(r"^::: ([\w.]+)\.(\w+)$", page, re.M))
-        for name in module.__all__:
+        for name in importlib.import_module(package).__all__:
             assert name in entries, f"docs/reference/{package}.md has no entry for {package}.{name}"
             assert name in defined_names(entries[name]), f"{entries[name]} defines no {name}"
-            if name in lazy:
-                assert entries[name] == lazy[name], f"{package}.{name} comes from {lazy[name]}, not {entries[name]}"
