@@ -83,13 +83,13 @@ async def test_the_pipeline_runs_with_the_dedicated_server_in_a_ray_actor(tmp_pa
 
 async def test_a_bundle_the_cluster_cannot_place_is_a_clear_error_within_the_timeout(tmp_path, ray_cluster):
     config = EngineConfig(engine="vllm", placement="dedicated", launcher="ray", inference_gpus=[0], trainer_gpus=[1],
-                          placement_timeout_s=0.5)
+                          placement_timeout_s=2)
     make = partial(VLLMServer, BASE, config, served_name="m", lora_rank=8, log_dir=tmp_path,
                    chat_template_file=None, tool_parser="hermes", reasoning_parser=None)
     server = RayServer(make, config, served_name="m", log_dir=tmp_path)
     started = time.perf_counter()
     with pytest.raises(PlacementTimeoutError, match=r"bundle \{'GPU': 1.0, 'CPU': 1.0\} \(STRICT_PACK\) within "
-                                                    r"placement_timeout_s=0.5 s: the cluster has \{'CPU': 2.0, "
+                                                    r"placement_timeout_s=2.0 s: the cluster has \{'CPU': 2.0, "
                                                     r"'GPU': 0.0\} in all") as caught:
         await server.start()
     assert time.perf_counter() - started < 20

@@ -130,11 +130,11 @@ def test_one_gpu_split_in_two_is_two_fractional_bundles_ray_places_on_it(ray_clu
 
 async def test_a_trainer_bundle_the_cluster_cannot_place_is_a_clear_error_within_the_timeout(tmp_path, ray_cluster):
     cfg = ModelConfig(engine=EngineConfig(engine="transformers", placement="dedicated", launcher="ray",
-                                          trainer_launcher="ray", trainer_cpus=8, placement_timeout_s=0.5))
+                                          trainer_launcher="ray", trainer_cpus=8, placement_timeout_s=2))
     model = TrainableModel("big", "p", BASE, cfg)
     backend = LocalBackend(tmp_path)
     with pytest.raises(PlacementTimeoutError, match=r"the trainer's bundle \{'CPU': 8.0\} \(STRICT_PACK\) within "
-                                                    r"placement_timeout_s=0.5 s: the cluster has \{'CPU': 2.0, "
+                                                    r"placement_timeout_s=2.0 s: the cluster has \{'CPU': 2.0, "
                                                     r"'GPU': 1.0\} in all"):
         await model.register(backend)
     assert backend._remote == {}
