@@ -3,6 +3,7 @@
 `import judges` stay light while every public name still imports. Each check runs in a fresh interpreter, so
 nothing an earlier test imported counts."""
 
+import functools
 import json
 import os
 import subprocess
@@ -35,8 +36,10 @@ def run_in_fresh_python(code: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=120, check=False)
 
 
+@functools.cache
 def run_cli(*argv: str) -> tuple[int, list[str], str]:
-    """Exit code, heavy modules loaded, and stdout of `ruler ARGV...` run as the console script runs it."""
+    """Exit code, heavy modules loaded, and stdout of `ruler ARGV...` run as the console script runs it (once per
+    test session: the tests that read the same command's help share its run)."""
     proc = run_in_fresh_python(RUN_CLI, json.dumps(argv))
     out, _, tail = proc.stdout.rpartition("\nLOADED ")
     assert tail, f"no report from `ruler {' '.join(argv)}`: {proc.stdout}{proc.stderr}"

@@ -147,6 +147,20 @@ def test_the_trainer_imports_ray_only_when_a_server_is_placed():
     assert out.stdout.strip() == "False"
 
 
+def test_a_local_cluster_is_shown_the_visible_gpus_the_trainer_does_not_use(monkeypatch):
+    """The next test's claim with `ray.init` recorded instead of a cluster started: the GPUs Ray is shown, and this
+    process's CUDA_VISIBLE_DEVICES as it was after."""
+    from trainer.ray_placement import _init_local
+
+    seen = {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7")
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw, visible=os.environ["CUDA_VISIBLE_DEVICES"]))
+    _init_local(ray, [1])
+    assert seen == {"include_dashboard": False, "num_gpus": 2, "visible": "5,7"}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6,7"
+
+
+@pytest.mark.slow
 def test_a_local_cluster_started_here_gets_the_gpus_the_trainer_does_not_use(tmp_path):
     # its own process: a cluster this test starts, not the module's; GPU ids are only names to Ray here
     code = """

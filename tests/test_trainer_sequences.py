@@ -1,6 +1,8 @@
 """Token-exact training sequences: for every assistant turn the training context is exactly the prompt the
 server tokenized (`prompt_token_ids`) and the trained tokens exactly what it sampled (`token_ids`), with the
-CPU server's real SmolLM2 generations, for several chat-template shapes."""
+CPU server's real SmolLM2 generations, for several chat-template shapes. The tests that sample from the server
+load the model and are slow; those of rendering, parsing and refusals need only SmolLM2's tokenizer and run in
+the default tier."""
 
 import json
 import math
@@ -14,8 +16,6 @@ from trainer.config import TrainConfig
 from trainer.sequences import MissingTokenIdsError, SequenceReport, trained_spans, training_sequences
 from trainer.server import BackgroundServer, Served, create_server_app
 from trainer.training import prepare
-
-pytestmark = pytest.mark.slow
 
 TOOLS = [{"type": "function", "function": {"name": "search_inbox", "description": "Search the inbox.",
                                            "parameters": {"type": "object", "properties": {
@@ -135,20 +135,28 @@ for _i, (_q, _kw) in enumerate([("Find emails about the gas contract.", ["gas", 
 
 
 @pytest.fixture(scope="module")
-async def served():
+def tokenizer():
+    """SmolLM2's tokenizer (no model)."""
+    from transformers import AutoTokenizer
+
+    from judges.embedded import embedded_model_path
+
+    return AutoTokenizer.from_pretrained(embedded_model_path())
+
+
+@pytest.fixture(scope="module")
+async def served(tokenizer):
     """The CPU server over the real SmolLM2 engine, one served name per chat-template shape."""
     import threading
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from judges.embedded import embedded_model_path
     from trainer.engine_transformers import TransformersEngine
     from trainer.sequences import end_of_turn_ids
 
-    path = embedded_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32).eval()
     engine = TransformersEngine(model, tokenizer, threading.Lock(), stop_token_ids=end_of_turn_ids(tokenizer))
     default, _ = pick_chat_template(tokenizer)
     models = {name: Served(name, engine, tokenizer, 4096, chat_template=template, tool_parser=parser,
@@ -209,6 +217,7 @@ def assert_token_exact(traj, replies, tokenizer, report=None):
     return seqs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["chatml", "qwen25", "qwen3", "llama31"])
 async def test_every_turn_trains_on_the_served_prompt_and_the_sampled_tokens(served, name):
     client, tokenizer, _ = served
@@ -232,6 +241,7 @@ async def test_every_turn_trains_on_the_served_prompt_and_the_sampled_tokens(ser
         assert '"arguments": {"keywords": ["budget", "meeting"]}' in prompt and '\\"keywords' not in prompt
 
 
+@pytest.mark.slow
 async def test_an_agent_that_drops_a_tool_result_gets_a_new_sequence_not_a_wrong_context(served):
     client, tokenizer, _ = served
     traj, replies = await agent(client, "chatml", drop_tool_result=True)
@@ -240,9 +250,10 @@ async def test_an_agent_that_drops_a_tool_result_gets_a_new_sequence_not_a_wrong
     assert [s.turns for s in seqs] == [2, 1] and report.context_breaks == 1
 
 
+@pytest.mark.slow
 async def test_additional_histories_are_trained_too(served):
     client, tokenizer, _ = served
-    traj, replies = await agent(client, "chatml")
+    traj, _ = await agent(client, "chatml")
     extra, extra_replies = await agent(client, "qwen25")
     both = Trajectory(messages_and_choices=traj.messages_and_choices, tools=TOOLS, reward=1.0,
                       additional_histories=[{"messages_and_choices": extra.messages_and_choices, "tools": TOOLS}])
@@ -250,8 +261,7 @@ async def test_additional_histories_are_trained_too(served):
     assert len(trained_spans(seqs)) == 6 and trained_spans(seqs)[3][0] == extra_replies[0].model_extra["prompt_token_ids"]
 
 
-async def test_choices_without_token_ids_are_refused_unless_off_policy_text_is_allowed(served):
-    _, tokenizer, models = served
+def test_choices_without_token_ids_are_refused_unless_off_policy_text_is_allowed(tokenizer):
     text_only = Choice.model_validate({"index": 0, "finish_reason": "stop", "logprobs": None,
                                        "message": {"role": "assistant", "content": "Monday."}})
     traj = Trajectory(messages_and_choices=[{"role": "user", "content": "When?"}, text_only], reward=1.0)
@@ -271,6 +281,7 @@ async def test_choices_without_token_ids_are_refused_unless_off_policy_text_is_a
     assert len(seqs) == 2 and stats["off_policy_turns"] == 2
 
 
+@pytest.mark.slow
 async def test_aborted_turns_are_never_trained(served):
     client, tokenizer, _ = served
     reply = await client.chat.completions.create(model="chatml", messages=[{"role": "user", "content": "Hi"}],
@@ -283,8 +294,9 @@ async def test_aborted_turns_are_never_trained(served):
     assert len(seqs) == 1 and stats["skipped"] == {"trajectory with an aborted turn": 1}
 
 
+@pytest.mark.slow
 async def test_the_server_speaks_vllms_shapes_and_refuses_what_it_cannot_do(served):
-    client, tokenizer, models = served
+    client, _, _ = served
     import httpx
 
     base = str(client.base_url).rstrip("/")
@@ -326,7 +338,7 @@ def test_malformed_trajectories_are_refused_by_the_one_validation_naming_group_t
         prepare([TrajectoryGroup([ok, nan])], None, TrainConfig(), 512)
 
 
-def test_messages_reach_the_template_as_vllm_hands_them_over(served):
+def test_messages_reach_the_template_as_vllm_hands_them_over(tokenizer):
     from ruler.trajectory import choice_to_message
     from trainer.chat import template_messages
 
@@ -343,7 +355,6 @@ def test_messages_reach_the_template_as_vllm_hands_them_over(served):
     assert msgs[3]["tool_calls"][0]["function"]["arguments"] == {"k": [1]}  # an object, for `| tojson`
     assert msgs[4] == {"role": "tool", "content": "ok", "tool_call_id": "c"}
     # a template that tests `'tool_calls' in message` (Llama-3.1's way) renders a plain assistant turn
-    _, tokenizer, _ = served
     strict = ("{% for m in messages %}{% if 'tool_calls' in m %}{{ m.tool_calls | length }} calls"
               "{% else %}{{ m.role }}: {{ m.content }}|{% endif %}{% endfor %}")
     ids = prompt_ids(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo",
@@ -378,8 +389,7 @@ def test_tool_call_parsers_follow_vllms():
         parse_tool_calls("x", "pythonic")
 
 
-def test_a_chatml_template_without_tools_gets_the_hermes_template_for_tool_requests_only(served):
-    _, tokenizer, _ = served
+def test_a_chatml_template_without_tools_gets_the_hermes_template_for_tool_requests_only(tokenizer):
     template, ok = pick_chat_template(tokenizer)
     assert HERMES_CHATML_TEMPLATE in template and ok  # SmolLM2's own template ignores tools
     hi = [{"role": "user", "content": "hi"}]
@@ -391,6 +401,7 @@ def test_a_chatml_template_without_tools_gets_the_hermes_template_for_tool_reque
     assert pick_chat_template(tokenizer, LLAMA31) == (LLAMA31, True)
 
 
+@pytest.mark.slow
 async def test_a_batch_whose_assistant_turns_are_all_plain_messages_is_refused(served):
     client, tokenizer, _ = served
     ask = {"role": "user", "content": "Hi"}
@@ -409,6 +420,7 @@ async def test_a_batch_whose_assistant_turns_are_all_plain_messages_is_refused(s
     assert prepare([flat], tokenizer, TrainConfig(), 512)[1]["skipped"] == {"group with all-equal rewards": 1}
 
 
+@pytest.mark.slow
 async def test_an_aborted_trajectory_beside_a_message_only_one_is_not_called_a_batch_without_choices(served):
     client, tokenizer, _ = served
     ask = {"role": "user", "content": "Hi"}
