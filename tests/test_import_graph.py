@@ -30,12 +30,7 @@ LAYERS = ("judges", "ruler", "trainer", "evals")  # each package may import only
 
 # Circles the project still has, each as the set of modules that import each other around it. The test fails
 # when one is gone (remove its entry) and when any other circle appears.
-KNOWN_CYCLES = {
-    # LocalBackend (trainer/backend.py) starts a RayTrainer (trainer/ray_trainer.py) when
-    # EngineConfig.trainer_launcher is "ray", and the RayTrainer runs a LocalBackend and its `_after_step` inside
-    # its actor. Left to the trainer-rooms work, which is splitting trainer/backend.py.
-    frozenset({"trainer.backend", "trainer.ray_trainer"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()  # circles allowed by name, each with its reason (none today)
 
 Graph = dict[str, dict[str, str]]  # module -> {module it imports: "path:line" of the first such import}
 

@@ -155,4 +155,4 @@ def test_the_trainer_launcher_is_checked_with_the_rest_of_the_placement():
     with pytest.raises(TypeError, match="config must be a trainer.EngineConfig"):
         trainer_bundle({"trainer_launcher": "ray"})
     with pytest.raises(ValueError, match="RayTrainer needs EngineConfig\\(trainer_launcher='ray'\\)"):
-        RayTrainer(EngineConfig(placement="dedicated", launcher="ray"), path=".")
+        RayTrainer(EngineConfig(placement="dedicated", launcher="ray"), backend_cls=LocalBackend, path=".")

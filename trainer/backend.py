@@ -51,7 +51,7 @@ from trainer.memory import default_checkpointing, resolve_dtype, vllm_dtype
 from trainer.runlog import append_row, load_run_log
 from trainer.sequences import TrainingSequence, end_of_turn_ids
 from trainer.server import BackgroundServer, Served, create_server_app
-from trainer.training import prepare, train_step, verify_logprob_path, verify_packed_rows
+from trainer.training import call_after_step, prepare, train_step, verify_logprob_path, verify_packed_rows
 
 log = logging.getLogger("ruler.trainer")
 
@@ -193,17 +193,6 @@ def _replan_for_step(run, config: TrainConfig) -> None:
     if not again.fits:
         raise MemoryPlanError(again)
     run.memory_plan = again
-
-
-def _after_step(on_step, row: dict, seqs: list[TrainingSequence]) -> None:
-    """Call `on_step(row, seqs)`; the step is logged by now, so a failure is logged, never raised."""
-    if on_step is None:
-        return
-    try:
-        on_step(dict(row), list(seqs))
-    except Exception as exc:
-        log.warning("step %s: the after-step hook failed (%s: %s); the step is taken and logged", row.get("step"),
-                    type(exc).__name__, exc)
 
 
 def _credit_by_policy_step(rows: list[dict], metric: str) -> dict[int, tuple[float, float]]:
@@ -402,8 +391,8 @@ class LocalBackend:
         if model.config.engine.trainer_launcher == "ray":  # the trainer in a Ray actor (trainer/ray_trainer.py)
             from trainer.ray_trainer import RayTrainer
 
-            remote = RayTrainer(model.config.engine, path=self.path, wandb_project=self.wandb_project,
-                                random_weights=self.random_weights)
+            remote = RayTrainer(model.config.engine, backend_cls=type(self), path=self.path,
+                                wandb_project=self.wandb_project, random_weights=self.random_weights)
             await remote.start(model)
             self._remote[model.name] = remote
             return
@@ -640,7 +629,7 @@ class LocalBackend:
             row.update(trained=False)
             append_row(run.run_dir, row, wandb_run=run.wandb_run)
             run.last_train_end = time.perf_counter()
-            _after_step(on_step, row, seqs)
+            call_after_step(on_step, row, seqs)
             return row
         if prep["stale_turns_uncorrected"]:
             log.warning("step %d: %d stale turn(s) without sampled logprobs (constrained, or none sent) are trained "
@@ -696,7 +685,7 @@ class LocalBackend:
             log.error("step %d is applied and checkpointed, but its run-log row could not be written (%s: %s): %s",
                       step, type(exc).__name__, exc, row)
         run.last_train_end = time.perf_counter()
-        _after_step(on_step, row, seqs)
+        call_after_step(on_step, row, seqs)
         return row
 
     def _train_and_save(self, run: _Run, seqs, config: TrainConfig, step: int, state: dict) -> tuple[dict, Path]:

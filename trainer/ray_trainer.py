@@ -85,12 +85,10 @@ class TrainerActor:
     `RayTrainer`, one per model, in its placement group). Async methods, run in the actor's event loop; the
     training step itself runs in a thread there (as in `LocalBackend`), so `get_step` answers during a step."""
 
-    def __init__(self, path: str, wandb_project: str | None, random_weights: bool = False):
+    def __init__(self, backend_cls: type, path: str, wandb_project: str | None, random_weights: bool = False):
         import ray
 
-        from trainer.backend import LocalBackend
-
-        self.backend = LocalBackend(path, host=ray.util.get_node_ip_address(), wandb_project=wandb_project,
+        self.backend = backend_cls(path, host=ray.util.get_node_ip_address(), wandb_project=wandb_project,
                                     random_weights=random_weights)
         self.models: dict[str, Any] = {}
 
@@ -150,7 +148,7 @@ class RayTrainer(ActorHolder):
     """The driver's side of a trainer placed by Ray (`EngineConfig.trainer_launcher="ray"`): the placement group,
     the `TrainerActor`, and what `LocalBackend` forwards to it. `info` says where both sides run once started."""
 
-    def __init__(self, config: EngineConfig, *, path: Path, wandb_project: str | None = None,
+    def __init__(self, config: EngineConfig, *, backend_cls: type, path: Path, wandb_project: str | None = None,
                  random_weights: bool = False):
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
@@ -158,6 +156,9 @@ class RayTrainer(ActorHolder):
             raise ValueError(f"RayTrainer needs EngineConfig(trainer_launcher='ray'), got "
                              f"trainer_launcher={config.trainer_launcher!r}")
         self.config, self.path, self.wandb_project = config, Path(path), wandb_project
+        # the driver's backend class (`LocalBackend`): the actor runs one of its own; passed in, not imported, so
+        # that trainer.backend -> trainer.ray_trainer is the one direction between the two modules
+        self.backend_cls = backend_cls
         self.random_weights = random_weights  # the driver's LocalBackend(random_weights=...), for the actor's
         self.bundle = trainer_bundle(config)
         self.name = ""
@@ -185,7 +186,7 @@ class RayTrainer(ActorHolder):
                 num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0.0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
                                                                      placement_group_bundle_index=0),
-            ).remote(str(self.path), self.wandb_project, self.random_weights)
+            ).remote(self.backend_cls, str(self.path), self.wandb_project, self.random_weights)
             self.info = await self._call(self.actor.register, model.name, model.project, model.base_model, config)
             self.step = self.info["step"]
             log.info("trainer of %s placed by Ray (node %s, GPUs %s, %s); its server at %s", model.name,
@@ -210,11 +211,11 @@ class RayTrainer(ActorHolder):
     async def train(self, groups: list, config: TrainConfig, on_step=None) -> dict:
         """One step in the actor; `on_step(row, sequences)` called here once it returned (what it raises is
         logged, not raised, as `LocalBackend.train` does). Returns the step's run-log row."""
-        from trainer.backend import _after_step
+        from trainer.training import call_after_step
 
         row, seqs = await self._call(self.actor.train, self.name, list(groups), config, on_step is not None)
         self.step = int(row["step"]) if row.get("trained") else self.step
-        _after_step(on_step, row, seqs)
+        call_after_step(on_step, row, seqs)
         return row
 
     async def get_step(self) -> int:

@@ -9,6 +9,7 @@ at once, not even for the backward pass. The reference model for KL is the model
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import Counter
@@ -30,6 +31,21 @@ from trainer.sequences import (
     training_sequences,
     trajectory_policy_steps,
 )
+
+log = logging.getLogger("ruler.trainer")
+
+
+def call_after_step(on_step, row: dict, seqs: list) -> None:
+    """Call a step's `on_step(row, sequences)` hook (`LocalBackend.train`, `RayTrainer.train`): the step is taken and
+    logged by then, so what the hook raises is logged as a warning, never raised."""
+    if on_step is None:
+        return
+    try:
+        on_step(dict(row), list(seqs))
+    except Exception as exc:  # noqa: BLE001 - the hook is the caller's: its failure is logged, the step stands
+        log.warning("step %s: the after-step hook failed (%s: %s); the step is taken and logged", row.get("step"),
+                    type(exc).__name__, exc)
+
 
 
 def logit_transform(config):
