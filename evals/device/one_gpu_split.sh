@@ -12,16 +12,17 @@ res=/tmp/split; mkdir -p $res
 bench() { python3 -m evals.scale_bench pipeline --out $res "$@"; }
 case "$1" in
   install) bash .gpukit/k0/install.sh && python3 -c "import ray; print('ray', ray.__version__)" ;;
-  tiny-colocated) bench --task tiny --placement colocated --phases plain:20 ;;
-  tiny-split) bench --task tiny --placement split --util 0.3 --trainer-share 0.5 --phases overlap:20 ;;
+  tiny-colocated) bench --task tiny --enforce-eager --placement colocated --phases plain:20 ;;
+  tiny-split) bench --task tiny --enforce-eager --placement split --util 0.3 --trainer-share 0.5 --phases overlap:20 ;;
   agent-colocated) bench --task agent --shape qwen2.5-7b --placement colocated --phases plain:3 ;;
   agent-split) bench --task agent --shape qwen2.5-7b --placement split --util 0.45 --trainer-share 0.5 \
                  --phases plain:2,overlap:3 ;;
-  tiny-split-ray) bench --task tiny --placement split --util 0.3 --trainer-share 0.5 --ray-trainer --phases overlap:5 ;;
+  tiny-split-ray) bench --task tiny --enforce-eager --placement split --util 0.3 --trainer-share 0.5 --ray-trainer --phases overlap:5 ;;
   report) python3 -m evals.scale_bench pipeline-report --out $res > $res/tables.md; cat $res/tables.md ;;
   *) echo "unknown part: $1" >&2; exit 2 ;;
 esac 2>&1 | tee -a "$res/$1.log"
 rc=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader >> "$res/$1.log" 2>/dev/null
-tar czf "$OUT/split.tgz" -C /tmp split 2>/dev/null
+# the JSON files and logs only: runs/ holds every step's LoRA checkpoint (over the 16 MB a returned file may have)
+(cd /tmp && find split -maxdepth 1 -type f -print0 | tar czf "$OUT/split.tgz" --null -T -) 2>/dev/null
 exit "$rc"

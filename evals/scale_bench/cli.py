@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny-model", default=None, help="pipeline --task tiny: SmolLM2 folder (default as --tokenizer)")
     ap.add_argument("--tiny-max-tokens", type=int, default=12)
     ap.add_argument("--lr", type=float, default=5e-4, help="pipeline --task tiny: learning rate")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="pipeline: EngineConfig.enforce_eager (no torch.compile or CUDA graphs: vLLM starts ~1 min "
+                         "sooner, decodes slower; give it to both sides of a comparison)")
     ap.add_argument("--act-tokens", type=lambda v: [int(x) for x in v.split(",") if x.strip()],
                     default=[4096, 8192, 16384], help="activations: tokens of one micro-batch, e.g. 4096,8192")
     ap.add_argument("--act-checkpointing", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],

@@ -142,14 +142,16 @@ async def pipeline(args) -> dict:
         util = max(util, 0.85)  # the inference GPUs are vLLM's alone
     cfg = ModelConfig(lora=lora, seed=0, engine=EngineConfig(
         engine=engine, placement="dedicated" if dedicated else "colocated", max_seq_length=max_seq,
-        max_num_seqs=64, **({} if args.dry_run else {"gpu_memory_utilization": util}), **gpus))
+        max_num_seqs=64, **({} if args.dry_run else {"gpu_memory_utilization": util,
+                                                    "enforce_eager": args.enforce_eager}), **gpus))
     def train_config(kind: str) -> TrainConfig:
         return TrainConfig(learning_rate=args.lr if args.task == "tiny" else 1e-5,
                            max_tokens_per_micro_batch=args.micro_tokens,
                            **({"max_off_policy_steps": 1, "sampler_correction": "tis"} if kind == "overlap" else {}))
 
     result: dict = {"label": label, "task": args.task, "shape": args.shape if args.task == "agent" else "smollm2-135m",
-                    "placement": args.placement, "phases": phases, "gpus": gpus, "dry_run": args.dry_run,
+                    "placement": args.placement, "enforce_eager": args.enforce_eager, "phases": phases, "gpus": gpus,
+                    "dry_run": args.dry_run,
                     "steps": [], "phase_summary": [], "errors": []}
 
     def save():
