@@ -1,5 +1,5 @@
-"""`ruler eval ...`: the evaluations' commands. `ruler.cli` loads `app` by name when `eval` is run or listed
-(see `ruler.cli.PLUGIN_COMMANDS`); evals runs from a checkout and needs the `eval` extra."""
+"""`ruler eval ...`: the evaluations' commands. `ruler_rl.cli` loads `app` by name when `eval` is run or listed
+(see `ruler_rl.cli.PLUGIN_COMMANDS`); evals runs from a checkout and needs the `eval` extra."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ruler.cli import console, print_frame
+from ruler_rl.cli import console, print_frame
 
 app = typer.Typer(no_args_is_help=True, help="Evaluations: judge meta-evaluation, benchmarks.")
 
@@ -34,7 +34,7 @@ def eval_judge(
 ) -> None:
     """How often does a judge agree with people? Accuracy, swap consistency, Kendall tau."""
     from evals.judge_meta import DATASETS, DEFAULT_ROOT, evaluate, save_report
-    from ruler.providers import default_judge_model
+    from ruler_rl.providers import default_judge_model
 
     names = [*DATASETS, *(d for d in dataset if d != "all" and d not in DATASETS)] if "all" in dataset else dataset
     params = {"api_base": api_base} if api_base else None
@@ -85,7 +85,7 @@ def eval_art_e(
     from evals.art_e.annotated import load_annotated
     from evals.art_e.inbox import ENRON_DIR, build_inbox_db
     from evals.art_e.questions import download_scenarios, generate_scenarios, load_scenarios, map_scenarios
-    from judges import EMBEDDED_JUDGE
+    from ruler_rl.judges import EMBEDDED_JUDGE
 
     if show is not None:
         df = harness.load_results(out)

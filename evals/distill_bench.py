@@ -3,7 +3,7 @@ of inboxes it never saw, and outside its task on LLMBar Natural.
 
 Without a strong LLM the teacher is a verifiable one: ART·E rollouts graded by ART's rubric (correct answer,
 sources; `evals.art_e.rewards.grade`), each group's rewards as the labels, rendered as RULER prompts with the
-default rubric (`trainer.distill.from_labels`: the rewards min-max scaled as the teacher's scores).
+default rubric (`ruler_rl.trainer.distill.from_labels`: the rewards min-max scaled as the teacher's scores).
 
     # 1. sample graded groups (a policy served by vLLM; the embedded model works on a CPU, slowly)
     python -m evals.distill_bench sample --policy hosted_vllm/Qwen/Qwen2.5-7B-Instruct@http://127.0.0.1:8000/v1 \\
@@ -29,12 +29,12 @@ student's context (SmolLM2: 8192 tokens) counts as "no valid answer".
     python -m evals.distill_bench gpu --data .gpudata/distill --out /tmp/dry --budget-s 1400 --dry-run
 
 1. serve: vLLM's OpenAI server for `--model-dir` (SmolLM2-135M-Instruct) as `smollm2`, LoRA enabled with
-   runtime loading, started and health-checked by `trainer.vllm_server.ServerProcess`, its log in `--out`;
+   runtime loading, started and health-checked by `ruler_rl.trainer.vllm_server.ServerProcess`, its log in `--out`;
 2. sample: train and test groups at once (`--concurrency` rollouts in flight each), the agent in `text`
    tool mode (SmolLM2 makes no native tool calls: one JSON tool call per turn, constrained by vLLM's
    structured output); no group starts after 40% of the budget;
 3. the untrained student (the served base model) is measured on the test groups while the SFT (bf16 on
-   CUDA, `trainer.sft`) trains; the SFT stops at `--steps` or 60 s before the budget ends (40 s without
+   CUDA, `ruler_rl.trainer.sft`) trains; the SFT stops at `--steps` or 60 s before the budget ends (40 s without
    LLMBar), and the adapter is saved to `--judge-dir` (under /tmp, not `--out`);
 4. the adapter is loaded into the running server (`/v1/load_lora_adapter`, as `smollm2@1`) and measured
    on the same test groups; LLMBar Natural (`--llmbar-limit` pairs, both judges) if `--llmbar-root` holds
@@ -79,7 +79,7 @@ async def sample_groups(*, policy: str, db: Path, scenarios: Path, split: str, g
     from evals.art_e.agent import run_agent
     from evals.art_e.questions import load_scenarios
     from evals.art_e.rewards import grade
-    from ruler import TrajectoryGroup
+    from ruler_rl import TrajectoryGroup
 
     if groups < 1 or group_size < 2:
         raise ValueError("need groups >= 1 and group_size >= 2")
@@ -138,11 +138,11 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
                     max_seq_length: int = 8192) -> dict:
     """Distil `student` on the graded groups of `train`; agreement with the rubric on `test` before and after;
     the distilled judge on LLMBar Natural (`llmbar_limit` pairs; 0 skips it)."""
-    from judges import DEFAULT_RUBRIC
-    from ruler.labels import load_user_dataset
-    from trainer.distill import agreement, from_labels, labelled_groups
-    from trainer.distill_cli import untrained_judge
-    from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
+    from ruler_rl.judges import DEFAULT_RUBRIC
+    from ruler_rl.labels import load_user_dataset
+    from ruler_rl.trainer.distill import agreement, from_labels, labelled_groups
+    from ruler_rl.trainer.distill_cli import untrained_judge
+    from ruler_rl.trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
     def examples(path: Path):
         pairs, groups, _, _ = load_user_dataset(path)
@@ -256,10 +256,10 @@ async def run_within_budget(ph: _Phases, report: dict, work) -> None:
 def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_memory_utilization: float,
                  startup_timeout_s: float, enforce_eager: bool):
     """vLLM's OpenAI server for `model_dir` served as `smollm2`, with runtime LoRA loading on (the distilled
-    adapter is loaded into the same server as `smollm2@1`); `trainer.vllm_server.ServerProcess` starts it,
+    adapter is loaded into the same server as `smollm2@1`); `ruler_rl.trainer.vllm_server.ServerProcess` starts it,
     waits for /health, loads adapters and stops it."""
-    from trainer.config import EngineConfig
-    from trainer.vllm_server import ServerProcess, lora_serving_rank
+    from ruler_rl.trainer.config import EngineConfig
+    from ruler_rl.trainer.vllm_server import ServerProcess, lora_serving_rank
 
     class DistillVLLM(ServerProcess):
         name = "vllm"
@@ -294,10 +294,10 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
     and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase (the
     budget's end recorded as "budget of N s reached during phase X", `run_within_budget`)."""
     from evals.judge_meta import DEFAULT_ROOT, evaluate
-    from judges import DEFAULT_RUBRIC
-    from ruler.labels import load_user_dataset
-    from trainer.distill import agreement, from_labels, labelled_groups
-    from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
+    from ruler_rl.judges import DEFAULT_RUBRIC
+    from ruler_rl.labels import load_user_dataset
+    from ruler_rl.trainer.distill import agreement, from_labels, labelled_groups
+    from ruler_rl.trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
     db, scenarios = Path(data) / "inbox.db", Path(data) / "scenarios.jsonl"
     for path in (db, scenarios):

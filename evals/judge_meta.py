@@ -5,7 +5,7 @@ Datasets (under `../shared/data/judge-meta`, or `--data-root`):
     pandalm      pairwise with three annotators (0 = tie): accuracy on unanimous non-tie pairs, unanimous
                  ties reported separately; plus, for the instructions that have all 10 pairings of their
                  5 responses, a group of 5 judged at once and Kendall's tau against the human ranking.
-Your own labels: `--dataset PATH` takes a JSONL file of pairs or groups (`ruler.labels.load_user_dataset`,
+Your own labels: `--dataset PATH` takes a JSONL file of pairs or groups (`ruler_rl.labels.load_user_dataset`,
 formats in the README's `ruler eval judge` section); `by=FIELD` adds one summary row per value of an extra field.
 Every pair and group goes through `ruler_result`, the code path of `ruler()` that scores training groups. Each pair is
 judged in both orders (A,B) and (B,A): swap consistency is how often the two verdicts agree. With
@@ -21,9 +21,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from ruler.errors import JudgeOutputError
-from ruler.labels import DatasetError, Group, Pair, conversation, instruction_prompt, load_user_dataset, text_field
-from ruler.scoring import ruler_result
+from ruler_rl.errors import JudgeOutputError
+from ruler_rl.labels import DatasetError, Group, Pair, conversation, instruction_prompt, load_user_dataset, text_field
+from ruler_rl.scoring import ruler_result
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "judge-meta"
 LLMBAR = {

@@ -11,11 +11,11 @@ import argparse
 import json
 from pathlib import Path
 
-from judges import DEFAULT_RUBRIC  # first: it keeps litellm offline (local price table)
-
 from litellm.litellm_core_utils.default_encoding import encoding
-from ruler.budget import CAPS, answer_reserve, truncate_group
-from ruler.prompt import build_prompt
+
+from ruler_rl.budget import CAPS, answer_reserve, truncate_group
+from ruler_rl.judges import DEFAULT_RUBRIC  # first: it keeps litellm offline (local price table)
+from ruler_rl.prompt import build_prompt
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "ruler-peer" / "groups.json"
 

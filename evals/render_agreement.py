@@ -18,8 +18,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from evals.judge_meta import DEFAULT_ROOT, LLMBAR, _verdict, load_llmbar
-from ruler import ruler
-from ruler.labels import Pair, conversation
+from ruler_rl import ruler
+from ruler_rl.labels import Pair, conversation
 
 DEFAULT_DATA = DEFAULT_ROOT / LLMBAR["llmbar-natural"]
 

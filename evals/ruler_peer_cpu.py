@@ -36,7 +36,9 @@ async def main(impl: str) -> None:
 
         T, G = art.Trajectory, art.TrajectoryGroup
     else:
-        from ruler import Trajectory as T, TrajectoryGroup as G, ruler_score_group
+        from ruler_rl import Trajectory as T
+        from ruler_rl import TrajectoryGroup as G
+        from ruler_rl import ruler_score_group
     groups = json.load(open(os.environ["RULER_PEER_GROUPS"]))
     q = mp.get_context("spawn").Queue()
     proc = mp.get_context("spawn").Process(target=serve, args=(q,), daemon=True)

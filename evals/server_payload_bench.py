@@ -1,9 +1,13 @@
 """The trainer server's response cost: serialize (server) + parse (OpenAI client) one rollout response of
 8 choices x 128 tokens, the old per-token logprobs entries through FastAPI's encoder vs the compact
 `token_ids`/`token_logprobs` lists through json.dumps. Run: python evals/server_payload_bench.py"""
-import json, time, statistics
+import json
+import statistics
+import time
+
 from fastapi.encoders import jsonable_encoder
 from openai.types.chat import ChatCompletion
+
 
 def body(compact):
     ch = []

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import httpx
 
-from ruler import Trajectory, TrajectoryGroup, ruler_score_group
-from ruler.client import RulerClient
-from ruler.service.store import Store
-from ruler.testing import FakeJudge, start_service
+from ruler_rl import Trajectory, TrajectoryGroup, ruler_score_group
+from ruler_rl.client import RulerClient
+from ruler_rl.service.store import Store
+from ruler_rl.testing import FakeJudge, start_service
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_ARGS = ("--rate-per-minute", "100000", "--max-inflight-per-key", "256", "--worker-concurrency", "16")

@@ -163,8 +163,8 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
     from evals.art_e.agent import run_agent
     from evals.art_e.inbox import build_inbox_db
     from evals.art_e.questions import generate_scenarios
-    from ruler import TrajectoryGroup
-    from trainer.sequences import SequenceReport, trained_spans, training_sequences
+    from ruler_rl import TrajectoryGroup
+    from ruler_rl.trainer.sequences import SequenceReport, trained_spans, training_sequences
 
     db = args.out / "inbox.db"
     if not db.is_file():
@@ -202,7 +202,7 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
                 equal_tokens += trained == ids
                 lps = extra.get("token_logprobs") or nested.get("token_logprobs")
                 equal_logprobs += old == lps
-    from trainer import TrainConfig
+    from ruler_rl.trainer import TrainConfig
 
     # requests sent just before and during the training step: answered in full (queued while vLLM sleeps),
     # never aborted
@@ -235,9 +235,16 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
 async def ours(args) -> dict:
     from transformers import AutoTokenizer
 
-    from ruler import Trajectory, TrajectoryGroup
-    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig, gather_trajectory_groups
-    from trainer.config import LoRAConfig
+    from ruler_rl import Trajectory, TrajectoryGroup
+    from ruler_rl.trainer import (
+        EngineConfig,
+        LocalBackend,
+        ModelConfig,
+        TrainableModel,
+        TrainConfig,
+        gather_trajectory_groups,
+    )
+    from ruler_rl.trainer.config import LoRAConfig
 
     result: dict = {"model": args.model, "steps": args.steps, "group_size": args.group_size,
                     "questions_per_step": args.questions_per_step, "lr": args.lr, "engine": args.engine}
@@ -331,7 +338,7 @@ def trl(args) -> dict:
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainer.config import LLAMA_LIKE_TARGETS
+    from ruler_rl.trainer.config import LLAMA_LIKE_TARGETS
 
     rows = [{"prompt": messages(q), "answer": a} for s in range(args.steps)
             for q, a in questions_for_step(s, args.questions_per_step)]

@@ -45,10 +45,10 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from judges.errors import JudgeError
-from ruler import TrajectoryGroup, gather_trajectory_groups, ruler_score_group
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-from trainer.runlog import plot_train_report
+from ruler_rl import TrajectoryGroup, gather_trajectory_groups, ruler_score_group
+from ruler_rl.judges.errors import JudgeError
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl.trainer.runlog import plot_train_report
 
 try:
     from evals.art_e import harness

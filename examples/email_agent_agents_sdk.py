@@ -2,7 +2,7 @@
 
 The agent is a plain `agents.Agent` run by `Runner.run` over ART·E's three tools (`evals/art_e/tools.py`, the
 same schemas and functions as `examples/email_agent_langgraph.py`); its model comes from
-`trainer.record.agents_sdk_model(model)` (an `OpenAIChatCompletionsModel` on the trainer's server), and each
+`ruler_rl.trainer.record.agents_sdk_model(model)` (an `OpenAIChatCompletionsModel` on the trainer's server), and each
 rollout runs inside `record_trajectory`, which turns every completion it made into a trainable `Trajectory`.
 A RULER judge ranks each group of rollouts of one question; `model.train` takes one GRPO step per --steps.
 The SDK's trace upload to OpenAI is turned off (no key is needed).
@@ -21,9 +21,9 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from ruler import Trajectory
-from trainer import TrainableModel, record_trajectory
-from trainer.record import agents_sdk_model
+from ruler_rl import Trajectory
+from ruler_rl.trainer import TrainableModel, record_trajectory
+from ruler_rl.trainer.record import agents_sdk_model
 
 try:
     from evals.art_e.agent import SYSTEM

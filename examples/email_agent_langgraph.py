@@ -2,7 +2,7 @@
 
 The agent is plain LangGraph (`create_react_agent`) over ART·E's three tools (`evals/art_e/tools.py`, the same
 schemas and functions as `examples/email_agent.py` and `examples/email_agent_agents_sdk.py`); its chat model
-comes from `trainer.record.langchain_chat_model(model)`, and each rollout runs inside `record_trajectory`,
+comes from `ruler_rl.trainer.record.langchain_chat_model(model)`, and each rollout runs inside `record_trajectory`,
 which turns every completion it made into a trainable `Trajectory` (served token ids kept). A RULER judge
 ranks each group of rollouts of one question, and `model.train` takes one GRPO step per --steps.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from ruler import Trajectory
-from trainer import TrainableModel, record_trajectory
-from trainer.record import langchain_chat_model
+from ruler_rl import Trajectory
+from ruler_rl.trainer import TrainableModel, record_trajectory
+from ruler_rl.trainer.record import langchain_chat_model
 
 try:
     from evals.art_e.agent import SYSTEM

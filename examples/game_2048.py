@@ -18,8 +18,8 @@ import re
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl import Trajectory, TrajectoryGroup, gather_trajectory_groups
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 
 SYSTEM = ("You are playing 2048. Merge equal tiles to reach 2048. Reply with one word: left, right, up or down.")
 MOVES = ("left", "right", "up", "down")

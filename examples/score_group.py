@@ -10,7 +10,7 @@ import argparse
 import asyncio
 from importlib import resources
 
-from ruler import TrajectoryGroup, group_advantages, ruler_score_group
+from ruler_rl import TrajectoryGroup, group_advantages, ruler_score_group
 
 
 async def main() -> None:
@@ -22,7 +22,7 @@ async def main() -> None:
     if args.group:
         group = TrajectoryGroup.load(args.group)
     else:
-        group = TrajectoryGroup.model_validate_json((resources.files("ruler") / "data" / "demo_group.json").read_text())
+        group = TrajectoryGroup.model_validate_json((resources.files("ruler_rl") / "data" / "demo_group.json").read_text())
     scored = await ruler_score_group(group, args.judge, num_permutations=args.permutations)
     for i, (t, a) in enumerate(zip(scored, group_advantages([t.reward for t in scored])), 1):
         print(f"trajectory {i}: score {t.reward:.3f}  advantage {a:+.2f}  {t.logs[-1] if t.logs else ''}")

@@ -16,8 +16,8 @@ import re
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl import Trajectory, TrajectoryGroup, gather_trajectory_groups
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 SYSTEM = ("You play tic-tac-toe as X. Squares are numbered 1-9, left to right, top to bottom. "

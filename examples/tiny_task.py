@@ -9,7 +9,7 @@ Reward: 1 if the right answer is among the reply's words, plus up to 0.5 for bre
     python examples/tiny_task.py --engine vllm --placement dedicated --inference-gpus 1 --trainer-gpus 0 --overlap
     python examples/tiny_task.py --engine transformers --placement dedicated --overlap   # the same loop on a CPU
 
-`--overlap` gathers step k+1's rollouts while step k trains (`trainer.pipeline.train_pipelined`,
+`--overlap` gathers step k+1's rollouts while step k trains (`ruler_rl.trainer.pipeline.train_pipelined`,
 `max_off_policy_steps=1` with the decoupled `tis` correction); it pays off with `--placement dedicated`,
 where the server keeps answering during the step. The loop code is the same in every mode.
 
@@ -27,10 +27,10 @@ import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-from trainer.pipeline import train_pipelined
-from trainer.runlog import plot_train_report
+from ruler_rl import Trajectory, TrajectoryGroup, gather_trajectory_groups
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl.trainer.pipeline import train_pipelined
+from ruler_rl.trainer.runlog import plot_train_report
 
 QUESTIONS = [
     ("What is the capital of France?", "paris"), ("What is 2 + 3?", "5"),

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from judges.names import EMBEDDED_JUDGE
+from ruler_rl.judges.names import EMBEDDED_JUDGE
 
 # (environment variable holding the provider's key, the judge it picks): litellm model strings that litellm's
 # bundled price table knows (context size, JSON-schema support), first match wins

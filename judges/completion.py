@@ -18,13 +18,14 @@ import litellm
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay
 from tenacity.wait import wait_exponential_jitter
 
-from judges.errors import JudgeConfigError, JudgeUnavailableError
-from judges.local_provider import check_local_model, register_local_provider
-from judges.retry import MAX_ATTEMPTS, RetryPolicy  # noqa: F401  (importable here too)
-from judges.vllm_engine import register_vllm_engine_provider
+from ruler_rl.judges.errors import JudgeConfigError, JudgeUnavailableError
+from ruler_rl.judges.local_provider import check_local_model, register_local_provider
+from ruler_rl.judges.retry import MAX_ATTEMPTS, RetryPolicy  # noqa: F401  (importable here too)
+from ruler_rl.judges.vllm_engine import register_vllm_engine_provider
 
 litellm.suppress_debug_info = True  # no provider-list banners on our errors
-# importing this module (or `judges.complete`, `judges.EMBEDDED_JUDGE`, ...) registers local/ and vllm-engine/
+# importing this module (or `ruler_rl.judges.complete`, `ruler_rl.judges.EMBEDDED_JUDGE`, ...) registers local/ and
+# vllm-engine/
 register_local_provider()
 register_vllm_engine_provider()
 

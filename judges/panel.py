@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from judges.errors import JudgeConfigError
+from ruler_rl.judges.errors import JudgeConfigError
 
 Aggregate = Literal["mean", "median", "borda"]
 

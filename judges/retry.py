@@ -1,4 +1,4 @@
-"""How transient judge failures are retried (`RetryPolicy`); `judges.completion` does the retrying. Imports no
+"""How transient judge failures are retried (`RetryPolicy`); `ruler_rl.judges.completion` does the retrying. Imports no
 litellm, so a policy can be built, and the command line can show its bounds, without loading a judge client."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from judges.errors import JudgeConfigError
+from ruler_rl.judges.errors import JudgeConfigError
 
 MAX_ATTEMPTS = 20
 

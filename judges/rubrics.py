@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from judges.errors import JudgeConfigError
+from ruler_rl.judges.errors import JudgeConfigError
 
 DEFAULT_RUBRIC = """
 - A trajectory that achieves its goal should always get a significantly higher score than a trajectory that does not achieve its goal.

@@ -19,9 +19,9 @@ import litellm
 from litellm import CustomLLM
 from litellm.types.utils import ModelResponse
 
-from judges.extras import require
-from judges.local_provider import VLLM_ENGINE_PROVIDER as PROVIDER
-from judges.local_provider import schema_from_response_format
+from ruler_rl.judges.extras import require
+from ruler_rl.judges.local_provider import VLLM_ENGINE_PROVIDER as PROVIDER
+from ruler_rl.judges.local_provider import schema_from_response_format
 
 
 class VLLMEngineLLM(CustomLLM):

@@ -1,5 +1,5 @@
-"""`python -m ruler`: the `ruler` command line, the same commands and help as the console script."""
+"""`python -m ruler_rl`: the `ruler` command line, the same commands and help as the console script."""
 
-from ruler.cli import main
+from ruler_rl.cli import main
 
 main()

@@ -23,13 +23,13 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from judges.errors import JudgeInputError
-from ruler.judgment import judge_orderings
-from ruler.options import RulerOptions
-from ruler.parse import TrajectoryScore
-from ruler.prompt import JudgePrompt, common_prefix_len
-from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge, TokenCounter
-from ruler.results import RulerResult
+from ruler_rl.judges.errors import JudgeInputError
+from ruler_rl.judgment import judge_orderings
+from ruler_rl.options import RulerOptions
+from ruler_rl.parse import TrajectoryScore
+from ruler_rl.prompt import JudgePrompt, common_prefix_len
+from ruler_rl.providers import UNKNOWN_CONTEXT_TOKENS, Judge, TokenCounter
+from ruler_rl.results import RulerResult
 
 CAPS = (16000, 8000, 4000, 2000, 1200, 800, 500)
 MIN_CAP = CAPS[-1]

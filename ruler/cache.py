@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field

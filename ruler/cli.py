@@ -1,4 +1,4 @@
-"""The `ruler` command line (`ruler` or `python -m ruler`): `ruler score FILE`, `ruler demo`, `ruler serve`,
+"""The `ruler` command line (`ruler` or `python -m ruler_rl`): `ruler score FILE`, `ruler demo`, `ruler serve`,
 `ruler keys ...`, and the commands of the packages above ruler: `ruler train-report` (trainer) and
 `ruler eval ...` (evals, from a checkout). Those are looked up by module name when used or listed
 (`PLUGIN_COMMANDS`), so ruler never imports trainer or evals; when one cannot load (its extra is missing, or
@@ -28,12 +28,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from judges.choice import JUDGES_BY_KEY, choose_judge
-from judges.errors import JudgeConfigError, JudgeError
-from judges.extras import MissingExtraError, missing_modules, pip_command, require
-from judges.retry import MAX_ATTEMPTS
-from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, load_rubric_file
-from ruler.limits import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, UNKNOWN_CONTEXT_TOKENS, Limits
+from ruler_rl.judges.choice import JUDGES_BY_KEY, choose_judge
+from ruler_rl.judges.errors import JudgeConfigError, JudgeError
+from ruler_rl.judges.extras import MissingExtraError, missing_modules, pip_command, require
+from ruler_rl.judges.retry import MAX_ATTEMPTS
+from ruler_rl.judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, load_rubric_file
+from ruler_rl.limits import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, UNKNOWN_CONTEXT_TOKENS, Limits
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -70,12 +70,12 @@ def exit_code_and_message(exc: BaseException) -> tuple[int, str]:
 # evals; listing them in --help imports nothing): command name -> (module, its typer.Typer attribute, the extra
 # it needs, its one-line help).
 PLUGIN_COMMANDS: dict[str, tuple[str, str, str, str]] = {
-    "train-report": ("trainer.cli", "app", "train",
+    "train-report": ("ruler_rl.trainer.cli", "app", "train",
                      "Plot a training run's reward and loss curves to a PNG and print the last steps."),
     "eval": ("evals.cli", "app", "eval", "Evaluations: judge meta-evaluation, benchmarks."),
-    "mcp-rl": ("trainer.mcp_rl_cli", "app", "mcp",
+    "mcp-rl": ("ruler_rl.trainer.mcp_rl_cli", "app", "mcp",
                "Train an agent on the tools of an MCP server with RULER as the reward."),
-    "distill": ("trainer.distill_cli", "app", "train",
+    "distill": ("ruler_rl.trainer.distill_cli", "app", "train",
                 "Distil a cheap local judge from a judge's cached judgments and/or labelled groups."),
 }
 
@@ -93,7 +93,7 @@ def plugin_unavailable(name: str) -> str | None:
         found = False
     if not found:
         return (f"`ruler {name}` runs from a checkout of the ruler-rl repository ({package} is not in the "
-                f"installed package): in the checkout run `bash .ci/setup`, or `python -m ruler {name} ...` "
+                f"installed package): in the checkout run `bash .ci/setup`, or `python -m ruler_rl {name} ...` "
                 f"from its root with the '{extra}' extra installed ({pip_command(extra)})")
     missing = missing_modules(extra)
     if missing:
@@ -239,7 +239,7 @@ ALLOW_HUB_HELP = ("Let a local/<folder> judge whose base model is a hub id downl
 
 def _allow_hub(allow: bool) -> None:
     if allow:
-        from judges.embedded import HUB_ENV
+        from ruler_rl.judges.embedded import HUB_ENV
 
         os.environ[HUB_ENV] = "1"
 
@@ -251,8 +251,8 @@ a reasoning model takes one or two), and a judge that never answers fails after 
 
 def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: bool, permutations: int,
            timeout: float = SCORE_TIMEOUT_S, retries: int = 4, max_prompt_tokens: int | None = None):
-    from judges import RetryPolicy
-    from ruler import ruler_score_group
+    from ruler_rl import ruler_score_group
+    from ruler_rl.judges import RetryPolicy
 
     params = {"api_base": api_base} if api_base else None
     # one attempt may take half the deadline when there are retries, so a hung attempt leaves room for another
@@ -264,8 +264,8 @@ def _score(group, judge: str | None, api_base: str | None, rubric: str, cache: b
 
 
 def _print_table(scored, title: str) -> None:
-    from ruler.advantages import group_has_signal
-    from ruler.results import score_notes, score_rows
+    from ruler_rl.advantages import group_has_signal
+    from ruler_rl.results import score_notes, score_rows
 
     rewards = [t.reward for t in scored.trajectories]
     table = Table(title=escape(title), show_lines=True)
@@ -288,7 +288,7 @@ def _print_table(scored, title: str) -> None:
 
 
 def _to_json(scored) -> str:
-    from ruler.results import score_notes, score_rows
+    from ruler_rl.results import score_notes, score_rows
 
     return json.dumps(allow_nan=False, obj={
         "metadata": scored.metadata,
@@ -326,8 +326,8 @@ def score(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     allow_hub: bool = typer.Option(False, "--allow-hub-downloads", help=ALLOW_HUB_HELP),
 ) -> None:
-    from ruler import TrajectoryGroup
-    from ruler.errors import TrajectoryError
+    from ruler_rl import TrajectoryGroup
+    from ruler_rl.errors import TrajectoryError
 
     _allow_hub(allow_hub)
     _not_empty(judge, "--judge")
@@ -362,7 +362,7 @@ def demo(
     no_cache: bool = typer.Option(True, "--no-cache/--cache", help="Judge afresh (default) or allow cache hits."),
 ) -> None:
     """Score the bundled example group (an email agent's rollouts of differing quality)."""
-    from ruler import TrajectoryGroup
+    from ruler_rl import TrajectoryGroup
 
     _not_empty(judge, "--judge")
     _check_api_base(api_base)
@@ -374,7 +374,7 @@ def demo(
                 f"in the environment ({_key_judges()})")
     why = {"given": "--judge", "env": "$RULER_JUDGE_MODEL", "key": f"{choice.key_var} is set",
            "embedded": "no --judge, no $RULER_JUDGE_MODEL, no API key in the environment"}[choice.source]
-    path = resources.files("ruler") / "data" / DEMO_GROUP
+    path = resources.files("ruler_rl") / "data" / DEMO_GROUP
     group = TrajectoryGroup.model_validate_json(path.read_text(encoding="utf-8"))
     console.print(f"Scoring {len(group)} trajectories of the bundled email-agent group with [bold]"
                   f"{escape(choice.model)}[/bold] ({escape(why)})"
@@ -400,7 +400,7 @@ def print_frame(df, title: str, fmt: str = "{:.3f}") -> None:
 
 
 def main() -> None:
-    """The `ruler` console script and `python -m ruler`: the same commands and help, named `ruler`."""
+    """The `ruler` console script and `python -m ruler_rl`: the same commands and help, named `ruler`."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     app(prog_name="ruler")
 
@@ -414,7 +414,7 @@ DEFAULT_DB = "ruler-service.db"
 def keys_create(name: str = typer.Argument(..., help="Who the key is for (1-200 characters)."),
                 db: Path = typer.Option(Path(DEFAULT_DB), "--db")) -> None:
     """Create a key; it is printed once and only its hash is stored."""
-    from ruler.service.store import Store, check_key_name
+    from ruler_rl.service.store import Store, check_key_name
 
     check_key_name(name)  # before the database is created
     key, key_id = Store(db).create_key(name)
@@ -424,7 +424,7 @@ def keys_create(name: str = typer.Argument(..., help="Who the key is for (1-200 
 @keys_app.command("list")
 def keys_list(db: Path = typer.Option(Path(DEFAULT_DB), "--db")) -> None:
     """List keys (ids, names, when created and revoked), never the keys themselves."""
-    from ruler.service.store import Store
+    from ruler_rl.service.store import Store
 
     table = Table("id", "name", "created", "revoked")
     for k in Store(db).list_keys():
@@ -436,7 +436,7 @@ def keys_list(db: Path = typer.Option(Path(DEFAULT_DB), "--db")) -> None:
 @keys_app.command("revoke")
 def keys_revoke(key_id: str = typer.Argument(...), db: Path = typer.Option(Path(DEFAULT_DB), "--db")) -> None:
     """Revoke a key by id: requests with it get 401 from then on."""
-    from ruler.service.store import Store
+    from ruler_rl.service.store import Store
 
     if not Store(db).revoke_key(key_id):
         err.print(f"[red]error:[/red] no active key with id {key_id!r}")
@@ -498,8 +498,8 @@ def serve(
 
     import uvicorn
 
-    from ruler.service.app import ServiceConfig, create_app
-    from ruler.service.connections import ConnectionLimits, uvicorn_options
+    from ruler_rl.service.app import ServiceConfig, create_app
+    from ruler_rl.service.connections import ConnectionLimits, uvicorn_options
 
     _not_empty(judge, "--judge")
     cfg = ServiceConfig(db_path=str(db), judge_model=judge, judge_params={"api_base": judge_api_base} if judge_api_base else {},
@@ -520,5 +520,5 @@ def serve(
                 **uvicorn_options(limits))
 
 
-if __name__ == "__main__":  # pragma: no cover  (`python -m ruler` is the documented way)
+if __name__ == "__main__":  # pragma: no cover  (`python -m ruler_rl` is the documented way)
     main()

@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 import httpx
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt
 
-from ruler.trajectory import TrajectoryGroup
+from ruler_rl.trajectory import TrajectoryGroup
 
 RETRY_STATUS = {429, 502, 503, 504}
 

@@ -9,8 +9,14 @@
     TooManyExceptions           `gather_trajectory_groups`: more rollouts raised than `max_exceptions` allows
 """
 
-from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
-from ruler.messages import TrajectoryError
+from ruler_rl.judges.errors import (
+    JudgeConfigError,
+    JudgeError,
+    JudgeInputError,
+    JudgeOutputError,
+    JudgeUnavailableError,
+)
+from ruler_rl.messages import TrajectoryError
 
 
 class TooManyExceptions(RuntimeError):

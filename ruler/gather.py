@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from tqdm.auto import tqdm
 
-from ruler import tracing
-from ruler.errors import TooManyExceptions
-from ruler.trajectory import TrajectoryGroup
+from ruler_rl import tracing
+from ruler_rl.errors import TooManyExceptions
+from ruler_rl.trajectory import TrajectoryGroup
 
 log = logging.getLogger("ruler")
 
@@ -31,7 +31,7 @@ async def gather_trajectory_groups(
 
     `max_exceptions`: how many rollouts may raise (an int) or what fraction of them (a float < 1) before
     the whole gather fails with TooManyExceptions; rollouts that raised are kept in `group.exceptions`.
-    Tracing (`ruler.tracing`) configured without the `langfuse` package raises `MissingExtraError` before any
+    Tracing (`ruler_rl.tracing`) configured without the `langfuse` package raises `MissingExtraError` before any
     rollout runs.
     """
     items = list(groups)

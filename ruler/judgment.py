@@ -1,7 +1,7 @@
 """Judging a group that fits the judge's context: one judgment per ordering, averaged by id.
 
-One judgment: look in the cache -> ask the judge with retries (`judges.complete`) -> parse and validate
-by id (`ruler.parse`); an unusable answer is sent back with its problems stated, up to
+One judgment: look in the cache -> ask the judge with retries (`ruler_rl.judges.complete`) -> parse and validate
+by id (`ruler_rl.parse`); an unusable answer is sent back with its problems stated, up to
 `max_format_retries` times, then `JudgeOutputError` is raised. A score is never invented. With
 `num_permutations=k > 1` the group is judged in k balanced orderings (`permutation_orders`, deterministic
 given `seed`, so the cache still hits) and each trajectory's scores are averaged.
@@ -15,14 +15,14 @@ import math
 import random
 import statistics
 
-from judges import JudgeOutputError, complete
-from ruler import tracing
-from ruler.cache import cache_key, judgment_record
-from ruler.options import MAX_PERMUTATIONS, RulerOptions
-from ruler.parse import ScoreProblems, TrajectoryScore, parse_scores
-from ruler.prompt import JudgePrompt
-from ruler.providers import Judge
-from ruler.results import RulerResult
+from ruler_rl import tracing
+from ruler_rl.cache import cache_key, judgment_record
+from ruler_rl.judges import JudgeOutputError, complete
+from ruler_rl.options import MAX_PERMUTATIONS, RulerOptions
+from ruler_rl.parse import ScoreProblems, TrajectoryScore, parse_scores
+from ruler_rl.prompt import JudgePrompt
+from ruler_rl.providers import Judge
+from ruler_rl.results import RulerResult
 
 log = logging.getLogger("ruler")
 

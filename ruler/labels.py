@@ -143,8 +143,8 @@ def _user_group(r: dict, where: str, rid: str) -> Group | None:
 def _trajectory_group(r: dict, where: str, rid: str) -> Group:
     import pydantic
 
-    from ruler import TrajectoryGroup
-    from ruler.trajectory import validate_trajectories
+    from ruler_rl import TrajectoryGroup
+    from ruler_rl.trajectory import validate_trajectories
 
     try:
         group = TrajectoryGroup.model_validate(r)

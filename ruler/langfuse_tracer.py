@@ -1,5 +1,5 @@
-"""`LangfuseTracer`: the `ruler.tracing.Tracer` that sends rollouts, RULER judge calls and training steps to
-Langfuse (the `tracing` extra). `ruler.tracing` says when tracing is on and which hooks call it.
+"""`LangfuseTracer`: the `ruler_rl.tracing.Tracer` that sends rollouts, RULER judge calls and training steps to
+Langfuse (the `tracing` extra). `ruler_rl.tracing` says when tracing is on and which hooks call it.
 
 What is sent (through the langfuse SDK, which exports OpenTelemetry spans to `{host}/api/public/otel/v1/traces`
 and scores to `{host}/api/public/scores`):
@@ -22,7 +22,7 @@ and scores to `{host}/api/public/scores`):
   and its advantage is then 0) and the step's trace id.
 
 Nothing here imports `langfuse` until a `LangfuseTracer` is made. The SDK exports from a background thread and
-logs its failures; `flush` and `close` wait a bounded time and log (warning, logger `ruler.tracing`) what they
+logs its failures; `flush` and `close` wait a bounded time and log (warning, logger `ruler_rl.tracing`) what they
 could not send instead of raising.
 """
 
@@ -40,11 +40,11 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ruler.trajectory_ids import TRAJECTORY_ID_KEY, known_trajectory_id, langfuse_trace_id
+from ruler_rl.trajectory_ids import TRAJECTORY_ID_KEY, known_trajectory_id, langfuse_trace_id
 
 if TYPE_CHECKING:
-    from ruler.results import RulerResult
-    from ruler.trajectory import Trajectory, TrajectoryGroup
+    from ruler_rl.results import RulerResult
+    from ruler_rl.trajectory import Trajectory, TrajectoryGroup
 
 log = logging.getLogger("ruler.tracing")
 
@@ -127,7 +127,7 @@ class LangfuseTracer:
     def __init__(self, public_key: str | None = None, secret_key: str | None = None, host: str | None = None, *,
                  environment: str | None = None, release: str | None = None, capture_content: bool = True,
                  timeout: int | None = None, flush_interval: float | None = None, flush_timeout_s: float = 3.0):
-        from judges.extras import require
+        from ruler_rl.judges.extras import require
 
         require("tracing", "tracing to Langfuse", "or unset LANGFUSE_PUBLIC_KEY/LANGFUSE_SECRET_KEY to trace nothing")
         public_key = public_key if public_key is not None else os.environ.get("LANGFUSE_PUBLIC_KEY")

@@ -9,7 +9,7 @@ A `Choice` is the policy's output: only its size and nesting depth are checked, 
 inference server's `token_ids`, `prompt_token_ids`, logprobs, ...) pass untouched.
 
 What is wrong is reported as `Problem`s (where, and what) in one `TrajectoryError`. `validate_message_lists`
-checks bare conversations (what `ruler()` takes); `ruler.trajectory.validate_trajectories` runs the same
+checks bare conversations (what `ruler()` takes); `ruler_rl.trajectory.validate_trajectories` runs the same
 message checks on trajectories.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
-from ruler.limits import Limits
+from ruler_rl.limits import Limits
 
 KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 MESSAGE_FIELDS = frozenset({
@@ -258,7 +258,7 @@ def validate_message_lists(message_lists: Any, *, limits: Limits | None = None) 
     cannot tell what the task was.
     """
     if limits is not None and not isinstance(limits, Limits):
-        raise TypeError(f"limits must be a ruler.trajectory.Limits, got {type(limits).__name__}")
+        raise TypeError(f"limits must be a ruler_rl.trajectory.Limits, got {type(limits).__name__}")
     limits = limits or Limits()
     if not isinstance(message_lists, (list, tuple)):
         raise TypeError(f"message_lists must be a list of message lists, got {type(message_lists).__name__}")

@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
-from judges import DEFAULT_RUBRIC, JudgeConfigError, RetryPolicy
-from judges.panel import JudgePanel
-from judges.rubrics import get_rubric
-from ruler.cache import CacheLike, open_cache
-from ruler.limits import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
-from ruler.prompt import JudgePrompt, Render, build_prompt
-from ruler.providers import default_judge_model
-from ruler.trajectory import Limits
+from ruler_rl.cache import CacheLike, open_cache
+from ruler_rl.judges import DEFAULT_RUBRIC, JudgeConfigError, RetryPolicy
+from ruler_rl.judges.panel import JudgePanel
+from ruler_rl.judges.rubrics import get_rubric
+from ruler_rl.limits import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
+from ruler_rl.prompt import JudgePrompt, Render, build_prompt
+from ruler_rl.providers import default_judge_model
+from ruler_rl.trajectory import Limits
 
 MAX_FORMAT_RETRIES = 10
 
@@ -34,21 +34,21 @@ class RulerOptions:
         `None`: `default_judge_model()` (`$RULER_JUDGE_MODEL`, else the embedded judge). Stored resolved.
     extra_litellm_params: passed to every judge call (`api_base`, `api_key`, `temperature`, ...); a panel
         member's own `JudgePanel.params` are laid over them. `None`: none.
-    rubric: the grading standards: a rubric name (`judges.RUBRICS`) or its text; a `RubricText` is taken as
+    rubric: the grading standards: a rubric name (`ruler_rl.judges.RUBRICS`) or its text; a `RubricText` is taken as
         text as it is. Stored resolved to its text.
     tools: the tool schemas shown to the judge once (for `ruler_score_group`: the trajectories' own).
     debug: print each judge answer (rich).
     cache: a path, a cache object with get/set, `False` for none, or `None`/`True` for the default directory
-        (`ruler.cache`); `store` holds it opened.
+        (`ruler_rl.cache`); `store` holds it opened.
     retry: how transient judge failures are retried (a `RetryPolicy`; `None`: `RetryPolicy()`).
     max_format_retries: how many times (0 to `MAX_FORMAT_RETRIES`) an unusable answer is sent back to the
         judge with its problems stated before `JudgeOutputError` is raised.
-    render: "compact" (the default) or "art" (ART's JSON dump of every message), see `ruler.prompt`.
+    render: "compact" (the default) or "art" (ART's JSON dump of every message), see `ruler_rl.prompt`.
     num_permutations: orderings the group is judged in (1 to `MAX_PERMUTATIONS`), scores averaged by id;
         with `seed` they are deterministic, so a repeat hits the cache.
     max_prompt_tokens: the judge's prompt budget (`MIN_PROMPT_TOKENS` to `MAX_PROMPT_TOKENS`); `None`: the
         judge's context as litellm knows it, else `UNKNOWN_CONTEXT_TOKENS`. Over it, bodies are cut, then the
-        group is split (`ruler.budget`).
+        group is split (`ruler_rl.budget`).
     limits: caps on the group's size (a `Limits`; default `Limits()`), enforced by the input check.
     """
 
@@ -115,7 +115,7 @@ class RulerOptions:
             raise ValueError(f"max_prompt_tokens must be None or an integer from {MIN_PROMPT_TOKENS} to "
                              f"{MAX_PROMPT_TOKENS:,}, got {tokens!r}")
         if self.limits is not None and not isinstance(self.limits, Limits):
-            raise TypeError(f"limits must be a ruler.trajectory.Limits, got {type(self.limits).__name__}")
+            raise TypeError(f"limits must be a ruler_rl.trajectory.Limits, got {type(self.limits).__name__}")
         resolved = {"judge_model": judge, "extra_litellm_params": dict(params), "rubric": get_rubric(self.rubric),
                     "tools": None if tools is None else list(tools), "retry": self.retry or RetryPolicy(),
                     "store": open_cache(self.cache)}
@@ -128,7 +128,7 @@ class RulerOptions:
         return ",".join(self.judge_model.models) if isinstance(self.judge_model, JudgePanel) else self.judge_model
 
     def prompt(self, message_lists: list[list[dict]], order: list[int] | None = None) -> JudgePrompt:
-        """The judge prompt for these conversations under these options (`ruler.prompt.build_prompt`)."""
+        """The judge prompt for these conversations under these options (`ruler_rl.prompt.build_prompt`)."""
         return build_prompt(message_lists, self.rubric, tools=self.tools, render=self.render, order=order)
 
 

@@ -1,18 +1,18 @@
 """A judge panel scores a group: every member judges it (concurrently, each within its own context budget)
-and the scores of those that answered are aggregated (`judges.panel`), if at least a quorum did."""
+and the scores of those that answered are aggregated (`ruler_rl.judges.panel`), if at least a quorum did."""
 
 from __future__ import annotations
 
 import asyncio
 import statistics
 
-from judges.errors import JudgeUnavailableError
-from judges.panel import JudgePanel, aggregate_scores
-from ruler.budget import score_within_budget
-from ruler.options import RulerOptions
-from ruler.parse import TrajectoryScore
-from ruler.providers import Judge
-from ruler.results import RulerResult
+from ruler_rl.budget import score_within_budget
+from ruler_rl.judges.errors import JudgeUnavailableError
+from ruler_rl.judges.panel import JudgePanel, aggregate_scores
+from ruler_rl.options import RulerOptions
+from ruler_rl.parse import TrajectoryScore
+from ruler_rl.providers import Judge
+from ruler_rl.results import RulerResult
 
 
 async def score_panel(message_lists: list[list[dict]], panel: JudgePanel, opts: RulerOptions) -> RulerResult:

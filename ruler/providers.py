@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import litellm
 
-from judges import EMBEDDED_JUDGE, JudgeConfigError
-from ruler.limits import UNKNOWN_CONTEXT_TOKENS  # noqa: F401  (importable here too)
-from ruler.prompt import response_schema
+from ruler_rl.judges import EMBEDDED_JUDGE, JudgeConfigError
+from ruler_rl.limits import UNKNOWN_CONTEXT_TOKENS  # noqa: F401  (importable here too)
+from ruler_rl.prompt import response_schema
 
 LOCAL_EXPLANATION_CHARS = 80  # the embedded judge decodes ~10 tokens/s on CPU: keep its explanations short
 SERVED_EXPLANATION_CHARS = 400  # self-served models under constrained decoding: bound run-on explanations
@@ -30,7 +30,7 @@ def default_judge_model() -> str:
 @functools.lru_cache(maxsize=256)
 def provider_of(model: str, api_base: str | None) -> str:
     """litellm's provider for `model` (a `JudgeConfigError` for a model no provider serves)."""
-    from judges.local_provider import check_local_model
+    from ruler_rl.judges.local_provider import check_local_model
 
     check_local_model(model)
     try:
@@ -42,7 +42,7 @@ def provider_of(model: str, api_base: str | None) -> str:
 @functools.lru_cache(maxsize=256)
 def _context_limit(model: str, provider: str) -> int | None:
     if provider == "local":
-        from judges.embedded import load_local_model
+        from ruler_rl.judges.embedded import load_local_model
 
         return load_local_model(model.split("/", 1)[1]).max_context - ANSWER_ROOM_TOKENS
     try:
@@ -85,10 +85,10 @@ class Judge:
 
     def cache_model(self) -> str:
         """The model as the cache key names it: the model string, except for a `local/<folder>` judge, whose
-        key names the folder's weights (`judges.local_provider.model_identity`), so a retrained or replaced
+        key names the folder's weights (`ruler_rl.judges.local_provider.model_identity`), so a retrained or replaced
         model never hits the answers of the one before."""
         if self.provider == "local":
-            from judges.local_provider import model_identity
+            from ruler_rl.judges.local_provider import model_identity
 
             return model_identity(self.model)
         return self.model
@@ -100,7 +100,7 @@ class Judge:
     def token_counter(self) -> TokenCounter:
         """Prompt tokens as this judge counts them: the embedded tokenizer, else litellm's counter for the model."""
         if self.provider == "local":
-            from judges.embedded import load_local_model
+            from ruler_rl.judges.embedded import load_local_model
 
             tok = load_local_model(self.model.split("/", 1)[1]).tokenizer
             return lambda msgs: sum(len(tok(m["content"])["input_ids"]) + 4 for m in msgs) + 3

@@ -5,14 +5,13 @@ answer."""
 from __future__ import annotations
 
 import json
-
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from ruler.advantages import group_advantages
-from ruler.parse import TrajectoryScore
-from ruler.trajectory import TrajectoryGroup
+from ruler_rl.advantages import group_advantages
+from ruler_rl.parse import TrajectoryScore
+from ruler_rl.trajectory import TrajectoryGroup
 
 
 @dataclass

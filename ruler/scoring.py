@@ -4,9 +4,9 @@
     ruler_result(message_lists, judge_model, ...)  -> RulerResult: the scores plus usage, cost, cache, notes
     ruler_score_group(group, judge_model, ...)     -> a new TrajectoryGroup with reward = judge score
 
-Each checks its input once (`ruler.trajectory`) and its options once (`RulerOptions.build`), then
-`_judge_group` hands the conversations to the judge (`ruler.budget.score_within_budget`: fit the context,
-judge in `num_permutations` orderings, `ruler.judgment`) or to each judge of a panel (`ruler.panel`).
+Each checks its input once (`ruler_rl.trajectory`) and its options once (`RulerOptions.build`), then
+`_judge_group` hands the conversations to the judge (`ruler_rl.budget.score_within_budget`: fit the context,
+judge in `num_permutations` orderings, `ruler_rl.judgment`) or to each judge of a panel (`ruler_rl.panel`).
 `ruler_score_group` then writes the scores, the explanations and each trajectory's share of the bill
 into a copy of the group.
 """
@@ -18,19 +18,25 @@ import logging
 import warnings
 from typing import Unpack
 
-from judges import DEFAULT_RUBRIC
-from judges.panel import JudgePanel
-from ruler import tracing
-from ruler.budget import score_within_budget
-from ruler.messages import Problem, TrajectoryError, require_task_stated, validate_message_lists
-from ruler.options import (MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, GroupKeywords, RulerKeywords,
-                           RulerOptions)
-from ruler.panel import score_panel
-from ruler.parse import TrajectoryScore
-from ruler.prompt import flatten_histories
-from ruler.providers import UNKNOWN_CONTEXT_TOKENS, Judge
-from ruler.results import EXPLANATION_KEY, NOTES_KEY, RulerResult
-from ruler.trajectory import Choice, Trajectory, TrajectoryGroup, choice_to_message, validate_trajectories
+from ruler_rl import tracing
+from ruler_rl.budget import score_within_budget
+from ruler_rl.judges import DEFAULT_RUBRIC
+from ruler_rl.judges.panel import JudgePanel
+from ruler_rl.messages import Problem, TrajectoryError, require_task_stated, validate_message_lists
+from ruler_rl.options import (
+    MAX_PERMUTATIONS,
+    MAX_PROMPT_TOKENS,
+    MIN_PROMPT_TOKENS,
+    GroupKeywords,
+    RulerKeywords,
+    RulerOptions,
+)
+from ruler_rl.panel import score_panel
+from ruler_rl.parse import TrajectoryScore
+from ruler_rl.prompt import flatten_histories
+from ruler_rl.providers import UNKNOWN_CONTEXT_TOKENS, Judge
+from ruler_rl.results import EXPLANATION_KEY, NOTES_KEY, RulerResult
+from ruler_rl.trajectory import Choice, Trajectory, TrajectoryGroup, choice_to_message, validate_trajectories
 
 __all__ = ["MAX_PERMUTATIONS", "MAX_PROMPT_TOKENS", "MIN_PROMPT_TOKENS", "UNKNOWN_CONTEXT_TOKENS", "RulerResult",
            "ruler", "ruler_result", "ruler_score_group"]
@@ -56,7 +62,7 @@ async def ruler(
     string works as `judge_model` (default: `$RULER_JUDGE_MODEL`, else the embedded judge), as does a list
     of them or a `JudgePanel`; `extra_litellm_params` pass through (`api_base`, `api_key`, `temperature`,
     ...). Keyword options (`tools`, `cache`, `retry`, `max_format_retries`, `render`, `num_permutations`,
-    `seed`, `max_prompt_tokens`, `limits`) are described on `ruler.options.RulerOptions`. Bad input raises
+    `seed`, `max_prompt_tokens`, `limits`) are described on `ruler_rl.options.RulerOptions`. Bad input raises
     `TrajectoryError` (a ValueError naming the trajectory and field), a bad option `JudgeConfigError`,
     TypeError or ValueError, before any call; a failing judge raises `JudgeError` subclasses; a made-up
     score is never returned. `ruler_result` returns the same scores with what it took to get them.
@@ -75,7 +81,7 @@ async def ruler_result(message_lists: list[list[dict]], judge_model: JudgeSpec =
     opts = RulerOptions.build(judge_model, extra_litellm_params, rubric, debug=debug, caller="ruler", **options)
     checked = validate_message_lists(message_lists, limits=opts.limits)
     _require_trajectories(checked)
-    tracer = tracing.current_tracer()  # None when tracing is off (ruler.tracing)
+    tracer = tracing.current_tracer()  # None when tracing is off (ruler_rl.tracing)
     with tracing.judging(tracer) as judging_id:
         try:
             result = await _judge_group(checked, opts)
@@ -101,9 +107,9 @@ async def ruler_score_group(
     Each trajectory gets `metrics["ruler_score"]`, `metrics["independent_reward"]` (its old reward),
     its share of the judge bill (`judge_prompt_tokens`, `judge_completion_tokens`, `judge_cost`; shares
     add up to the group's total), `judge_cached`, the judge's explanation in `metadata["ruler_explanation"]`
-    (also written to `logs` as ART does; `ruler.results.score_rows` reads it) and a stable id in
-    `metadata["ruler_trajectory_id"]` (kept if it has one; `ruler.tracing`); the group's metadata gets the
-    judge, its calls and bill, and what was done to judge it (`ruler.results.score_notes`; also in each
+    (also written to `logs` as ART does; `ruler_rl.results.score_rows` reads it) and a stable id in
+    `metadata["ruler_trajectory_id"]` (kept if it has one; `ruler_rl.tracing`); the group's metadata gets the
+    judge, its calls and bill, and what was done to judge it (`ruler_rl.results.score_notes`; also in each
     trajectory's `logs` as "RULER note: ..."). The input group is
     not modified. An empty group is refused (`TrajectoryError`: there is nothing to judge). With
     `swallow_exceptions=True` a failure of the group (input that cannot be judged, an empty group, a judge that

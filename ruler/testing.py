@@ -252,7 +252,7 @@ def start_service(db, judge: FakeJudge, env: dict, *extra: str, cwd=None, wait_s
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ruler", "serve", "--port", str(port), "--db", str(db),
+    proc = subprocess.Popen([sys.executable, "-m", "ruler_rl", "serve", "--port", str(port), "--db", str(db),
                              "--judge", "openai/fake-judge", "--judge-api-base", judge.base, *extra],
                             env={"OPENAI_API_KEY": "sk-test", **env}, cwd=cwd,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -10,21 +10,21 @@ hooks the library calls cost one lookup when no tracer is set. Tracing is on whe
 
 The tracer is resolved once when scoring, gathering or training starts: configured without the `langfuse`
 package installed, `ruler_score_group`, `gather_trajectory_groups` and `model.train` raise
-`judges.extras.MissingExtraError` naming `pip install 'ruler-rl[tracing]'` before any rollout, judge call or
+`ruler_rl.judges.extras.MissingExtraError` naming `pip install 'ruler-rl[tracing]'` before any rollout, judge call or
 step. Once on, a failing Langfuse (unreachable, erroring, rejecting) or a tracer that raises never breaks
 scoring, gathering or training: the SDK exports from a background thread and logs its failures, and every
-hook here logs (warning, logger `ruler.tracing`) instead of raising.
+hook here logs (warning, logger `ruler_rl.tracing`) instead of raising.
 
-What is sent, and how, is `ruler.langfuse_tracer`'s (`LangfuseTracer`).
+What is sent, and how, is `ruler_rl.langfuse_tracer`'s (`LangfuseTracer`).
 
 **Trajectory ids.** `Trajectory` has no id field, so the id lives in `metadata["ruler_trajectory_id"]`
 (`TRAJECTORY_ID_KEY`): a uuid4 as 32 hex digits, written by `ruler_score_group` on the trajectories it
 returns (always, traced or not), and by the gather and training hooks on the trajectories they are given
 when tracing is on. An id already there (any non-empty string) is kept, so a recorder or the user may set
-their own; any other value there is refused by `ruler.trajectory.validate_trajectories` (so by scoring and
+their own; any other value there is refused by `ruler_rl.trajectory.validate_trajectories` (so by scoring and
 training, before any judge call or step), and the hooks leave such a trajectory untraced rather than raise.
 A 32-hex-digit id is the Langfuse trace id itself; any other id is hashed into one (`langfuse_trace_id`).
-Not to be confused with the judge's in-prompt numbering ("1".."N", `ruler.results.ScoreRow.trajectory_id`).
+Not to be confused with the judge's in-prompt numbering ("1".."N", `ruler_rl.results.ScoreRow.trajectory_id`).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ruler.langfuse_tracer import LangfuseTracer
-from ruler.trajectory_ids import TRAJECTORY_ID_KEY, langfuse_trace_id, new_trajectory_id
+from ruler_rl.langfuse_tracer import LangfuseTracer
+from ruler_rl.trajectory_ids import TRAJECTORY_ID_KEY, langfuse_trace_id, new_trajectory_id
 
 if TYPE_CHECKING:
-    from ruler.results import RulerResult
-    from ruler.trajectory import Trajectory, TrajectoryGroup
+    from ruler_rl.results import RulerResult
+    from ruler_rl.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = ["TRAJECTORY_ID_KEY", "LangfuseTracer", "Tracer", "current_tracer", "ensure_trajectory_id", "flush",
            "langfuse_trace_id", "new_trajectory_id", "set_tracer", "trajectory_id"]
@@ -55,7 +55,7 @@ def trajectory_id(trajectory: Trajectory, *, assign: bool = True) -> str | None:
     """The stable id of `trajectory` (`metadata["ruler_trajectory_id"]`). Without one, a new id is written into
     its metadata and returned when `assign` (the default), else None. A value there that is not a
     non-empty string is a ValueError."""
-    from ruler.trajectory import Trajectory
+    from ruler_rl.trajectory import Trajectory
 
     if not isinstance(trajectory, Trajectory):
         raise TypeError(f"trajectory_id takes a Trajectory, got {type(trajectory).__name__}")
@@ -138,7 +138,7 @@ def set_tracer(tracer: Tracer | bool | None) -> None:
     if tracer is True:
         raise ValueError("set_tracer takes a tracer (e.g. LangfuseTracer(...)), False (off) or None (environment)")
     if tracer is not None and tracer is not False and not isinstance(tracer, Tracer):
-        raise TypeError(f"set_tracer takes an object with the ruler.tracing.Tracer methods, False or None, got "
+        raise TypeError(f"set_tracer takes an object with the ruler_rl.tracing.Tracer methods, False or None, got "
                         f"{type(tracer).__name__}")
     _explicit = tracer
 
@@ -221,7 +221,7 @@ class _Call:
         self.span, self.done = span, False
 
     def answered(self, reply) -> None:
-        """The judge answered: `reply` is a `judges.JudgeReply`."""
+        """The judge answered: `reply` is a `ruler_rl.judges.JudgeReply`."""
         self.done = True
         _safely("tracing a judge answer", self.span.finish, content=reply.content, prompt_tokens=reply.prompt_tokens,
                 completion_tokens=reply.completion_tokens, cost=reply.cost, error=None)
@@ -262,7 +262,7 @@ def judged(tracer: Tracer | None, judging_id: str | None, what: str, result: Rul
     """A judgment ended (no-op when `tracer` is None); `pairs` as for `Tracer.judged`."""
     if tracer is None or judging_id is None:
         return
-    from ruler.results import RulerResult
+    from ruler_rl.results import RulerResult
 
     _safely("tracing a judgment", tracer.judged, judging_id, what, result or RulerResult(scores=[]), judge_model,
             pairs, error)
@@ -294,7 +294,7 @@ def train_step(tracer: Tracer | None, model, row: dict, groups: list[TrajectoryG
 
 
 def _train_step(tracer: Tracer, model, row: dict, groups: list, advantages: dict[tuple[int, int], float]) -> None:
-    from ruler.trajectory import TrajectoryGroup
+    from ruler_rl.trajectory import TrajectoryGroup
 
     kept, per_group = [], []
     for g, group in enumerate(groups):

@@ -8,7 +8,7 @@ Groups load and save as JSON (one object, or a bare list) or JSONL (one trajecto
 `validate_trajectories` is the one check every surface runs before judging or training (the library's
 `ruler_score_group`, the command line, the judging service and its job worker, the trainer): finite
 rewards, metrics and metadata, the trajectory id, tool schemas, the caps in `Limits`, and each message
-through `ruler.messages` (shapes, tool calls, tool messages, unknown fields). Unknown fields are rejected,
+through `ruler_rl.messages` (shapes, tool calls, tool messages, unknown fields). Unknown fields are rejected,
 never dropped: on a trajectory (`Trajectory` forbids extra fields, except ART's own bookkeeping fields,
 which are accepted and ignored) and on a message dict. Extra fields on a `Choice` (an inference server's
 `token_ids`, `prompt_token_ids`, logprobs, ...) are the server's business and pass untouched (only nesting
@@ -29,8 +29,8 @@ from typing import Any, Union
 import pydantic
 from openai.types.chat.chat_completion import Choice
 
-from ruler.limits import Limits
-from ruler.messages import (
+from ruler_rl.limits import Limits
+from ruler_rl.messages import (
     MAX_PROBLEMS,
     Problem,
     TrajectoryError,
@@ -39,7 +39,7 @@ from ruler.messages import (
     unknown_field,
     walk_json,
 )
-from ruler.trajectory_ids import TRAJECTORY_ID_KEY
+from ruler_rl.trajectory_ids import TRAJECTORY_ID_KEY
 
 MetadataValue = Union[float, int, str, bool, None]
 MessageOrChoice = Union[Choice, dict[str, Any]]
@@ -329,7 +329,7 @@ def _finite_values(values: Any, loc: tuple, what: str, problems: list[Problem]) 
 
 
 def _trajectory_id_problems(metadata: dict, i: int, problems: list[Problem]) -> None:
-    """A trajectory id the user (or a recorder) set must be a non-empty string (`ruler.tracing`)."""
+    """A trajectory id the user (or a recorder) set must be a non-empty string (`ruler_rl.tracing`)."""
     value = metadata.get(TRAJECTORY_ID_KEY)
     if value is not None and not (isinstance(value, str) and value.strip()):
         problems.append(Problem((i, "metadata", TRAJECTORY_ID_KEY),
@@ -366,15 +366,15 @@ def validate_trajectories(trajectories: TrajectoryGroup | Iterable[Trajectory], 
     trainer. Checks: each item is a `Trajectory` with at least one message and at most
     `limits.max_messages`; every message is a `Choice` (the policy's output: only its size and nesting depth
     are checked, its extra fields pass untouched) or a dict with a known role, only known fields
-    (`ruler.messages.MESSAGE_FIELDS`), content that is a string or a list of parts (required except on assistant
+    (`ruler_rl.messages.MESSAGE_FIELDS`), content that is a string or a list of parts (required except on assistant
     messages), tool calls as a list of objects each naming its function (assistant messages only),
     a `tool_call_id` on tool messages, at most `limits.max_message_chars` characters and JSON nested at
     most `limits.max_depth` deep; rewards, metrics and metadata are finite; a trajectory id in
-    `metadata["ruler_trajectory_id"]` (`ruler.tracing`) is a non-empty string; at most
+    `metadata["ruler_trajectory_id"]` (`ruler_rl.tracing`) is a non-empty string; at most
     `limits.max_trajectories` trajectories. An empty group passes (callers decide whether it may be empty).
     """
     if limits is not None and not isinstance(limits, Limits):
-        raise TypeError(f"limits must be a ruler.trajectory.Limits, got {type(limits).__name__}")
+        raise TypeError(f"limits must be a ruler_rl.trajectory.Limits, got {type(limits).__name__}")
     limits = limits or Limits()
     if isinstance(trajectories, (str, bytes, dict)):
         raise TypeError(f"expected trajectories or a TrajectoryGroup, got {type(trajectories).__name__}")

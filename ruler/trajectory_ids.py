@@ -1,8 +1,8 @@
 """Trajectory ids as strings: where a trajectory keeps its id, fresh ids, and the Langfuse trace id of an id.
 
 `Trajectory` has no id field, so the id lives in `metadata["ruler_trajectory_id"]` (`TRAJECTORY_ID_KEY`);
-`ruler.tracing` says who writes it and when. This module imports nothing of ruler's: the trajectory model's
-check (`ruler.trajectory.validate_trajectories`), the tracing hooks and the Langfuse exporter all read the
+`ruler_rl.tracing` says who writes it and when. This module imports nothing of ruler's: the trajectory model's
+check (`ruler_rl.trajectory.validate_trajectories`), the tracing hooks and the Langfuse exporter all read the
 key from here.
 """
 
@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 TRAJECTORY_ID_KEY = "ruler_trajectory_id"
-"""The trajectory metadata key holding its stable id (see `ruler.tracing`)."""
+"""The trajectory metadata key holding its stable id (see `ruler_rl.tracing`)."""
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 

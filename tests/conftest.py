@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from evals.art_e.inbox import ENRON_DIR
-from ruler.testing import FakeJudge
+from ruler_rl.testing import FakeJudge
 
 # Fixtures whose set-up alone takes seconds to minutes on a 2-core CPU (a model loaded or trained, a server
 # process, a cluster): every test that uses one, directly or through another fixture, is marked `slow`, which
@@ -65,8 +65,8 @@ def _release_module_memory():
     yield
     import gc
 
-    from judges import embedded
-    from ruler import cache
+    from ruler_rl import cache
+    from ruler_rl.judges import embedded
 
     embedded._folders.clear()
     with cache._open_lock:
@@ -95,7 +95,7 @@ def judge(_judge_server):
 @pytest.fixture(scope="session")
 def embedded_model():
     """The real embedded model, loaded once per test session."""
-    from judges.embedded import load_embedded_model
+    from ruler_rl.judges.embedded import load_embedded_model
 
     return load_embedded_model()
 
@@ -123,7 +123,7 @@ def tiny_dir(tmp_path):
 def tiny_trainable(tiny_dir, tmp_path):
     """(model, backend): a TrainableModel of the tiny shape with random weights on the transformers engine, LoRA
     r4, and the LocalBackend to register it with (the test registers it and closes the backend)."""
-    from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
+    from ruler_rl.trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
 
     cfg = ModelConfig(lora=LoRAConfig(rank=4, alpha=8), engine=EngineConfig(engine="transformers", max_seq_length=256))
     return TrainableModel("tiny", "p", str(tiny_dir), cfg), LocalBackend(tmp_path / "runs", random_weights=True)
@@ -133,8 +133,8 @@ def tiny_trainable(tiny_dir, tmp_path):
 def one_varied_step():
     """An async function: one training step of a registered model on one group of four of its own replies,
     rewarded 0, 1, 2, 3 (every one with an advantage); returns the step's row."""
-    from ruler import Trajectory, TrajectoryGroup
-    from trainer import TrainConfig
+    from ruler_rl import Trajectory, TrajectoryGroup
+    from ruler_rl.trainer import TrainConfig
 
     async def step(model) -> dict:
         msgs = [{"role": "user", "content": "Say something."}]

@@ -8,8 +8,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from trainer.server import BackgroundServer
-from trainer.vllm_server import VLLMServer
+from ruler_rl.trainer.server import BackgroundServer
+from ruler_rl.trainer.vllm_server import VLLMServer
 
 
 class ScriptedVLLM(VLLMServer):

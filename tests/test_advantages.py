@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from ruler import group_advantages
-from ruler.advantages import group_has_signal
+from ruler_rl import group_advantages
+from ruler_rl.advantages import group_has_signal
 
 
 def test_scaled_advantages_are_zero_mean_unit_std():

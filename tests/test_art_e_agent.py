@@ -5,8 +5,8 @@ import pytest
 from evals.art_e.agent import run_agent
 from evals.art_e.questions import generate_scenarios
 from evals.art_e.rewards import Rubric, art_reward, grade
-from judges import EMBEDDED_JUDGE
-from ruler import TrajectoryGroup
+from ruler_rl import TrajectoryGroup
+from ruler_rl.judges import EMBEDDED_JUDGE
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +37,8 @@ async def test_a_text_mode_rollout_on_the_trainers_server_gives_sequences_to_tra
     message instead: every group of a GPU run was skipped with "no generated tokens".)"""
     from openai.types.chat.chat_completion import Choice
 
-    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
-    from trainer.sequences import training_sequences
+    from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
+    from ruler_rl.trainer.sequences import training_sequences
 
     db, _ = inbox_db
     scenario = generate_scenarios(db, per_inbox=1, seed=3)[0]

@@ -21,9 +21,9 @@ from evals.art_e.harness import (
 from evals.art_e.question_writer import write_questions
 from evals.art_e.questions import Scenario, save_scenarios
 from evals.art_e.tools import InboxTools
-from judges import EMBEDDED_JUDGE
-from ruler.cli import app
-from ruler.testing import free_port
+from ruler_rl.cli import app
+from ruler_rl.judges import EMBEDDED_JUDGE
+from ruler_rl.testing import free_port
 
 SALLY = "sally.beck@enron.com"
 

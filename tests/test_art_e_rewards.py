@@ -7,8 +7,8 @@ import pytest
 
 from evals.art_e.agent import run_agent
 from evals.art_e.rewards import Rubric, art_reward, grade, judge_answer
-from judges import EMBEDDED_JUDGE
-from judges.errors import JudgeError
+from ruler_rl.judges import EMBEDDED_JUDGE
+from ruler_rl.judges.errors import JudgeError
 from tests.helpers import budget_review_scenario
 
 SALLY = "sally.beck@enron.com"
@@ -263,7 +263,7 @@ async def test_the_judge_is_asked_only_when_given_and_the_matcher_said_no(judge,
     assert again is True and len(judge.requests) == asked == 3  # cached: the judge is not asked again
     traj = await rollout(judge, scenario, inbox_db[0], [finish, "500", "500", "500", "500", "500"])
     with pytest.raises(JudgeError):
-        from judges.completion import RetryPolicy
+        from ruler_rl.judges.completion import RetryPolicy
 
         await grade(traj, scenario, max_turns=10, judge_model="openai/other-judge", judge_params=judge.params,
                     retry=RetryPolicy(attempts=2, initial_wait=0, max_wait=0))

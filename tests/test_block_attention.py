@@ -1,4 +1,4 @@
-"""Block attention (`trainer.attention`): packed rows run as one SDPA call per block give the loss and LoRA
+"""Block attention (`ruler_rl.trainer.attention`): packed rows run as one SDPA call per block give the loss and LoRA
 gradients of every sequence run alone (fp32, tiny random Llama and Qwen2, with and without checkpointing) while
 no [T x T] mask is built; a row whose prefix copies would outgrow its mask keeps the mask; the model's own
 forwards (padding masks, generation) are transformers' SDPA unchanged; a broken block layout is caught by the
@@ -10,12 +10,12 @@ import pydantic
 import pytest
 import torch
 
+from ruler_rl.trainer import attention, training
+from ruler_rl.trainer.config import ModelConfig, TrainConfig
+from ruler_rl.trainer.packing import Row, pack
+from ruler_rl.trainer.sequences import TrainingSequence
 from tests.helpers import tiny_lora_model
 from tests.test_trainer_packing import batch, coinciding_turns, loss_and_grads, no_mask_reference, tiny
-from trainer import attention, training
-from trainer.config import ModelConfig, TrainConfig
-from trainer.packing import Row, pack
-from trainer.sequences import TrainingSequence
 
 
 def blocks_model(config_class=None, **extra):

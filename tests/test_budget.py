@@ -7,8 +7,8 @@ import re
 import litellm
 import pytest
 
-from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler_score_group
-from ruler.budget import MARK, calibrate, truncate_group, truncate_middle
+from ruler_rl import RetryPolicy, Trajectory, TrajectoryGroup, ruler_score_group
+from ruler_rl.budget import MARK, calibrate, truncate_group, truncate_middle
 from tests.helpers import SYSTEM, USER
 
 FAST = RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.05)
@@ -98,17 +98,17 @@ async def test_anchors_remove_a_judge_that_drifts_between_subgroups(judge):
 
 def count_prompt_builds(monkeypatch) -> list[str]:
     """Every judge prompt built from now on (as JSON text), in order: all are built by `RulerOptions.prompt`."""
-    import ruler.options
+    import ruler_rl.options
 
     built: list[str] = []
-    real = ruler.options.build_prompt
+    real = ruler_rl.options.build_prompt
 
     def counting(*args, **kwargs):
         prompt = real(*args, **kwargs)
         built.append(json.dumps(prompt.messages))
         return prompt
 
-    monkeypatch.setattr(ruler.options, "build_prompt", counting)
+    monkeypatch.setattr(ruler_rl.options, "build_prompt", counting)
     return built
 
 

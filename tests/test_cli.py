@@ -1,4 +1,4 @@
-"""The `ruler` CLI in-process (typer's runner) against the scripted judge, and as `python -m ruler`."""
+"""The `ruler` CLI in-process (typer's runner) against the scripted judge, and as `python -m ruler_rl`."""
 
 import json
 import os
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from judges import EMBEDDED_JUDGE
-from judges.choice import JUDGES_BY_KEY, JudgeChoice, choose_judge
-from ruler import Trajectory, TrajectoryGroup
-from ruler.cli import PLUGIN_COMMANDS, app
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.cli import PLUGIN_COMMANDS, app
+from ruler_rl.judges import EMBEDDED_JUDGE
+from ruler_rl.judges.choice import JUDGES_BY_KEY, JudgeChoice, choose_judge
 from tests.helpers import convo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,11 +101,11 @@ def test_judge_choice_order():
 
 
 def run_cli(*args: str, argv0: str | None = None) -> subprocess.CompletedProcess:
-    """`python -m ruler ARGS`, or (argv0 given) the console script as pip writes it: import the entry point
+    """`python -m ruler_rl ARGS`, or (argv0 given) the console script as pip writes it: import the entry point
     named in pyproject.toml, set argv[0], call it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
     if argv0 is None:
-        cmd = [sys.executable, "-m", "ruler", *args]
+        cmd = [sys.executable, "-m", "ruler_rl", *args]
     else:
         scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
         module, _, func = scripts["ruler"].partition(":")
@@ -131,7 +131,8 @@ def test_trainer_and_evals_commands_run_through_ruler(tmp_path):
 
 
 def test_ruler_imports_neither_trainer_nor_evals():
-    code = "import sys, ruler, ruler.cli; print(sorted({m.split('.')[0] for m in sys.modules} & {'trainer', 'evals'}))"
+    code = ("import sys, ruler_rl, ruler_rl.cli; print(sorted({m for m in sys.modules if m.split('.')[0] == 'evals'"
+            " or m.startswith('ruler_rl.trainer')}))")
     res = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
@@ -148,13 +149,14 @@ def test_a_command_whose_package_is_missing_says_what_to_do(monkeypatch):
 
 
 def test_listing_the_commands_imports_no_plugin_and_their_help_is_their_own():
-    code = ("import sys; from typer.testing import CliRunner; from ruler.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from ruler_rl.cli import app; "
             "res = CliRunner().invoke(app, ['--help']); assert res.exit_code == 0, res.output; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'trainer', 'evals', 'torch'}))")
+            "print(sorted({m for m in sys.modules if m.split('.')[0] in ('evals', 'torch')"
+            " or m.startswith('ruler_rl.trainer')}))")
     res = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
-    from ruler.cli import load_plugin_command
+    from ruler_rl.cli import load_plugin_command
 
     for name, (_, _, _, short) in PLUGIN_COMMANDS.items():  # the stand-in's line is the loaded command's own
         command = load_plugin_command(name)

@@ -1,6 +1,6 @@
 """The `ruler` command starts light: every `--help` runs without importing litellm, torch, transformers, pandas
-(or the OpenAI SDK, numpy, FastAPI) -- they load inside the command that needs them -- and `import ruler` /
-`import judges` stay light while every public name still imports. Each check runs in a fresh interpreter, so
+(or the OpenAI SDK, numpy, FastAPI) -- they load inside the command that needs them -- and `import ruler_rl` /
+`import ruler_rl.judges` stay light while every public name still imports. Each check runs in a fresh interpreter, so
 nothing an earlier test imported counts."""
 
 import functools
@@ -15,12 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("litellm", "torch", "transformers", "pandas", "numpy", "openai", "fastapi", "uvicorn")
 
-# the `ruler` console script's own code (`from ruler.cli import main; main()`), then which heavy modules got loaded
+# the `ruler` console script's own code (`from ruler_rl.cli import main; main()`), then which heavy modules got loaded
 RUN_CLI = """
 import json, sys
 argv = json.loads(sys.argv[1])
 sys.argv = ["ruler", *argv]
-from ruler.cli import main
+from ruler_rl.cli import main
 code = 0
 try:
     main()
@@ -80,12 +80,12 @@ def test_root_help_lists_every_command():
 def test_import_ruler_and_judges_is_light_and_every_name_still_imports():
     code = """
 import json, sys
-import ruler, judges
+import ruler_rl, ruler_rl.judges
 light = sorted(m for m in HEAVY if m in sys.modules)
-from judges import RetryPolicy, DEFAULT_RUBRIC, JudgeError
+from ruler_rl.judges import RetryPolicy, DEFAULT_RUBRIC, JudgeError
 still_light = sorted(m for m in HEAVY if m in sys.modules)
-from ruler import *
-import ruler as r, judges as j
+from ruler_rl import *
+import ruler_rl as r, ruler_rl.judges as j
 names = {"ruler": [n for n in r.__all__ if getattr(r, n, None) is None],
          "judges": [n for n in j.__all__ if getattr(j, n, None) is None]}
 import litellm
@@ -105,10 +105,10 @@ print(json.dumps({"light": light, "still_light": still_light, "missing": names, 
 
 def test_embedded_judge_name_registers_the_providers():
     """Code that calls litellm itself with `local/...` (tests/test_embedded.py) gets the provider registered by
-    importing the name, as `import judges` did before it became lazy."""
+    importing the name, as `import ruler_rl.judges` did before it became lazy."""
     code = """
 import json
-from judges import EMBEDDED_JUDGE
+from ruler_rl.judges import EMBEDDED_JUDGE
 import litellm
 print(json.dumps([EMBEDDED_JUDGE, sorted(p["provider"] for p in litellm.custom_provider_map)]))
 """
@@ -118,9 +118,9 @@ print(json.dumps([EMBEDDED_JUDGE, sorted(p["provider"] for p in litellm.custom_p
 
 
 def test_unknown_names_still_raise_attribute_error():
-    import judges
-    import ruler
+    import ruler_rl
+    import ruler_rl.judges
 
-    for module in (ruler, judges):
+    for module in (ruler_rl, ruler_rl.judges):
         with pytest.raises(AttributeError):
             module.no_such_name  # noqa: B018

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from judges.embedded import embedded_model_path
+from ruler_rl.judges.embedded import embedded_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +19,8 @@ def engine_with_hostile_defaults():
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.engine_transformers import TransformersEngine
-    from trainer.sequences import end_of_turn_ids
+    from ruler_rl.trainer.engine_transformers import TransformersEngine
+    from ruler_rl.trainer.sequences import end_of_turn_ids
 
     path = embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from trainer.chat import renders_tools
-from trainer.server import BackgroundServer, Served, create_server_app
+from ruler_rl.trainer.chat import renders_tools
+from ruler_rl.trainer.server import BackgroundServer, Served, create_server_app
 
 NO_TOOLS_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -32,7 +32,7 @@ class NeverCalled:
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from judges.embedded import embedded_model_path
+    from ruler_rl.judges.embedded import embedded_model_path
 
     return AutoTokenizer.from_pretrained(embedded_model_path())
 

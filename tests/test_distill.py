@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from judges import JudgeConfigError
-from judges.local_provider import check_local_model, model_identity
-from ruler import Trajectory, TrajectoryGroup
-from ruler.cache import export_judgments, judgment_record, open_cache
-from ruler.prompt import build_prompt
-from ruler.scoring import ruler_result, ruler_score_group
-from tests.helpers import convo
-from trainer.distill import (
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.cache import export_judgments, judgment_record, open_cache
+from ruler_rl.judges import JudgeConfigError
+from ruler_rl.judges.local_provider import check_local_model, model_identity
+from ruler_rl.prompt import build_prompt
+from ruler_rl.scoring import ruler_result, ruler_score_group
+from ruler_rl.trainer.distill import (
     LabelledGroup,
     agreement_figures,
     from_cache,
@@ -29,6 +28,7 @@ from trainer.distill import (
     shown_ids,
     split_by_group,
 )
+from tests.helpers import convo
 
 runner = CliRunner()
 RUBRIC = "Score each answer by the quality word it states: excellent 1, mediocre 0.5, terrible 0."
@@ -102,7 +102,7 @@ def test_export_validation_errors(tmp_path):
 def test_teacher_examples_from_cache_and_labels_and_split_by_group(tmp_path):
     msgs = build_prompt(_group_convs("GOOD a", "BAD b", "OK c"), RUBRIC, order=[2, 0, 1]).messages
     assert shown_ids(msgs) == ["3", "1", "2"]
-    from ruler.cache import CachedJudgment
+    from ruler_rl.cache import CachedJudgment
 
     scores = [{"trajectory_id": i, "explanation": e, "score": s}
               for i, e, s in (("1", "good " * 40, 0.9), ("2", "bad", 0.1), ("3", "ok", 0.5))]
@@ -177,8 +177,8 @@ def test_agreement_figures_count_ties_as_wrong_and_errors_apart():
 
 
 def test_user_dataset_rows_become_labelled_groups(tmp_path):
-    from ruler.labels import load_user_dataset
-    from trainer.distill import labelled_groups
+    from ruler_rl.labels import load_user_dataset
+    from ruler_rl.trainer.distill import labelled_groups
 
     path = tmp_path / "labels.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [
@@ -193,7 +193,7 @@ def test_user_dataset_rows_become_labelled_groups(tmp_path):
 
 
 def _cli(*args):
-    from ruler.cli import app
+    from ruler_rl.cli import app
 
     return runner.invoke(app, ["distill", *args])
 
@@ -251,7 +251,7 @@ def synthetic_dataset(path: Path, n_groups: int = 16, seed: int = 0) -> Path:
 
 @pytest.mark.slow
 def test_distill_20_steps_beats_the_untrained_student_and_loads_as_a_judge(tmp_path):
-    from ruler.cli import app
+    from ruler_rl.cli import app
 
     data = synthetic_dataset(tmp_path / "synth.jsonl")
     out = tmp_path / "my-judge"

@@ -8,10 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from judges.completion import json_list
-from ruler import group_advantages
-from tests.helpers import convo
-from trainer.distill import (
+from ruler_rl import group_advantages
+from ruler_rl.judges.completion import json_list
+from ruler_rl.trainer.distill import (
     LabelledGroup,
     agreement_figures,
     agreement_reward,
@@ -25,6 +24,7 @@ from trainer.distill import (
     teacher_orders_a_pair,
     train_grpo,
 )
+from tests.helpers import convo
 
 runner = CliRunner()
 RUBRIC = "Score each answer by the quality word it states: excellent 1, mediocre 0.5, terrible 0."
@@ -93,10 +93,10 @@ def test_teacher_ties_are_not_pairs_and_reward_errors():
 
 
 async def test_train_grpo_refuses_what_it_cannot_train():
-    from trainer import TrainConfig
+    from ruler_rl.trainer import TrainConfig
 
     ex = _example()
-    with pytest.raises(TypeError, match="registered trainer.TrainableModel"):
+    with pytest.raises(TypeError, match="registered ruler_rl.trainer.TrainableModel"):
         await train_grpo(object(), [ex], TrainConfig(), steps=1)
     model = _ScriptedStudent("http://127.0.0.1:9/v1")
     for kwargs, why in (({"seed": True}, "seed must be an integer"), ({"seed": 1.5}, "seed must be an integer"),
@@ -115,7 +115,7 @@ def _near_tie_example():
 
 
 async def test_one_tie_rule_a_near_tie_teacher_is_left_out_not_a_crash():
-    from trainer import TrainConfig
+    from ruler_rl.trainer import TrainConfig
 
     ex = _near_tie_example()
     # the rule that picks the training prompts is the rule that counts the pairs: no pair here
@@ -142,8 +142,8 @@ async def test_one_tie_rule_a_near_tie_teacher_is_left_out_not_a_crash():
 def test_answer_token_bound_holds_the_longest_answer_the_schema_allows():
     from transformers import AutoTokenizer
 
-    from judges.embedded import embedded_model_path
-    from ruler.providers import LOCAL_EXPLANATION_CHARS
+    from ruler_rl.judges.embedded import embedded_model_path
+    from ruler_rl.providers import LOCAL_EXPLANATION_CHARS
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
     ids = [str(i) for i in range(1, 9)]
@@ -195,7 +195,7 @@ class _ScriptedStudent:
 
 
 async def test_a_refused_prompt_is_logged_with_the_servers_error_and_left_out(judge, caplog):
-    from trainer import TrainConfig
+    from ruler_rl.trainer import TrainConfig
 
     judge.script = ["400", "ok"]
     model = _ScriptedStudent(judge.base)
@@ -229,13 +229,13 @@ def test_json_list_reads_an_llm_list_answer_or_says_why_not():
 
 
 def _cli(*args):
-    from ruler.cli import app
+    from ruler_rl.cli import app
 
     return runner.invoke(app, ["distill", *args])
 
 
 async def test_run_distill_refuses_bad_types(tmp_path):
-    from trainer.distill_cli import run_distill
+    from ruler_rl.trainer.distill_cli import run_distill
 
     common = {"teacher": None, "since": None, "until": None, "cache": tmp_path / "cache",
               "datasets": [tmp_path / "x.jsonl"], "student": "local/smollm2-135m-instruct", "steps": 1, "lr": 1e-3,
@@ -284,14 +284,14 @@ def test_sft_then_grpo_starts_from_the_sft_adapter_and_grpo_trains_the_lora(tmp_
 
     from safetensors.torch import load_file
 
-    import trainer.distill_cli
-    import trainer.sft
+    import ruler_rl.trainer.distill_cli
+    import ruler_rl.trainer.sft
+    from ruler_rl.trainer.distill_cli import run_distill
+    from ruler_rl.trainer.runlog import load_run_log
     from tests.test_distill import synthetic_dataset
-    from trainer.distill_cli import run_distill
-    from trainer.runlog import load_run_log
 
     loaded, alive_at_grpo = [], []
-    real_load, real_stage = trainer.sft.load_student, trainer.distill_cli._grpo_stage
+    real_load, real_stage = ruler_rl.trainer.sft.load_student, ruler_rl.trainer.distill_cli._grpo_stage
 
     def load_student(*a, **k):
         model, tokenizer, full_forward = real_load(*a, **k)
@@ -302,8 +302,8 @@ def test_sft_then_grpo_starts_from_the_sft_adapter_and_grpo_trains_the_lora(tmp_
         alive_at_grpo.extend(r() is not None for r in loaded)
         return await real_stage(*a, **k)
 
-    monkeypatch.setattr(trainer.sft, "load_student", load_student)
-    monkeypatch.setattr(trainer.distill_cli, "_grpo_stage", grpo_stage)
+    monkeypatch.setattr(ruler_rl.trainer.sft, "load_student", load_student)
+    monkeypatch.setattr(ruler_rl.trainer.distill_cli, "_grpo_stage", grpo_stage)
 
     data = synthetic_dataset(tmp_path / "synth.jsonl", n_groups=6)
     out = tmp_path / "sft-grpo-judge"
@@ -347,11 +347,11 @@ async def test_cpu_server_answers_under_a_response_format_schema():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from judges.embedded import embedded_model_path
-    from ruler.prompt import response_schema
-    from trainer.engine_transformers import TransformersEngine
-    from trainer.sequences import end_of_turn_ids
-    from trainer.server import BackgroundServer, Served, create_server_app
+    from ruler_rl.judges.embedded import embedded_model_path
+    from ruler_rl.prompt import response_schema
+    from ruler_rl.trainer.engine_transformers import TransformersEngine
+    from ruler_rl.trainer.sequences import end_of_turn_ids
+    from ruler_rl.trainer.server import BackgroundServer, Served, create_server_app
 
     path = embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -7,7 +7,7 @@ The convention (also in docs/reference/index.md), read from each fenced block's 
   a scripted OpenAI-compatible judge on loopback as `OPENAI_API_BASE` (`ruler/testing.py`), so a block that names
   an `openai/...` judge runs without a key. `title="slow: REASON"` runs it in the slow tier.
 - `title="not run: REASON"` (a GPU, a key, a server, data, your own code): not run. A python block must compile
-  (top-level `await` allowed) and every name it imports from ruler, judges, trainer or evals must exist; a bash
+  (top-level `await` allowed) and every name it imports from ruler_rl, judges, trainer or evals must exist; a bash
   block must parse (`bash -n`), every `ruler` subcommand it calls must exist and every script it runs must be in the
   checkout.
 - `text`, `json`, `jsonl`, `nginx`: read, not run (json and jsonl must parse). A `text` block titled `output` is
@@ -34,13 +34,13 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from ruler.testing import FakeJudge
+from ruler_rl.testing import FakeJudge
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUN_KINDS = {"python", "bash"}
 READ_KINDS = {"text", "json", "jsonl", "nginx"}
-PROJECT_PACKAGES = {"ruler", "judges", "trainer", "evals"}
+PROJECT_PACKAGES = {"ruler_rl", "evals"}
 TITLE = re.compile(r'title="([^"]*)"')
 
 
@@ -143,7 +143,7 @@ def ruler_commands() -> set[str]:
     import click
     import typer
 
-    from ruler.cli import app
+    from ruler_rl.cli import app
 
     group = typer.main.get_command(app)
     return set(group.list_commands(click.Context(group)))
@@ -275,9 +275,9 @@ def test_readme_is_short_and_its_quickstart_runs_both_judges():
 def test_reference_pages_document_every_public_name():
     """docs/reference/PACKAGE.md has a `::: module.NAME` entry for every name of PACKAGE.__all__, and that module
     has the name (mkdocs build --strict fails on an entry it cannot find; this names the public name left out)."""
-    for package in ("ruler", "judges", "trainer"):
-        page = (ROOT / "docs" / "reference" / f"{package}.md").read_text()
+    for folder, package in (("ruler", "ruler_rl"), ("judges", "ruler_rl.judges"), ("trainer", "ruler_rl.trainer")):
+        page = (ROOT / "docs" / "reference" / f"{folder}.md").read_text()
         entries = dict(reversed(m.groups()) for m in re.finditer(r"^::: ([\w.]+)\.(\w+)$", page, re.MULTILINE))
         for name in importlib.import_module(package).__all__:
-            assert name in entries, f"docs/reference/{package}.md has no entry for {package}.{name}"
+            assert name in entries, f"docs/reference/{folder}.md has no entry for {package}.{name}"
             assert name in defined_names(entries[name]), f"{entries[name]} defines no {name}"

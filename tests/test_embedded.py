@@ -6,10 +6,10 @@ import litellm
 import pytest
 from typer.testing import CliRunner
 
-from judges import EMBEDDED_JUDGE
-from ruler import TrajectoryGroup, group_advantages, ruler_score_group
-from ruler.cli import app
-from ruler.prompt import response_schema
+from ruler_rl import TrajectoryGroup, group_advantages, ruler_score_group
+from ruler_rl.cli import app
+from ruler_rl.judges import EMBEDDED_JUDGE
+from ruler_rl.prompt import response_schema
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def demo_group() -> TrajectoryGroup:
     from importlib import resources
 
-    return TrajectoryGroup.model_validate_json((resources.files("ruler") / "data" / "demo_group.json").read_text())
+    return TrajectoryGroup.model_validate_json((resources.files("ruler_rl") / "data" / "demo_group.json").read_text())
 
 
 async def test_embedded_judge_scores_a_real_group(embedded_model):
@@ -57,8 +57,8 @@ async def test_cancelled_and_timed_out_calls_stop_the_generation(embedded_model,
     import asyncio
     import time
 
-    import judges.embedded as emb
-    from judges import JudgeUnavailableError, RetryPolicy, complete
+    import ruler_rl.judges.embedded as emb
+    from ruler_rl.judges import JudgeUnavailableError, RetryPolicy, complete
 
     runs = []  # (started, ended) of every generation that reached the decoder
     decode = embedded_model.decoder.generate

@@ -3,7 +3,7 @@ a process that measures many judges one after another does not keep every model 
 
 import json
 
-from judges import embedded
+from ruler_rl.judges import embedded
 
 
 class Stub:
@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E40
 
 import pytest  # noqa: E402
 
-from judges.errors import JudgeConfigError  # noqa: E402
+from ruler_rl.judges.errors import JudgeConfigError  # noqa: E402
 
 SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"  # CPU, no output
 GROW = "{% for i in range(100000) %}{% for j in range(100000) %}{{ 'x' * 4096 }}{% endfor %}{% endfor %}"

@@ -1,4 +1,4 @@
-"""`ruler.testing.FakeJudge`, the scripted judge shipped for offline pipelines: its script is checked when set,
+"""`ruler_rl.testing.FakeJudge`, the scripted judge shipped for offline pipelines: its script is checked when set,
 consumed one item per request over real HTTP, and `reset()` restores every setting."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from ruler.testing import MODES, FakeJudge
+from ruler_rl.testing import MODES, FakeJudge
 
 BODY = {"model": "fake", "messages": [{"role": "user", "content": '<trajectory id="1">GOOD</trajectory>'
                                                                   '<trajectory id="2">BAD</trajectory>'}]}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.fsdp import TINY, _build, shard
+from ruler_rl.trainer.fsdp import TINY, _build, shard
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def test_one_fsdp_step_at_world_size_one_equals_the_unsharded_step(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     out = tmp_path / "fsdp.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "1", "-m", "trainer.fsdp",
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "1", "-m", "ruler_rl.trainer.fsdp",
                            "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -46,7 +46,7 @@ def test_shard_refuses_without_a_process_group_and_a_tied_head(tmp_path):
             shard(model.get_base_model())
         from transformers import AutoModelForCausalLM, LlamaConfig
 
-        from trainer.config import LoRAConfig
+        from ruler_rl.trainer.config import LoRAConfig
 
         settings = {k: v for k, v in TINY.items() if k != "architectures"}
         tied = AutoModelForCausalLM.from_config(LlamaConfig(**{**settings, "tie_word_embeddings": True}))

@@ -21,14 +21,14 @@ import uvicorn
 from openai.types.chat.chat_completion import Choice
 from typer.testing import CliRunner
 
-from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_group
-from ruler.cli import app as cli
-from ruler.errors import JudgeConfigError, JudgeUnavailableError, TrajectoryError
-from ruler.service.app import ServiceConfig, create_app
-from ruler.service.connections import ConnectionLimits, uvicorn_options
-from ruler.service.store import Store
-from ruler.testing import SilentJudge, free_port
-from ruler.trajectory import Limits, group_from_data, validate_trajectories
+from ruler_rl import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_group
+from ruler_rl.cli import app as cli
+from ruler_rl.errors import JudgeConfigError, JudgeUnavailableError, TrajectoryError
+from ruler_rl.service.app import ServiceConfig, create_app
+from ruler_rl.service.connections import ConnectionLimits, uvicorn_options
+from ruler_rl.service.store import Store
+from ruler_rl.testing import SilentJudge, free_port
+from ruler_rl.trajectory import Limits, group_from_data, validate_trajectories
 from tests.helpers import SYSTEM, USER, convo
 
 MODEL = "openai/fake-judge"
@@ -147,7 +147,7 @@ LIBRARY_OPTIONS = [
     ("rubric-not-a-string", call(rubric=5), JudgeConfigError, "rubric must be a string"),
     ("params-not-a-dict", call(params="api_base=x"), JudgeConfigError, "extra_litellm_params must be a dict"),
     ("max-format-retries-negative", call(max_format_retries=-1), ValueError, "max_format_retries must be an integer from 0"),
-    ("limits-not-limits", call(limits={"max_trajectories": 9}), TypeError, "limits must be a ruler.trajectory.Limits"),
+    ("limits-not-limits", call(limits={"max_trajectories": 9}), TypeError, "limits must be a ruler_rl.trajectory.Limits"),
     ("tools-not-dicts", lambda judge: ruler([convo("a"), convo("b")], MODEL, judge.params, tools=["search"]),
      TypeError, "tools must be a list of tool schemas"),
     ("not-a-group", call(group=[traj()]), TypeError, "ruler_score_group takes a TrajectoryGroup"),
@@ -395,7 +395,7 @@ def test_cli_silent_judge_fails_within_timeout(tmp_path):
 
 def test_cli_score_gives_a_silent_judge_three_minutes_by_default(tmp_path, monkeypatch):
     """Not the ten minutes of an HTTP client's default: the deadline `_score` hands the judge call."""
-    import ruler.cli as cli_module
+    import ruler_rl.cli as cli_module
 
     asked = {}
 
@@ -751,7 +751,7 @@ def test_service_body_timeout_cuts_off_a_trickled_body_at_the_deadline(tmp_path,
 def test_serve_body_timeout_flag_reaches_the_service(tmp_path, monkeypatch):
     import uvicorn
 
-    from ruler.cli import app as ruler_cli
+    from ruler_rl.cli import app as ruler_cli
 
     started = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
@@ -764,7 +764,7 @@ def test_serve_body_timeout_flag_reaches_the_service(tmp_path, monkeypatch):
 
 
 def test_service_api_base_from_the_allow_list_is_used(tmp_path, judge):
-    from ruler.testing import FakeJudge
+    from ruler_rl.testing import FakeJudge
 
     other = FakeJudge()
     try:
@@ -1089,7 +1089,7 @@ def test_a_folder_rubric_is_judged_by_its_text_whatever_it_reads_like(svc, judge
 
 
 async def test_library_rubric_text_marked_as_text_is_never_taken_for_a_name(judge):
-    from judges import RubricText
+    from ruler_rl.judges import RubricText
 
     with pytest.raises(JudgeConfigError, match="unknown rubric 'Correctness'"):
         await ruler_score_group(ok_group(), MODEL, judge.params, "Correctness", retry=FAST)
@@ -1139,9 +1139,9 @@ def test_whatever_passes_validation_can_be_rendered_and_serialised():
     serialises to strict JSON (the prompt builder is where a string `tool_calls` used to crash)."""
     import random
 
-    from judges import DEFAULT_RUBRIC
-    from ruler.budget import truncate_group
-    from ruler.prompt import build_prompt
+    from ruler_rl.budget import truncate_group
+    from ruler_rl.judges import DEFAULT_RUBRIC
+    from ruler_rl.prompt import build_prompt
 
     rng = random.Random(19)
     scalars = [None, True, 0, 1.5, math.nan, math.inf, "", "GOOD", "{}", '{"a": 1}', "[1]"]
@@ -1192,7 +1192,7 @@ def test_whatever_passes_validation_can_be_rendered_and_serialised():
 def test_the_rubric_folder_follows_no_link_out_of_it(tmp_path, monkeypatch):
     import uvicorn
 
-    from judges.rubrics import load_rubric_folder
+    from ruler_rl.judges.rubrics import load_rubric_folder
 
     secret = tmp_path / "secret.txt"
     secret.write_text(SECRET)

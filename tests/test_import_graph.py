@@ -9,11 +9,11 @@ run time). Relative imports are resolved against the module's package. Only modu
 - `import a.b.c`: the longest project module that `a.b.c` names (a.b.c itself, as a rule);
 - `from p import n`: the module `p.n` when there is one; else, when `p`'s `__init__` maps `n` lazily (PEP 562: a
   module-level dict of name -> module name that its `__getattr__` reads, as in ruler/__init__.py), the module `n`
-  maps to, and any module its `__getattr__` imports by a literal name for every name (judges.completion, in
+  maps to, and any module its `__getattr__` imports by a literal name for every name (ruler_rl.judges.completion, in
   judges/__init__.py); else the package `p` itself.
 
-So `from ruler import Trajectory` inside ruler/ is an edge to ruler.trajectory (where the lazy map sends it), and
-`from ruler import tracing` an edge to ruler.tracing. A package's lazy map is no edge of the package: its
+So `from ruler_rl import Trajectory` inside ruler/ is an edge to ruler_rl.trajectory (where the lazy map sends it), and
+`from ruler_rl import tracing` an edge to ruler_rl.tracing. A package's lazy map is no edge of the package: its
 `__getattr__` runs only when a name is asked for, and the module asking gets the edge. Parent packages are not
 edges either (Python imports a package before any of its modules, whatever the modules import), nor is a module
 importing names from itself.
@@ -27,6 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("judges", "ruler", "trainer", "evals")  # each package may import only the ones before it
+# each folder's import name: ruler/ is the package ruler_rl, judges/ and trainer/ its subpackages (pyproject's
+# package-dir); evals/ stays a folder of the checkout, imported as evals
+PACKAGES = {"judges": "ruler_rl.judges", "ruler": "ruler_rl", "trainer": "ruler_rl.trainer", "evals": "evals"}
 
 # Circles the project still has, each as the set of modules that import each other around it. The test fails
 # when one is gone (remove its entry) and when any other circle appears.
@@ -35,15 +38,16 @@ KNOWN_CYCLES: set[frozenset[str]] = set()  # circles allowed by name, each with 
 Graph = dict[str, dict[str, str]]  # module -> {module it imports: "path:line" of the first such import}
 
 
-def project_modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
-    """Dotted module name -> source file, for every .py file under the packages (a package is its __init__.py)."""
+def project_modules(root: Path, packages: dict[str, str] | tuple[str, ...]) -> dict[str, Path]:
+    """Dotted module name -> source file, for every .py file under the packages (a package is its __init__.py):
+    `packages` maps each folder to its import name (a folder alone is imported by its own name)."""
     modules = {}
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
+    for folder, name in (packages.items() if isinstance(packages, dict) else ((p, p) for p in packages)):
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
-            modules[".".join(parts)] = path
+            modules[".".join([name, *parts])] = path
     return modules
 
 
@@ -103,7 +107,7 @@ def _imports(tree: ast.Module, package: str, modules: dict[str, Path],
                     yield source, node.lineno
 
 
-def import_graph(root: Path, packages: tuple[str, ...] = LAYERS) -> Graph:
+def import_graph(root: Path, packages: dict[str, str] | tuple[str, ...] = PACKAGES) -> Graph:
     """Which project module imports which, as the module docstring resolves each import."""
     modules = project_modules(root, packages)
     trees = {name: ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) for name, path in modules.items()}
@@ -178,11 +182,19 @@ def a_cycle(graph: Graph, group: list[str]) -> str:
     raise AssertionError(f"{group} is not strongly connected")
 
 
+def layer_of(module: str, packages: dict[str, str] = PACKAGES) -> str:
+    """The folder (layer) a module comes from: the one whose import name is the longest prefix of its name (a
+    module of no such package: its first name, a folder imported by its own name)."""
+    names = sorted(packages.items(), key=lambda item: -len(item[1]))
+    return next((folder for folder, name in names if module == name or module.startswith(name + ".")),
+                module.split(".")[0])
+
+
 def layer_violations(graph: Graph, layers: tuple[str, ...] = LAYERS) -> list[str]:
     """Each import of a package from one that comes before it in `layers` ("a -> b (path:line)")."""
     rank = {package: i for i, package in enumerate(layers)}
     return [f"{a} -> {b} ({where})" for a, edges in sorted(graph.items()) for b, where in sorted(edges.items())
-            if rank[a.split(".")[0]] < rank[b.split(".")[0]]]
+            if rank[layer_of(a)] < rank[layer_of(b)]]
 
 
 # --- the project ------------------------------------------------------------------------------------------------
@@ -204,12 +216,13 @@ def test_each_layer_imports_only_the_layers_below():
 
 def test_the_project_graph_resolves_its_imports():
     graph = import_graph(ROOT)
-    assert "ruler.trajectory" in graph["ruler.tracing"]  # at function level: trajectory_id checks the type
-    assert "ruler.tracing" not in graph["ruler.trajectory"]  # the circle this split broke stays broken
-    assert "ruler.tracing" in graph["trainer.model"]  # `from ruler import tracing`: the submodule
-    assert "ruler.scoring" in graph["ruler.cli"]  # `from ruler import ruler_score_group`: through the lazy map
-    assert "judges.completion" in graph["ruler.service.judging"]  # `from judges.completion import ...`
-    assert graph["ruler"] == {}  # ruler/__init__ imports only the standard library; its lazy map is no edge
+    assert "ruler_rl.trajectory" in graph["ruler_rl.tracing"]  # at function level: trajectory_id checks the type
+    assert "ruler_rl.tracing" not in graph["ruler_rl.trajectory"]  # the circle this split broke stays broken
+    assert "ruler_rl.tracing" in graph["ruler_rl.trainer.model"]  # `from ruler_rl import tracing`: the submodule
+    assert "ruler_rl.scoring" in graph["ruler_rl.cli"]  # `from ruler_rl import ruler_score_group`: through the lazy map
+    assert "ruler_rl.judges.completion" in graph["ruler_rl.service.judging"]  # `from ruler_rl.judges.completion import ...`
+    assert graph["ruler_rl"] == {}  # ruler/__init__ imports only the standard library; its lazy map is no edge
+    assert layer_of("ruler_rl.judges.panel") == "judges" and layer_of("ruler_rl.panel") == "ruler"
 
 
 # --- the graph functions on planted packages ----------------------------------------------------------------------

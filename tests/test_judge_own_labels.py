@@ -8,7 +8,7 @@ import litellm
 import pytest
 
 from evals.judge_meta import evaluate
-from ruler.labels import DatasetError, load_user_dataset
+from ruler_rl.labels import DatasetError, load_user_dataset
 
 SYSTEM = {"role": "system", "content": "Answer the question."}
 USER = {"role": "user", "content": "When is the meeting?"}
@@ -159,7 +159,7 @@ async def test_mixed_with_a_built_in_set_and_bad_input_stops_before_judging(tmp_
 def test_command_line(tmp_path, judge, monkeypatch):
     from typer.testing import CliRunner
 
-    from ruler.cli import app
+    from ruler_rl.cli import app
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     res = CliRunner().invoke(app, ["eval", "judge", "--judge", "openai/fake-judge", "--api-base", judge.base,

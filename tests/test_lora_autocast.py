@@ -6,10 +6,10 @@ unchanged, and the default (None) is on for a bfloat16 model only."""
 import pytest
 import torch
 
+from ruler_rl.trainer import training
+from ruler_rl.trainer.config import TrainConfig
 from tests.helpers import tiny_lora_model
 from tests.test_trainer_packing import batch
-from trainer import training
-from trainer.config import TrainConfig
 
 
 def bf16_model():

@@ -5,7 +5,7 @@ request id stands at (Python SDKs write it first, the TypeScript SDK last)."""
 import io
 import json
 
-from trainer.mcp_relay import OVERSIZED, Pending, relay_stdout
+from ruler_rl.trainer.mcp_relay import OVERSIZED, Pending, relay_stdout
 
 LIMIT = 1000
 

@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 
 from evals.art_e.mcp_server import resolve_inbox
 from evals.art_e.tools import InboxTools
-from ruler import TrajectoryGroup, gather_trajectory_groups
-from ruler.errors import TooManyExceptions
-from ruler.testing import FakeJudge, free_port
-from trainer.mcp_client import STDERR_KEEP_BYTES, MCPServerError, MCPToolbox, openai_tool_schema
-from trainer.mcp_rl import MCPRLConfig, train_mcp_rl
-from trainer.mcp_rollout import rollout
-from trainer.mcp_tasks import MCPTask, TaskSet, TaskWriterError, write_tasks
+from ruler_rl import TrajectoryGroup, gather_trajectory_groups
+from ruler_rl.errors import TooManyExceptions
+from ruler_rl.testing import FakeJudge, free_port
+from ruler_rl.trainer.mcp_client import STDERR_KEEP_BYTES, MCPServerError, MCPToolbox, openai_tool_schema
+from ruler_rl.trainer.mcp_rl import MCPRLConfig, train_mcp_rl
+from ruler_rl.trainer.mcp_rollout import rollout
+from ruler_rl.trainer.mcp_tasks import MCPTask, TaskSet, TaskWriterError, write_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
@@ -57,7 +57,7 @@ def writer():
 
 @pytest.mark.slow
 async def test_the_loop_end_to_end_on_the_inbox_server_over_stdio(inbox_db, judge, writer, tmp_path):
-    from trainer import LocalBackend, TrainableModel, TrainConfig
+    from ruler_rl.trainer import LocalBackend, TrainableModel, TrainConfig
 
     db, _ = inbox_db
     writer.script = [
@@ -155,7 +155,7 @@ async def test_the_loop_end_to_end_on_the_inbox_server_over_stdio(inbox_db, judg
 
 @pytest.mark.slow
 def test_the_command_writes_and_saves_the_tasks_and_registers_the_model(inbox_db, writer, tmp_path):
-    from ruler.cli import app
+    from ruler_rl.cli import app
 
     db, _ = inbox_db
     writer.script = [reply([{"task": "Find the email about the budget meeting and tell me its date.",
@@ -238,7 +238,7 @@ async def test_env_inherit_env_and_cwd_reach_the_server_command(tmp_path, monkey
 
 
 def test_the_command_passes_env_cwd_instructions_and_resources_to_the_server_and_the_writer(writer, tmp_path):
-    from ruler.cli import app
+    from ruler_rl.cli import app
 
     guidance = tmp_path / "guidance.txt"
     guidance.write_text("Only write tasks about failing tools, in French.")
@@ -291,7 +291,7 @@ async def test_a_server_that_fails_to_start_is_named_with_its_stderr():
 
 
 def test_the_command_line_reports_a_server_that_fails_to_start_in_one_line():
-    from ruler.cli import app
+    from ruler_rl.cli import app
 
     res = CliRunner().invoke(app, ["mcp-rl", "--server", "no-such-mcp-server-q", "--task-model", "openai/x"])
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
@@ -482,7 +482,7 @@ async def test_a_server_that_floods_its_stderr_leaves_only_the_end_of_it():
 
 
 def test_the_loops_module_still_offers_the_names_the_readme_imports_from_it():
-    import trainer.mcp_rl as loop
+    import ruler_rl.trainer.mcp_rl as loop
 
     assert (loop.MCPToolbox, loop.write_tasks) == (MCPToolbox, write_tasks)
     assert {"MCPRLConfig", "MCPToolbox", "train_mcp_rl", "write_tasks"} <= set(loop.__all__)

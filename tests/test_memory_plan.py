@@ -1,4 +1,4 @@
-"""The memory plan (trainer.memory, issue #12): parameter counts against real models, the H200 run's measured
+"""The memory plan (ruler_rl.trainer.memory, issue #12): parameter counts against real models, the H200 run's measured
 settings planned as fitting, a 32B colocated run and a 7B run without checkpointing refused with numbers and
 changes that do fit, bad input refused, `register` refusing before it loads anything (its own allocator cache not
 counted as in use, a dedicated vLLM share of the inference GPU's size, quantised models not planned), `train`
@@ -11,9 +11,9 @@ import pydantic
 import pytest
 
 from evals.scale_bench.shapes import SHAPES
-from trainer import LocalBackend, MemoryCheckConfig, MemoryPlanError, ModelConfig, TrainableModel, plan_memory
-from trainer.config import EngineConfig, LoRAConfig, TrainConfig
-from trainer.memory import (
+from ruler_rl.trainer import LocalBackend, MemoryCheckConfig, MemoryPlanError, ModelConfig, TrainableModel, plan_memory
+from ruler_rl.trainer.config import EngineConfig, LoRAConfig, TrainConfig
+from ruler_rl.trainer.memory import (
     CUDA_CONTEXT_BYTES,
     GIB,
     activation_bytes,
@@ -268,18 +268,18 @@ async def test_register_plans_before_loading_anything_and_the_check_can_be_skipp
     refused before the tokenizer or the weights are read; `memory_check=False` skips it."""
     import transformers
 
-    import trainer.memory
+    import ruler_rl.trainer.memory
 
     backend = LocalBackend(tmp_path)
     try:
-        real_plan = trainer.memory.plan_memory
+        real_plan = ruler_rl.trainer.memory.plan_memory
 
         def no_plan(*args, **kwargs):
             raise AssertionError("planned on the CPU without device_gib")
 
-        monkeypatch.setattr(trainer.memory, "plan_memory", no_plan)
+        monkeypatch.setattr(ruler_rl.trainer.memory, "plan_memory", no_plan)
         await TrainableModel("default", "p", BASE).register(backend)  # CPU as before: no plan made
-        monkeypatch.setattr(trainer.memory, "plan_memory", real_plan)
+        monkeypatch.setattr(ruler_rl.trainer.memory, "plan_memory", real_plan)
 
         with caplog.at_level("INFO", logger="ruler.trainer"):
             await TrainableModel("roomy", "p", BASE, ModelConfig(memory_check={"device_gib": 64})).register(backend)
@@ -371,7 +371,7 @@ def test_register_does_not_count_its_own_allocator_cache_as_used_by_others(monke
     because of them (it did: total - free - 1 GiB counted the cache as other processes' memory)."""
     from transformers import AutoConfig
 
-    from trainer.backend import _check_memory, resolve_base_model
+    from ruler_rl.trainer.backend import _check_memory, resolve_base_model
 
     base = resolve_base_model(BASE)
     hf = AutoConfig.from_pretrained(base).to_dict()
@@ -390,7 +390,7 @@ def test_register_does_not_count_its_own_allocator_cache_as_used_by_others(monke
 
 
 def test_a_dedicated_vllm_share_is_of_the_inference_gpus_own_size(monkeypatch):
-    from trainer.backend import _check_memory, resolve_base_model
+    from ruler_rl.trainer.backend import _check_memory, resolve_base_model
 
     dedicated = EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[1], trainer_gpus=[0],
                              gpu_memory_utilization=0.9, max_seq_length=8192)
@@ -424,7 +424,7 @@ def test_quantised_or_offloaded_models_are_not_planned_and_register_goes_on(tmp_
     import json
     import shutil
 
-    from trainer.backend import _check_memory, resolve_base_model
+    from ruler_rl.trainer.backend import _check_memory, resolve_base_model
 
     awq = {**SHAPES["qwen2.5-32b"], "quantization_config": {"quant_method": "awq", "bits": 4}}
     with pytest.raises(ValueError, match=r"quantization_config \(awq\)"):

@@ -2,9 +2,9 @@
 
 import pytest
 
-from judges.panel import aggregate_scores, borda
-from ruler import JudgePanel, RetryPolicy, Trajectory, TrajectoryGroup, ruler_score_group
-from ruler.errors import JudgeConfigError, JudgeUnavailableError
+from ruler_rl import JudgePanel, RetryPolicy, Trajectory, TrajectoryGroup, ruler_score_group
+from ruler_rl.errors import JudgeConfigError, JudgeUnavailableError
+from ruler_rl.judges.panel import aggregate_scores, borda
 from tests.helpers import convo
 
 ONCE = RetryPolicy(attempts=1, timeout=3)

@@ -21,8 +21,8 @@ else:  # nothing listens
 os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
 import asyncio
 from functools import partial
-from trainer import EngineConfig
-from trainer.ray_placement import RayServer
+from ruler_rl.trainer import EngineConfig
+from ruler_rl.trainer.ray_placement import RayServer
 config = EngineConfig(engine="transformers", placement="dedicated", launcher="ray", placement_timeout_s=3)
 server = RayServer(lambda host: None, config, served_name="m", log_dir=sys.argv[2])
 started = time.monotonic()

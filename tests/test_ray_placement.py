@@ -16,11 +16,11 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
-from judges.extras import MissingExtraError
+from ruler_rl.judges.extras import MissingExtraError
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
+from ruler_rl.trainer.ray_placement import PlacementTimeoutError, RayServer, inference_bundle, require_ray
+from ruler_rl.trainer.vllm_server import VLLMServer
 from tests.test_trainer_pipeline import BASE, rollouts, two_pipelined_steps
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
-from trainer.ray_placement import PlacementTimeoutError, RayServer, inference_bundle, require_ray
-from trainer.vllm_server import VLLMServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ def test_the_launcher_is_checked_with_the_placement():
     assert inference_bundle(gpus) == {"GPU": 2.0, "CPU": 1.0}
     with pytest.raises(ValueError, match="only a dedicated inference server has a bundle"):
         inference_bundle(EngineConfig())
-    with pytest.raises(TypeError, match="config must be a trainer.EngineConfig"):
+    with pytest.raises(TypeError, match="config must be a ruler_rl.trainer.EngineConfig"):
         inference_bundle({"placement": "dedicated"})
     with pytest.raises(ValueError, match="RayServer needs EngineConfig\\(launcher='ray'\\)"):
         RayServer(lambda host: None, EngineConfig(placement="dedicated"), served_name="m", log_dir=Path("."))
@@ -140,7 +140,7 @@ async def test_without_ray_the_error_names_the_extra(monkeypatch, tmp_path):
 
 
 def test_the_trainer_imports_ray_only_when_a_server_is_placed():
-    code = "import sys, trainer, trainer.backend, trainer.ray_placement; print('ray' in sys.modules)"
+    code = "import sys, ruler_rl.trainer, ruler_rl.trainer.backend, ruler_rl.trainer.ray_placement; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
@@ -150,7 +150,7 @@ def test_the_trainer_imports_ray_only_when_a_server_is_placed():
 def test_a_local_cluster_is_shown_the_visible_gpus_the_trainer_does_not_use(monkeypatch):
     """The next test's claim with `ray.init` recorded instead of a cluster started: the GPUs Ray is shown, and this
     process's CUDA_VISIBLE_DEVICES as it was after."""
-    from trainer.ray_placement import _init_local
+    from ruler_rl.trainer.ray_placement import _init_local
 
     seen = {}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7")
@@ -165,7 +165,7 @@ def test_a_local_cluster_started_here_gets_the_gpus_the_trainer_does_not_use(tmp
     # its own process: a cluster this test starts, not the module's; GPU ids are only names to Ray here
     code = """
 import os, ray
-from trainer.ray_placement import connect, disconnect
+from ruler_rl.trainer.ray_placement import connect, disconnect
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 assert connect([1]) is True and ray.is_initialized()

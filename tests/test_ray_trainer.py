@@ -12,13 +12,13 @@ import torch
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl.trainer import checkpoints as ckpt
+from ruler_rl.trainer.ray_placement import PlacementTimeoutError, inference_bundle
+from ruler_rl.trainer.ray_trainer import RayTrainer, actor_config, trainer_bundle
+from ruler_rl.trainer.sequences import StalePolicyError
 from tests.test_ray_placement import alive, ppid
 from tests.test_trainer_pipeline import BASE, STALE_KW, rollouts, two_pipelined_steps
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-from trainer import checkpoints as ckpt
-from trainer.ray_placement import PlacementTimeoutError, inference_bundle
-from trainer.ray_trainer import RayTrainer, actor_config, trainer_bundle
-from trainer.sequences import StalePolicyError
 
 SPLIT = {"engine": "vllm", "placement": "dedicated", "launcher": "ray", "trainer_launcher": "ray",
          "inference_gpus": [0], "trainer_gpus": [0], "gpu_memory_utilization": 0.5, "trainer_memory_share": 0.5}
@@ -152,7 +152,7 @@ def test_the_trainer_launcher_is_checked_with_the_rest_of_the_placement():
     assert EngineConfig.model_validate(cfg.model_dump()) == cfg and trainer_bundle(cfg) == {"CPU": 1.0}
     with pytest.raises(ValueError, match="only a trainer placed by Ray has a bundle"):
         trainer_bundle(EngineConfig())
-    with pytest.raises(TypeError, match="config must be a trainer.EngineConfig"):
+    with pytest.raises(TypeError, match="config must be a ruler_rl.trainer.EngineConfig"):
         trainer_bundle({"trainer_launcher": "ray"})
     with pytest.raises(ValueError, match="RayTrainer needs EngineConfig\\(trainer_launcher='ray'\\)"):
         RayTrainer(EngineConfig(placement="dedicated", launcher="ray"), backend_cls=LocalBackend, path=".")

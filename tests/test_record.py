@@ -15,12 +15,23 @@ import httpx
 import openai
 import pytest
 
-from judges.extras import MissingExtraError
-from ruler import Trajectory, TrajectoryGroup
-from trainer import LocalBackend, TooManyExceptions, TrainableModel, gather_trajectory_groups, record_trajectory
-from trainer.record import (RecordingWarning, agents_sdk_model, langchain_chat_model, litellm_client,
-                            recording_http_client)
-from trainer.sequences import trained_spans, training_sequences
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.judges.extras import MissingExtraError
+from ruler_rl.trainer import (
+    LocalBackend,
+    TooManyExceptions,
+    TrainableModel,
+    gather_trajectory_groups,
+    record_trajectory,
+)
+from ruler_rl.trainer.record import (
+    RecordingWarning,
+    agents_sdk_model,
+    langchain_chat_model,
+    litellm_client,
+    recording_http_client,
+)
+from ruler_rl.trainer.sequences import trained_spans, training_sequences
 
 pytestmark = pytest.mark.slow
 BASE = "local/smollm2-135m-instruct"
@@ -226,7 +237,7 @@ def test_a_missing_framework_package_is_a_clear_error(monkeypatch):
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(TypeError, match="ruler.Trajectory"):
+    with pytest.raises(TypeError, match="ruler_rl.Trajectory"):
         record_trajectory({"messages": []})
     with pytest.raises(TypeError, match="TrainableModel"):
         agents_sdk_model("gpt-4o")

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from ruler.testing import FakeJudge
+from ruler_rl.testing import FakeJudge
 
 pytestmark = pytest.mark.slow
 

@@ -17,11 +17,18 @@ import httpx
 import openai
 import pytest
 
-from ruler import TrajectoryGroup, ruler_score_group
-from trainer import record_trajectory
-from trainer.record import (RecordingError, RecordingWarning, aclose_recording, agents_sdk_model,
-                            langchain_chat_model, litellm_client, recording_async_http_client,
-                            recording_http_client)
+from ruler_rl import TrajectoryGroup, ruler_score_group
+from ruler_rl.trainer import record_trajectory
+from ruler_rl.trainer.record import (
+    RecordingError,
+    RecordingWarning,
+    aclose_recording,
+    agents_sdk_model,
+    langchain_chat_model,
+    litellm_client,
+    recording_async_http_client,
+    recording_http_client,
+)
 
 
 class PolicyServer:
@@ -120,7 +127,7 @@ async def test_responses_and_legacy_completions_are_refused_inside_a_recording(p
 async def test_unusable_answers_are_logged_and_an_empty_block_warns(policy, caplog):
     http = recording_async_http_client()
     policy.answers = [{"raw": b"not json"}, {"raw": b'{"choices": []}'}]
-    with caplog.at_level(logging.WARNING, logger="trainer.record"), pytest.warns(RecordingWarning,
+    with caplog.at_level(logging.WARNING, logger="ruler_rl.trainer.record"), pytest.warns(RecordingWarning,
                                                                                  match="recorded no chat"):
         async with record_trajectory() as traj:
             for _ in range(2):
@@ -231,7 +238,7 @@ async def test_framework_helpers_http_clients_are_closed_by_aclose_recording():
 def test_each_framework_helper_checks_only_its_own_packages(monkeypatch):
     import importlib.util
 
-    from judges.extras import MissingExtraError, require
+    from ruler_rl.judges.extras import MissingExtraError, require
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "langgraph" else real(name, *a))

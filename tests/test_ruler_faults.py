@@ -2,8 +2,8 @@
 
 import pytest
 
-from ruler import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_group
-from ruler.errors import JudgeConfigError, JudgeOutputError, JudgeUnavailableError, TrajectoryError
+from ruler_rl import RetryPolicy, Trajectory, TrajectoryGroup, ruler, ruler_score_group
+from ruler_rl.errors import JudgeConfigError, JudgeOutputError, JudgeUnavailableError, TrajectoryError
 from tests.helpers import SYSTEM, USER, convo
 
 FAST = RetryPolicy(attempts=4, initial_wait=0.01, max_wait=0.05, timeout=5)
@@ -162,7 +162,7 @@ async def test_balanced_orderings_cancel_a_judges_first_position_bias(judge):
     """Four equally good answers and a judge that adds 0.3 to whichever it sees first: k=4 orderings (each
     answer once in every position) give identical scores; k=3 (each first at most once) cut the spread to
     0.1, a third of the bias, where orderings that show one answer first twice would leave 0.2."""
-    from ruler.judgment import permutation_orders
+    from ruler_rl.judgment import permutation_orders
 
     g = group("OK a", "OK b", "OK c", "OK d")
     judge.first_bonus = 0.3
@@ -275,7 +275,7 @@ async def test_additional_histories_are_judged_inside_their_trajectory(judge):
 
 
 async def test_a_rescored_group_shows_its_latest_explanation_everywhere(judge):
-    from ruler.results import score_rows
+    from ruler_rl.results import score_rows
 
     g = group("GOOD a", "BAD b")
     for t in g.trajectories:
@@ -294,7 +294,7 @@ async def test_swallow_exceptions_does_not_hide_a_mistake_in_the_call(judge):
         await score(judge, g, swallow_exceptions=True, num_permutatons=3)
     with pytest.raises(ValueError, match="num_permutations must be an integer"):
         await score(judge, g, swallow_exceptions=True, num_permutations=0)
-    with pytest.raises(TypeError, match="limits must be a ruler.trajectory.Limits"):
+    with pytest.raises(TypeError, match="limits must be a ruler_rl.trajectory.Limits"):
         await score(judge, g, swallow_exceptions=True, limits=5)
     assert judge.requests == []
     bad_group = TrajectoryGroup([Trajectory(messages_and_choices=[{"role": "wizard", "content": "hi"}])] * 2)
@@ -302,7 +302,7 @@ async def test_swallow_exceptions_does_not_hide_a_mistake_in_the_call(judge):
 
 
 async def test_notes_are_a_field_of_the_scored_group_and_replaced_on_rescoring(judge):
-    from ruler.results import score_notes
+    from ruler_rl.results import score_notes
 
     with pytest.warns(UserWarning, match="group of one"):
         one = await score(judge, group("GOOD a"), cache=False)
@@ -314,7 +314,7 @@ async def test_notes_are_a_field_of_the_scored_group_and_replaced_on_rescoring(j
 
 
 async def test_gathering_keeps_a_group_whose_rollouts_all_raised_without_scoring_it(judge):
-    from ruler.gather import gather_trajectory_groups
+    from ruler_rl.gather import gather_trajectory_groups
 
     async def boom():
         raise RuntimeError("rollout failed")

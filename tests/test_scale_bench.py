@@ -167,7 +167,7 @@ def test_the_plain_server_is_ours_without_the_middleware(tmp_path):
 
     from evals.scale_bench.raw import plain_vllm_server
     from evals.scale_bench.shapes import make_model_dir
-    from trainer.vllm_server import VLLMServer
+    from ruler_rl.trainer.vllm_server import VLLMServer
 
     args = argparse.Namespace(max_seq=2048, util=0.45, batched_tokens=12288, log_stats=False)
     model_dir = make_model_dir("tiny", tmp_path / "m")

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from trainer.config import EngineConfig
-from trainer.vllm_server import ServerProcess
+from ruler_rl.trainer.config import EngineConfig
+from ruler_rl.trainer.vllm_server import ServerProcess
 
 SCRIPT = r"""
 print("(EngineCore pid=12) INFO loading weights")

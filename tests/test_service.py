@@ -11,11 +11,11 @@ import httpx
 import pytest
 import uvicorn
 
-from ruler import Trajectory, TrajectoryGroup
-from ruler.client import AsyncRulerClient, RulerClient, RulerServiceError
-from ruler.service.app import ServiceConfig, create_app
-from ruler.service.store import Store
-from ruler.testing import free_port, start_service
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.client import AsyncRulerClient, RulerClient, RulerServiceError
+from ruler_rl.service.app import ServiceConfig, create_app
+from ruler_rl.service.store import Store
+from ruler_rl.testing import free_port, start_service
 from tests.helpers import convo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,7 +312,7 @@ def test_a_bug_is_not_blamed_on_the_client_and_notes_are_answered(service, judge
     async def broken(*args, **kwargs):
         raise ValueError("an internal invariant broke")
 
-    monkeypatch.setattr("ruler.service.judging.ruler_score_group", broken)
+    monkeypatch.setattr("ruler_rl.service.judging.ruler_score_group", broken)
     body = {"trajectories": [{"messages_and_choices": convo("GOOD")}, {"messages_and_choices": convo("BAD")}]}
     r = httpx.post(f"{s.base}/v1/score", json=body, headers=headers, timeout=30)
     assert r.status_code == 500 and r.json() == {"detail": "internal error"}

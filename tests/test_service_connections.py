@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ruler.service.connections import ConnectionLimits, GuardedH11Protocol
+from ruler_rl.service.connections import ConnectionLimits, GuardedH11Protocol
 from tests.test_hostile_input import Service, body, runner, service_config, svc  # noqa: F401  (a fixture)
 
 HALF = b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # headers never finished
@@ -185,7 +185,7 @@ def test_a_crowded_address_makes_room_from_its_own_idle_connections_only(tmp_pat
 def test_serve_flags_reach_the_connection_limits(tmp_path, monkeypatch):
     import uvicorn
 
-    from ruler.cli import app as ruler_cli
+    from ruler_rl.cli import app as ruler_cli
 
     started = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))

@@ -1,4 +1,4 @@
-"""Tracing to Langfuse (ruler.tracing) through the real langfuse SDK, against a Langfuse-compatible endpoint on
+"""Tracing to Langfuse (ruler_rl.tracing) through the real langfuse SDK, against a Langfuse-compatible endpoint on
 loopback: it takes the SDK's OTLP export (protobuf, decoded with opentelemetry.proto) at
 /api/public/otel/v1/traces and its scores at /api/public/scores, and the tests read what arrived."""
 
@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from judges.extras import MissingExtraError
-from ruler import (
+from ruler_rl import (
     RetryPolicy,
     Trajectory,
     TrajectoryGroup,
@@ -26,10 +25,11 @@ from ruler import (
     ruler_score_group,
     tracing,
 )
-from ruler.errors import JudgeUnavailableError
-from ruler.messages import TrajectoryError
-from ruler.scoring import ruler_result
-from ruler.trajectory import validate_trajectories
+from ruler_rl.errors import JudgeUnavailableError
+from ruler_rl.judges.extras import MissingExtraError
+from ruler_rl.messages import TrajectoryError
+from ruler_rl.scoring import ruler_result
+from ruler_rl.trajectory import validate_trajectories
 from tests.helpers import convo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,7 +380,7 @@ def _run(code: str, env: dict) -> subprocess.CompletedProcess:
 
 SCORE_AND_REPORT = """
 import asyncio, sys
-from ruler import Trajectory, TrajectoryGroup, ruler_score_group
+from ruler_rl import Trajectory, TrajectoryGroup, ruler_score_group
 from tests.helpers import convo
 g = TrajectoryGroup([Trajectory(messages_and_choices=convo(a)) for a in ("GOOD a", "BAD b")])
 try:
@@ -420,7 +420,7 @@ def test_configured_without_the_package_is_a_clear_missing_extra_error(judge, tm
 
 GATHER_AND_REPORT = """
 import asyncio
-from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups
+from ruler_rl import Trajectory, TrajectoryGroup, gather_trajectory_groups
 from tests.helpers import convo
 ran = []
 async def rollout(a):
@@ -433,7 +433,7 @@ try:
 except Exception as exc:
     print("gather raised", type(exc).__name__, exc)
 print("rollouts run:", len(ran))
-from trainer import TrainableModel
+from ruler_rl.trainer import TrainableModel
 try:  # not registered: the tracer is resolved before anything else (RuntimeError 'not registered' otherwise)
     asyncio.run(TrainableModel("m", "p", "local/smollm2-135m-instruct").train([]))
 except Exception as exc:
@@ -459,7 +459,7 @@ def test_gathering_configured_without_the_package_raises_before_any_rollout_runs
 @pytest.mark.slow
 async def test_a_training_step_is_traced_and_linked_to_its_trajectories_and_a_failing_langfuse_does_not_stop_it(
         judge, langfuse, tmp_path, caplog):
-    from trainer import LocalBackend, TrainableModel, TrainConfig
+    from ruler_rl.trainer import LocalBackend, TrainableModel, TrainConfig
 
     model = TrainableModel("traced", "p", "local/smollm2-135m-instruct")
     backend = LocalBackend(tmp_path)
@@ -512,8 +512,8 @@ async def test_a_training_step_is_traced_and_linked_to_its_trajectories_and_a_fa
 
 @pytest.mark.slow
 async def test_traced_advantages_are_the_losses_own_and_no_tracing_failure_loses_a_step(langfuse, tmp_path, caplog):
-    from trainer import LocalBackend, TrainableModel, TrainConfig
-    from trainer.runlog import load_run_log
+    from ruler_rl.trainer import LocalBackend, TrainableModel, TrainConfig
+    from ruler_rl.trainer.runlog import load_run_log
 
     model = TrainableModel("adv", "p", "local/smollm2-135m-instruct")
     backend = LocalBackend(tmp_path)
@@ -579,7 +579,7 @@ EXIT_SCRIPT = """
 import socket, sys, threading, time
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(64)  # accepts, never answers
 threading.Thread(target=lambda: [srv.accept() for _ in iter(int, 1)], daemon=True).start()
-from ruler.tracing import LangfuseTracer
+from ruler_rl.tracing import LangfuseTracer
 if sys.argv[1] == "traced":
     tracer = LangfuseTracer(public_key="pk-lf-x", secret_key="sk-lf-x",
                             host=f"http://127.0.0.1:{srv.getsockname()[1]}", flush_timeout_s=0.5)

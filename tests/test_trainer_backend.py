@@ -7,8 +7,8 @@ import httpx
 import pytest
 import torch
 
-from ruler import Trajectory, TrajectoryGroup
-from trainer import (
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.trainer import (
     LocalBackend,
     LoRAConfig,
     ModelConfig,
@@ -17,8 +17,8 @@ from trainer import (
     TrainConfig,
     gather_trajectory_groups,
 )
-from trainer import checkpoints as ckpt
-from trainer.runlog import load_run_log, plot_train_report
+from ruler_rl.trainer import checkpoints as ckpt
+from ruler_rl.trainer.runlog import load_run_log, plot_train_report
 
 pytestmark = pytest.mark.slow
 BASE = "local/smollm2-135m-instruct"
@@ -57,8 +57,8 @@ async def test_a_registered_model_is_served_as_step_zero(step_one):
 
 
 async def test_the_trainers_model_runs_block_attention_by_default(step_one):
-    from trainer.attention import BLOCK_ATTENTION
-    from trainer.training import _attention_implementation
+    from ruler_rl.trainer.attention import BLOCK_ATTENTION
+    from ruler_rl.trainer.training import _attention_implementation
 
     run = step_one.backend._runs["m"]
     assert _attention_implementation(run.peft_model) == BLOCK_ATTENTION and "block_rows" in step_one.row
@@ -73,8 +73,8 @@ async def test_rollouts_carry_served_token_ids_and_sampled_logprobs_without_aski
 async def test_litellm_with_arts_parameters_brings_the_served_tokens_to_the_trainer(step_one):
     import litellm
 
-    from ruler.trajectory import convert_litellm_choice_to_openai
-    from trainer.sequences import served_turn, training_sequences
+    from ruler_rl.trainer.sequences import served_turn, training_sequences
+    from ruler_rl.trajectory import convert_litellm_choice_to_openai
 
     model = step_one.model
     params = model.litellm_completion_params()
@@ -130,7 +130,7 @@ async def test_the_checkpoint_is_a_plain_peft_adapter_that_reproduces_the_served
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from trainer.backend import resolve_base_model
+    from ruler_rl.trainer.backend import resolve_base_model
 
     where = ckpt.checkpoint_dir(step_one.model.run_dir, 1)
     assert sorted(p.name for p in where.iterdir()) == ["README.md", "adapter_config.json",
@@ -251,7 +251,7 @@ def test_logprobs_are_the_models_own_for_architectures_that_transform_logits():
     import torch
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    from trainer import training
+    from ruler_rl.trainer import training
 
     torch.manual_seed(0)
     cfg = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -267,7 +267,7 @@ def test_logprobs_are_the_models_own_for_architectures_that_transform_logits():
 
 
 def test_lora_settings_vllm_cannot_serve_are_refused_and_dropout_is_warned_about(caplog):
-    from trainer.backend import _check_lora
+    from ruler_rl.trainer.backend import _check_lora
 
     with pytest.raises(ValueError, match="embed_tokens"):
         _check_lora(ModelConfig(lora=LoRAConfig(target_modules=["q_proj", "embed_tokens"])), "vllm")

@@ -6,7 +6,7 @@ import warnings
 import pydantic
 import pytest
 
-from trainer.config import _ENGINE_OWNED_FLAGS, EngineConfig, LoRAConfig, ModelConfig, TrainConfig
+from ruler_rl.trainer.config import _ENGINE_OWNED_FLAGS, EngineConfig, LoRAConfig, ModelConfig, TrainConfig
 
 
 @pytest.mark.parametrize("cls", [TrainConfig, ModelConfig, EngineConfig, LoRAConfig])
@@ -77,7 +77,7 @@ def test_vllm_args_may_not_set_what_the_engine_sets_itself(tmp_path):
             EngineConfig(vllm_args={key: 1})
     assert EngineConfig(vllm_args={"swap_space": 8}).vllm_args == {"swap_space": 8}
     # every flag the vLLM engine writes is one the check knows about
-    from trainer.vllm_server import VLLMServer
+    from ruler_rl.trainer.vllm_server import VLLMServer
 
     server = VLLMServer("some/model", EngineConfig(enforce_eager=True), served_name="m", lora_rank=8,
                         log_dir=tmp_path, chat_template_file=tmp_path / "t.jinja", tool_parser="hermes",
@@ -158,7 +158,7 @@ def test_one_gpu_split_in_two_is_refused_at_register_without_a_gpu(tmp_path):
     the placement's own rules are checked before anything loads."""
     import asyncio
 
-    from trainer import LocalBackend, ModelConfig, TrainableModel
+    from ruler_rl.trainer import LocalBackend, ModelConfig, TrainableModel
 
     cfg = ModelConfig(engine=EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[0], trainer_gpus=[0],
                                           gpu_memory_utilization=0.45, trainer_memory_share=0.5))

@@ -7,12 +7,12 @@ import threading
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from ruler import Trajectory, TrajectoryGroup
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl.trainer import checkpoints as ckpt
+from ruler_rl.trainer.engine import Engine, GeneratingEngine, Sample
+from ruler_rl.trainer.vllm_server import VLLMServer
 from tests.scripted_vllm import ScriptedVLLM
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-from trainer import checkpoints as ckpt
-from trainer.engine import Engine, GeneratingEngine, Sample
-from trainer.vllm_server import VLLMServer
 
 BASE = "local/smollm2-135m-instruct"
 MSGS = [{"role": "user", "content": "Capital of France?"}]
@@ -22,7 +22,7 @@ async def test_both_engines_implement_the_protocol_and_only_the_transformers_one
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.engine_transformers import TransformersEngine
+    from ruler_rl.trainer.engine_transformers import TransformersEngine
 
     tiny = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=1))
@@ -107,7 +107,7 @@ async def test_the_backend_drives_an_engine_with_its_own_server_through_the_prot
                                                                                       sleep_mode):
     """An engine with its own base_url: rollouts go there (no CPU server), each step sleeps and wakes it only
     when it can sleep, then loads the new adapter; a resumed run loads its checkpoint's adapter on start."""
-    from trainer import vllm_server
+    from ruler_rl.trainer import vllm_server
 
     monkeypatch.setattr(vllm_server, "VLLMServer", ScriptedVLLM)
     ScriptedVLLM.calls = []
@@ -175,8 +175,8 @@ def test_a_dedicated_vllm_server_runs_on_its_own_gpus_with_vllms_parallel_flags_
 
 
 def test_dedicated_gpus_are_checked_against_the_machine_before_anything_starts():
-    from trainer.backend import LocalBackend
-    from trainer.vllm_server import check_gpus
+    from ruler_rl.trainer.backend import LocalBackend
+    from ruler_rl.trainer.vllm_server import check_gpus
 
     cfg = EngineConfig(engine="vllm", placement="dedicated", inference_gpus=[1], trainer_gpus=[0])
     check_gpus(cfg, 2)
@@ -195,7 +195,7 @@ def test_dedicated_gpus_are_checked_against_the_machine_before_anything_starts()
 
 
 def test_the_rollout_server_schedules_as_vllms_batch_engine_and_collects_no_per_step_statistics(tmp_path):
-    from trainer.vllm_server import rollout_batched_tokens
+    from ruler_rl.trainer.vllm_server import rollout_batched_tokens
 
     gib = 2**30
     # vLLM 0.24's offline (vllm.LLM) defaults: 16384 on 70+ GiB GPUs but the A100, 8192 elsewhere
@@ -243,7 +243,7 @@ def test_the_default_step_budget_never_fails_vllms_own_start_checks(tmp_path, mo
     """The per-GPU default (here as on a GPU that takes 8192) is raised to max_num_seqs (vLLM refuses a step
     budget below it) and, with chunked prefill off, to the served context length (as vLLM raises its own
     default), so a default never fails vLLM's checks at start."""
-    from trainer import vllm_server
+    from ruler_rl.trainer import vllm_server
 
     monkeypatch.setattr(vllm_server, "_serving_gpu_batched_tokens", lambda config: 8192)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoints as ckpt
-from trainer.runlog import load_run_log
+from ruler_rl.trainer import checkpoints as ckpt
+from ruler_rl.trainer.runlog import load_run_log
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,8 +128,8 @@ def test_killed_mid_step_resumes_from_the_last_complete_checkpoint(tmp_path):
 def test_train_report_command_plots_a_run(tmp_path):
     from typer.testing import CliRunner
 
-    from ruler.cli import app
-    from trainer.runlog import append_row
+    from ruler_rl.cli import app
+    from ruler_rl.trainer.runlog import append_row
 
     run = tmp_path / "proj" / "m"
     for step, reward in enumerate([0.1, 0.3, 0.5], 1):

@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
+from ruler_rl.trainer import packing, training
+from ruler_rl.trainer.config import TrainConfig
+from ruler_rl.trainer.loss import policy_loss, token_weights
+from ruler_rl.trainer.sequences import TrainingSequence
 from tests.helpers import tiny_lora_model
-from trainer import packing, training
-from trainer.config import TrainConfig
-from trainer.loss import policy_loss, token_weights
-from trainer.sequences import TrainingSequence
 
 RATIOS = torch.tensor([[1.5, 0.5], [1.0, 1.1]])
 MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0]])

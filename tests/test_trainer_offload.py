@@ -1,4 +1,4 @@
-"""ModelConfig.offload_during_rollouts (trainer.offload, issue #12): the trainer's frozen base weights go to CPU
+"""ModelConfig.offload_during_rollouts (ruler_rl.trainer.offload, issue #12): the trainer's frozen base weights go to CPU
 memory while vLLM serves and come back for each step. The moves keep every parameter's identity (the optimizer
 and peft hold them) and leave LoRA where it is; a step moves them back and off again; a configuration where
 nothing would free the GPU for them is refused before anything loads. On this CPU machine the "device" is the
@@ -7,8 +7,8 @@ CPU itself, so these check the bookkeeping and the step's wiring, not a transfer
 import pytest
 import torch
 
-from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
-from trainer.offload import WeightOffload
+from ruler_rl.trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
+from ruler_rl.trainer.offload import WeightOffload
 
 pytestmark = pytest.mark.slow
 

@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
+from ruler_rl.trainer import training
+from ruler_rl.trainer.config import TrainConfig
+from ruler_rl.trainer.packing import common_prefix, pack
+from ruler_rl.trainer.sequences import TrainingSequence
 from tests.helpers import tiny_lora_model
-from trainer import training
-from trainer.config import TrainConfig
-from trainer.packing import common_prefix, pack
-from trainer.sequences import TrainingSequence
 
 
 @pytest.fixture(scope="module")
@@ -295,7 +295,7 @@ def test_the_packed_row_check_catches_a_broken_mask_and_training_can_do_without_
     """`verify_packed_rows` compares a row with a shared prefix against each sequence's own unmasked forward:
     ~0 on the tiny model, large when the mask lets suffixes see each other; `masks=False` then trains one
     sequence per row (counted) with the one-by-one result."""
-    from trainer.packing import Row
+    from ruler_rl.trainer.packing import Row
 
     assert training.verify_packed_rows(model) < 1e-5
     real = Row.attention_mask
@@ -355,7 +355,7 @@ def test_a_shared_unit_split_into_single_sequences_shares_nothing_and_is_not_cou
 def test_a_row_of_one_sequence_gets_no_mask_and_packed_rows_keep_theirs(model, monkeypatch):
     """One-sequence rows run on the model's own causal mask (SDPA's causal kernels); rows with several blocks
     build their 4-D mask; both give the reference loss and gradients."""
-    from trainer.packing import Row
+    from ruler_rl.trainer.packing import Row
 
     built = {}  # row -> its blocks, for each row whose mask was built (a row runs up to three times)
     original = Row.attention_mask
@@ -384,7 +384,7 @@ def test_a_row_of_one_sequence_gets_no_mask_and_packed_rows_keep_theirs(model, m
 def test_the_register_check_still_runs_the_mask_path_on_a_one_sequence_row(model, monkeypatch):
     """`verify_logprob_path` forces the 4-D mask that training leaves off one-sequence rows: a broken mask (here
     every token sees every other) is caught."""
-    from trainer.packing import Row
+    from ruler_rl.trainer.packing import Row
 
     assert training.verify_logprob_path(model) < 1e-5
     monkeypatch.setattr(Row, "attention_mask", lambda self: torch.ones(len(self), len(self), dtype=torch.bool))

@@ -9,12 +9,12 @@ import os
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from ruler import Trajectory, TrajectoryGroup
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-from trainer import checkpoints as ckpt
-from trainer.pipeline import train_pipelined
-from trainer.sequences import StalePolicyError, training_sequences
-from trainer.training import prepare
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl.trainer import checkpoints as ckpt
+from ruler_rl.trainer.pipeline import train_pipelined
+from ruler_rl.trainer.sequences import StalePolicyError, training_sequences
+from ruler_rl.trainer.training import prepare
 
 BASE = "local/smollm2-135m-instruct"
 MSGS = [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "Capital of France?"}]
@@ -115,7 +115,7 @@ def test_rewards_are_split_by_the_policy_step_that_sampled_them():
 def test_checkpoints_are_credited_with_the_rewards_of_the_rollouts_they_sampled():
     """Pipelined with lag 1, step 3 trains on rollouts of policy 1: they are checkpoint 1's, not checkpoint 2's.
     Rows logged before the split (no `reward_by_policy_step`) keep the on-policy reading (row step - 1)."""
-    from trainer.backend import _credit_by_policy_step
+    from ruler_rl.trainer.backend import _credit_by_policy_step
 
     rows = [{"step": 1, "trained": True, "reward_mean": 0.5, "reward_by_policy_step": {"0": 0.5},
              "rollouts_by_policy_step": {"0": 8}},
@@ -211,7 +211,7 @@ async def test_dedicated_cpu_placement_overlaps_rollouts_with_training_one_step_
         # through litellm with ART's parameters too: the label survives the conversion to an OpenAI choice
         import litellm
 
-        from ruler.trajectory import convert_litellm_choice_to_openai
+        from ruler_rl.trajectory import convert_litellm_choice_to_openai
 
         via = await litellm.acompletion(messages=MSGS, max_tokens=4, **model.litellm_completion_params())
         assert convert_litellm_choice_to_openai(via.choices[0]).model_extra["policy_step"] == 2

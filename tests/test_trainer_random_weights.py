@@ -4,7 +4,7 @@ weights (`--load-format dummy`)."""
 
 import pytest
 
-from trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
+from ruler_rl.trainer import EngineConfig, LocalBackend, LoRAConfig, ModelConfig, TrainableModel
 
 pytestmark = pytest.mark.slow
 

@@ -10,12 +10,12 @@ import math
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from ruler import Trajectory, TrajectoryGroup
-from trainer.chat import HERMES_CHATML_TEMPLATE, parse_tool_calls, pick_chat_template, prompt_ids
-from trainer.config import TrainConfig
-from trainer.sequences import MissingTokenIdsError, SequenceReport, trained_spans, training_sequences
-from trainer.server import BackgroundServer, Served, create_server_app
-from trainer.training import prepare
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.trainer.chat import HERMES_CHATML_TEMPLATE, parse_tool_calls, pick_chat_template, prompt_ids
+from ruler_rl.trainer.config import TrainConfig
+from ruler_rl.trainer.sequences import MissingTokenIdsError, SequenceReport, trained_spans, training_sequences
+from ruler_rl.trainer.server import BackgroundServer, Served, create_server_app
+from ruler_rl.trainer.training import prepare
 
 TOOLS = [{"type": "function", "function": {"name": "search_inbox", "description": "Search the inbox.",
                                            "parameters": {"type": "object", "properties": {
@@ -139,7 +139,7 @@ def tokenizer():
     """SmolLM2's tokenizer (no model)."""
     from transformers import AutoTokenizer
 
-    from judges.embedded import embedded_model_path
+    from ruler_rl.judges.embedded import embedded_model_path
 
     return AutoTokenizer.from_pretrained(embedded_model_path())
 
@@ -152,9 +152,9 @@ async def served(tokenizer):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from judges.embedded import embedded_model_path
-    from trainer.engine_transformers import TransformersEngine
-    from trainer.sequences import end_of_turn_ids
+    from ruler_rl.judges.embedded import embedded_model_path
+    from ruler_rl.trainer.engine_transformers import TransformersEngine
+    from ruler_rl.trainer.sequences import end_of_turn_ids
 
     model = AutoModelForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32).eval()
     engine = TransformersEngine(model, tokenizer, threading.Lock(), stop_token_ids=end_of_turn_ids(tokenizer))
@@ -325,7 +325,7 @@ async def test_the_server_speaks_vllms_shapes_and_refuses_what_it_cannot_do(serv
 
 
 def test_malformed_trajectories_are_refused_by_the_one_validation_naming_group_trajectory_and_field():
-    from ruler.trajectory import TrajectoryError
+    from ruler_rl.trajectory import TrajectoryError
 
     ok = Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
                     reward=1.0)
@@ -339,8 +339,8 @@ def test_malformed_trajectories_are_refused_by_the_one_validation_naming_group_t
 
 
 def test_messages_reach_the_template_as_vllm_hands_them_over(tokenizer):
-    from ruler.trajectory import choice_to_message
-    from trainer.chat import template_messages
+    from ruler_rl.trainer.chat import template_messages
+    from ruler_rl.trajectory import choice_to_message
 
     msgs = template_messages([
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "u"},
@@ -367,7 +367,7 @@ def test_messages_reach_the_template_as_vllm_hands_them_over(tokenizer):
 
 
 def test_tool_and_reasoning_parsers_default_by_model_family():
-    from trainer.vllm_server import default_parsers
+    from ruler_rl.trainer.vllm_server import default_parsers
 
     assert default_parsers("qwen3", "<|im_start|>") == ("hermes", "qwen3")
     assert default_parsers("qwen2", None) == ("hermes", None)

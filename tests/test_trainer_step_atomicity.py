@@ -9,10 +9,8 @@ import errno
 import pytest
 import torch
 
-from ruler import Trajectory, TrajectoryGroup
-from tests.scripted_vllm import ScriptedVLLM
-from tests.test_trainer_engine import MSGS, served_choice
-from trainer import (
+from ruler_rl import Trajectory, TrajectoryGroup
+from ruler_rl.trainer import (
     EngineConfig,
     LocalBackend,
     ModelConfig,
@@ -21,7 +19,9 @@ from trainer import (
     TrainConfig,
     TrainerStateError,
 )
-from trainer import checkpoints as ckpt
+from ruler_rl.trainer import checkpoints as ckpt
+from tests.scripted_vllm import ScriptedVLLM
+from tests.test_trainer_engine import MSGS, served_choice
 
 pytestmark = pytest.mark.slow
 BASE = "local/smollm2-135m-instruct"
@@ -62,7 +62,7 @@ def group(tokenizer) -> TrajectoryGroup:
 
 
 async def test_a_failed_adapter_load_wake_up_or_checkpoint_write_rolls_the_step_back_whole(tmp_path, monkeypatch):
-    from trainer import vllm_server
+    from ruler_rl.trainer import vllm_server
 
     monkeypatch.setattr(vllm_server, "VLLMServer", ScriptedVLLM)
     ScriptedVLLM.calls, ScriptedVLLM.refuse = [], {"v@1"}

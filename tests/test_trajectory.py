@@ -6,7 +6,7 @@ import json
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from ruler import Trajectory, TrajectoryGroup
+from ruler_rl import Trajectory, TrajectoryGroup
 from tests.helpers import convo
 
 CHOICE = Choice.model_validate({

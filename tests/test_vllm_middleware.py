@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from trainer.vllm_middleware import TrainingDataMiddleware
+from ruler_rl.trainer.vllm_middleware import TrainingDataMiddleware
 
 seen: list[dict] = []
 
@@ -149,7 +149,7 @@ async def test_choices_sampled_under_a_grammar_are_marked_constrained_and_train_
     trainer reads no sampled logprobs from them (it takes its own before the update)."""
     from openai.types.chat.chat_completion import Choice
 
-    from trainer.sequences import served_turn
+    from ruler_rl.trainer.sequences import served_turn
 
     msgs = [{"role": "user", "content": "hi"}]
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
@@ -174,12 +174,12 @@ async def test_an_aborted_turn_is_never_trained_even_after_litellm_rewrites_its_
     training refuses the turn whichever way the choice reaches the trajectory."""
     import litellm
 
-    from ruler import Trajectory, TrajectoryGroup
-    from ruler.trajectory import convert_litellm_choice_to_openai
-    from trainer import TrainConfig
-    from trainer.sequences import AbortedTurnError, training_sequences
-    from trainer.server import BackgroundServer
-    from trainer.training import prepare
+    from ruler_rl import Trajectory, TrajectoryGroup
+    from ruler_rl.trainer import TrainConfig
+    from ruler_rl.trainer.sequences import AbortedTurnError, training_sequences
+    from ruler_rl.trainer.server import BackgroundServer
+    from ruler_rl.trainer.training import prepare
+    from ruler_rl.trajectory import convert_litellm_choice_to_openai
 
     async def cut_short(request: Request):
         response = await chat(request)
@@ -250,7 +250,7 @@ async def test_required_tool_lists_are_bounded_to_one_call_when_the_request_asks
 def test_without_vllm_nothing_is_bounded(monkeypatch):
     import sys
 
-    from trainer.vllm_middleware import bound_required_tool_lists
+    from ruler_rl.trainer.vllm_middleware import bound_required_tool_lists
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
     assert bound_required_tool_lists() is False

@@ -1,32 +1,39 @@
 """GRPO-family training of a LoRA adapter with ART's client/server loop: rollouts talk to an OpenAI-compatible
-server (vLLM's own on a GPU, a small transformers-backed one otherwise; `trainer.engine.Engine`), rewards come
+server (vLLM's own on a GPU, a small transformers-backed one otherwise; `ruler_rl.trainer.engine.Engine`), rewards come
 from RULER or your own code, and each `await model.train(groups)` is one step (`TrainConfig`: grpo, dr_grpo
 or dapo) trained on exactly the tokens and logprobs the server sampled.
 
 Needs the `train` extra (`pip install 'ruler-rl[train]'`): without it, importing `trainer` raises
-`judges.extras.MissingExtraError` (an ImportError) naming that command."""
+`ruler_rl.judges.extras.MissingExtraError` (an ImportError) naming that command."""
 
-from judges.extras import require
+if __name__ != "ruler_rl.trainer":  # one name, so one copy (pyproject's package-dir)
+    raise ImportError(f"the folder trainer/ is the package ruler_rl.trainer: import ruler_rl.trainer, not {__name__} "
+                      "(install the checkout with `pip install -e .`, as .ci/setup does)")
 
-require("train", "the trainer (import trainer)")  # before anything below imports torch
+from ruler_rl.judges.extras import require
+
+require("train", "the trainer (import ruler_rl.trainer)")  # before anything below imports torch
 
 import importlib
 
-# each name loads its module on first use (PEP 562): `import trainer` (and `ruler train-report --help`, which
-# imports trainer.cli) does not import torch, transformers or pandas until a name below is used
+# each name loads its module on first use (PEP 562): `import ruler_rl.trainer` (and `ruler train-report --help`, which
+# imports ruler_rl.trainer.cli) does not import torch, transformers or pandas until a name below is used
 _NAMES = {
-    "LocalBackend": "trainer.backend", "StepFailedError": "trainer.backend", "TrainerStateError": "trainer.backend",
-    "EngineConfig": "trainer.config", "LoRAConfig": "trainer.config", "MemoryCheckConfig": "trainer.config",
-    "ModelConfig": "trainer.config", "TrainConfig": "trainer.config", "MemoryPlanError": "trainer.memory",
-    "plan_memory": "trainer.memory", "TooManyExceptions": "ruler.gather", "gather_trajectory_groups": "ruler.gather",
-    "TrainableModel": "trainer.model", "train_pipelined": "trainer.pipeline", "record_trajectory": "trainer.record",
+    "LocalBackend": "ruler_rl.trainer.backend", "StepFailedError": "ruler_rl.trainer.backend",
+    "TrainerStateError": "ruler_rl.trainer.backend", "EngineConfig": "ruler_rl.trainer.config",
+    "LoRAConfig": "ruler_rl.trainer.config", "MemoryCheckConfig": "ruler_rl.trainer.config",
+    "ModelConfig": "ruler_rl.trainer.config", "TrainConfig": "ruler_rl.trainer.config",
+    "MemoryPlanError": "ruler_rl.trainer.memory", "plan_memory": "ruler_rl.trainer.memory",
+    "TooManyExceptions": "ruler_rl.gather", "gather_trajectory_groups": "ruler_rl.gather",
+    "TrainableModel": "ruler_rl.trainer.model", "train_pipelined": "ruler_rl.trainer.pipeline",
+    "record_trajectory": "ruler_rl.trainer.record",
 }
 
 
 def __getattr__(name: str):
     module = _NAMES.get(name)
     if module is None:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+        raise AttributeError(f"module 'ruler_rl.trainer' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -1,6 +1,6 @@
 """Attention over a packed row's blocks, with no [T x T] mask: each block is one SDPA call.
 
-A packed row (`trainer.packing.Row`) holds blocks: plain sequences, or a shared prefix and its suffixes. Given
+A packed row (`ruler_rl.trainer.packing.Row`) holds blocks: plain sequences, or a shared prefix and its suffixes. Given
 as a 4-D mask, such a row makes SDPA run its masked kernel over the whole T x T square, although most of it is
 masked out (two 7.7k-token sequences in one row: three quarters of the square), and no causal kernel can take
 it. Here each block instead attends on its own: a block with no parent runs SDPA's causal kernel over its own

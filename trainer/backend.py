@@ -8,7 +8,7 @@ Engine `auto`: vLLM's own OpenAI server (a child process per model, `trainer/vll
 installed and a GPU is present, else the CPU engine (transformers behind `trainer/server.py`, one server
 for all models). Either way rollouts get `prompt_token_ids`, `token_ids` and sampled logprobs on every
 choice, and training uses exactly those (`trainer/sequences.py`). The backend drives both engines through
-the `trainer.engine.Engine` protocol alone: an engine with its own `base_url` answers rollouts itself, one
+the `ruler_rl.trainer.engine.Engine` protocol alone: an engine with its own `base_url` answers rollouts itself, one
 without is served by the CPU server; `can_sleep` says whether to sleep it around a training step.
 
 Placement (`EngineConfig.placement`): `colocated` shares one device between the engine and the trainer;
@@ -22,7 +22,7 @@ forwards `train`, `get_step` and `delete_checkpoints` to it). A dedicated vLLM p
 two (`EngineConfig.shares_gpu`: vLLM's `gpu_memory_utilization` and the trainer's `trainer_memory_share`, to
 which its allocator is capped). Either way each served choice says which policy step sampled it
 (`policy_step`), and `train` refuses trajectories older than `TrainConfig.max_off_policy_steps`
-(`trainer.sequences.StalePolicyError`).
+(`ruler_rl.trainer.sequences.StalePolicyError`).
 
 A step is all or nothing (`LocalBackend._step`): a failure once the update has begun is rolled back whole
 (`StepFailedError`), or, when that cannot be vouched for, stops the trainer (`TrainerStateError`).
@@ -41,17 +41,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import trainer.checkpoints as ckpt
-from ruler import tracing
-from trainer import attention
-from trainer.chat import pick_chat_template
-from trainer.config import TrainConfig
-from trainer.engine import Engine, GeneratingEngine
-from trainer.memory import default_checkpointing, resolve_dtype, vllm_dtype
-from trainer.runlog import append_row, load_run_log
-from trainer.sequences import TrainingSequence, end_of_turn_ids
-from trainer.server import BackgroundServer, Served, create_server_app
-from trainer.training import call_after_step, prepare, train_step, verify_logprob_path, verify_packed_rows
+import ruler_rl.trainer.checkpoints as ckpt
+from ruler_rl import tracing
+from ruler_rl.trainer import attention
+from ruler_rl.trainer.chat import pick_chat_template
+from ruler_rl.trainer.config import TrainConfig
+from ruler_rl.trainer.engine import Engine, GeneratingEngine
+from ruler_rl.trainer.memory import default_checkpointing, resolve_dtype, vllm_dtype
+from ruler_rl.trainer.runlog import append_row, load_run_log
+from ruler_rl.trainer.sequences import TrainingSequence, end_of_turn_ids
+from ruler_rl.trainer.server import BackgroundServer, Served, create_server_app
+from ruler_rl.trainer.training import call_after_step, prepare, train_step, verify_logprob_path, verify_packed_rows
 
 log = logging.getLogger("ruler.trainer")
 
@@ -85,10 +85,10 @@ def resolve_base_model(name: str) -> str:
     """A local folder, the embedded model's name (`local/smollm2-135m-instruct`), or a hub id."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError("base_model must be a non-empty string")
-    from judges import EMBEDDED_JUDGE
+    from ruler_rl.judges import EMBEDDED_JUDGE
 
     if name in (EMBEDDED_JUDGE, EMBEDDED_JUDGE.split("/", 1)[1]):
-        from judges.embedded import embedded_model_path
+        from ruler_rl.judges.embedded import embedded_model_path
 
         return str(embedded_model_path())
     if Path(name).expanduser().is_dir():
@@ -110,7 +110,7 @@ def _check_lora(cfg, engine: str) -> None:
         log.warning("lora.dropout=%s: dropout is active in the training forward but not when sampling, so "
                     "importance ratios start away from 1; 0 keeps training token-exact", cfg.lora.dropout)
     if engine == "vllm":
-        from trainer.vllm_server import lora_serving_rank
+        from ruler_rl.trainer.vllm_server import lora_serving_rank
 
         lora_serving_rank(cfg.lora.rank)
         unservable = sorted(set(cfg.lora.target_modules) & {"embed_tokens", "lm_head", "wte", "word_embeddings"})
@@ -120,7 +120,7 @@ def _check_lora(cfg, engine: str) -> None:
 
 
 def _check_memory(cfg, base: str, kind: str, device: str):
-    """The memory plan (`trainer.memory.plan_memory`) of `cfg` on `device`, made before anything is loaded:
+    """The memory plan (`ruler_rl.trainer.memory.plan_memory`) of `cfg` on `device`, made before anything is loaded:
     `MemoryPlanError` when it does not fit, one info line when it does. Made on a CUDA device (its total
     memory; what other processes and models this process already holds count as in use, this process's
     context and allocator cache do not; with a dedicated vLLM placement vLLM's share is of the first inference
@@ -134,7 +134,7 @@ def _check_memory(cfg, base: str, kind: str, device: str):
         return None, None
     from transformers import AutoConfig
 
-    from trainer.memory import GIB, MemoryPlanError, memory_in_use, plan_memory
+    from ruler_rl.trainer.memory import GIB, MemoryPlanError, memory_in_use, plan_memory
 
     inference_total = None
     if check.device_gib is not None:
@@ -182,7 +182,7 @@ def _replan_for_step(run, config: TrainConfig) -> None:
     plan = run.memory_plan
     if plan is None or run.replan is None or config.max_tokens_per_micro_batch <= plan.max_tokens_per_micro_batch:
         return
-    from trainer.memory import GIB, MemoryPlanError
+    from ruler_rl.trainer.memory import GIB, MemoryPlanError
 
     again = run.replan(config)
     log.warning("TrainConfig.max_tokens_per_micro_batch %d is larger than the %d the memory plan at register "
@@ -237,7 +237,7 @@ def _engine_kind(cfg) -> str:
     it: `offload_during_rollouts` needs a colocated, sleeping vLLM, and vLLM does not serve float32."""
     kind = cfg.engine.engine
     if kind == "auto":
-        from trainer.vllm_server import vllm_available
+        from ruler_rl.trainer.vllm_server import vllm_available
 
         kind = "vllm" if vllm_available() else "transformers"
     if cfg.offload_during_rollouts and (kind != "vllm" or cfg.engine.placement != "colocated"
@@ -287,7 +287,7 @@ class _Chat:
 def _chat_settings(cfg, tokenizer, hf) -> _Chat:
     """The `_Chat` of a loaded model: `EngineConfig.chat_template` or what `pick_chat_template` picks, and the
     parsers the engine config names or the model type defaults to."""
-    from trainer.vllm_server import default_parsers
+    from ruler_rl.trainer.vllm_server import default_parsers
 
     end_of_turn = end_of_turn_ids(tokenizer, getattr(hf, "generation_config", None))
     template, tools_ok = pick_chat_template(tokenizer, cfg.engine.chat_template)
@@ -334,9 +334,9 @@ class _Run:
     masks: bool = True  # packed rows (4-D masks) proven equal to the model's own forward (verify_packed_rows)
     last_train_end: float = field(default_factory=time.perf_counter)
     wandb_run: Any = None
-    memory_plan: Any = None  # trainer.memory.MemoryPlan made at register (None: no plan)
+    memory_plan: Any = None  # ruler_rl.trainer.memory.MemoryPlan made at register (None: no plan)
     replan: Any = None  # TrainConfig -> MemoryPlan, the same plan for a step's TrainConfig
-    offload: Any = None  # trainer.offload.WeightOffload with ModelConfig.offload_during_rollouts
+    offload: Any = None  # ruler_rl.trainer.offload.WeightOffload with ModelConfig.offload_during_rollouts
     initial_state: Any = None  # (adapter state, optimizer state) on the CPU before step 1: what a failed first
     # step rolls back to (later steps roll back to their predecessor's checkpoint)
     broken: str | None = None  # why the trainer takes no further step (TrainerStateError), or None
@@ -363,7 +363,7 @@ class LocalBackend:
         self.host, self.port = host, port
         self.wandb_project = wandb_project
         self._runs: dict[str, _Run] = {}
-        self._remote: dict[str, Any] = {}  # trainer.ray_trainer.RayTrainer of models trained in a Ray actor
+        self._remote: dict[str, Any] = {}  # ruler_rl.trainer.ray_trainer.RayTrainer of models trained in a Ray actor
         self._served: dict[str, Served] = {}
         self._server: BackgroundServer | None = None
 
@@ -389,7 +389,7 @@ class LocalBackend:
         if model.name in self._runs or model.name in self._remote:
             raise ValueError(f"a model named {model.name!r} is already registered with this backend")
         if model.config.engine.trainer_launcher == "ray":  # the trainer in a Ray actor (trainer/ray_trainer.py)
-            from trainer.ray_trainer import RayTrainer
+            from ruler_rl.trainer.ray_trainer import RayTrainer
 
             remote = RayTrainer(model.config.engine, backend_cls=type(self), path=self.path,
                                 wandb_project=self.wandb_project, random_weights=self.random_weights)
@@ -408,7 +408,7 @@ class LocalBackend:
             in_process = run.engine.base_url is None
             if in_process and not isinstance(run.engine, GeneratingEngine):
                 raise TypeError(f"engine {run.engine.name!r} has no server of its own and cannot generate "
-                                "in-process: it implements neither half of trainer.engine's protocols")
+                                "in-process: it implements neither half of ruler_rl.trainer.engine's protocols")
         except BaseException:
             await run.engine.close()
             raise
@@ -463,7 +463,7 @@ class LocalBackend:
                         end_of_turn=chat.end_of_turn)
         offload = None
         if cfg.offload_during_rollouts:  # before vLLM starts: its start-up sizes the KV cache to the free memory
-            from trainer.offload import WeightOffload
+            from ruler_rl.trainer.offload import WeightOffload
 
             offload = WeightOffload(peft_model)
             log.info("%s: %.1f GiB of base weights moved to CPU memory in %.1f s (offload_during_rollouts)",
@@ -501,7 +501,7 @@ class LocalBackend:
         """vLLM's server for `model` (not started): the chat template written to the run folder, vLLM's dtype the
         trainer's unless `vllm_args` sets one, and with the backend's `random_weights` vLLM's own random weights
         (`load_format='dummy'`)."""
-        from trainer.vllm_server import VLLMServer
+        from ruler_rl.trainer.vllm_server import VLLMServer
 
         cfg = model.config
         template_file = None
@@ -521,15 +521,15 @@ class LocalBackend:
                              lock: threading.Lock, step: int):
         """The transformers engine for `model`: in a child process of its own with `placement='dedicated'`,
         else generating with the trainer's own `peft_model` in this process (served by the CPU server)."""
-        from trainer.chat import TOOL_PARSERS
-        from trainer.engine_transformers import TransformersEngine
+        from ruler_rl.trainer.chat import TOOL_PARSERS
+        from ruler_rl.trainer.engine_transformers import TransformersEngine
 
         cfg = model.config
         if chat.tool_parser not in TOOL_PARSERS:
             raise ValueError(f"the CPU engine parses tool calls with {sorted(TOOL_PARSERS)}; {base} defaults to "
                              f"{chat.tool_parser!r}: set EngineConfig.tool_call_parser")
         if cfg.engine.placement == "dedicated":  # the CPU server in a child process of its own
-            from trainer.engine_process import TransformersServerProcess
+            from ruler_rl.trainer.engine_process import TransformersServerProcess
 
             make = partial(TransformersServerProcess, base, cfg.engine, served_name=model.name, lora=cfg.lora,
                            log_dir=run_dir, chat_template=chat.template, renders_tools=chat.tools_ok,
@@ -543,9 +543,9 @@ class LocalBackend:
     def _launch(self, make, engine_cfg, name: str, run_dir: Path):
         """The dedicated server `make(host=...)` builds: a child process of this one on the backend's host
         (`launcher='local'`), or one a Ray actor starts on the node Ray places it (`launcher='ray'`,
-        `trainer.ray_placement.RayServer`: Ray is imported only then)."""
+        `ruler_rl.trainer.ray_placement.RayServer`: Ray is imported only then)."""
         if engine_cfg.launcher == "ray":
-            from trainer.ray_placement import RayServer, require_ray
+            from ruler_rl.trainer.ray_placement import RayServer, require_ray
 
             require_ray()  # MissingExtraError naming the extra before the server is built
             return RayServer(make, engine_cfg, served_name=name, log_dir=run_dir)
@@ -563,7 +563,7 @@ class LocalBackend:
                              "lists the transformers engine's dedicated form runs its server on the CPU")
         import torch
 
-        from trainer.vllm_server import check_gpus
+        from ruler_rl.trainer.vllm_server import check_gpus
 
         # with Ray the inference GPUs are Ray's to pick (on any node): only the trainer's must be here
         local = engine_cfg.model_copy(update={"inference_gpus": []}) if engine_cfg.launcher == "ray" else engine_cfg
@@ -586,7 +586,7 @@ class LocalBackend:
     async def train(self, model, groups: list, config: TrainConfig, *,
                     on_step: Callable[[dict, list[TrainingSequence]], None] | None = None) -> dict:
         """One step on `groups`; returns (and logs) the step's row. Nothing to learn from: no step taken. What
-        `trainer.training.prepare` raises (malformed, stale or untokenised trajectories, `MissingTokenIdsError`
+        `ruler_rl.trainer.training.prepare` raises (malformed, stale or untokenised trajectories, `MissingTokenIdsError`
         for a batch without a served choice) is raised before anything is trained.
         `on_step(row, sequences)`, when given, is called once the row is logged, with the sequences the step
         trained on (each with its `advantage`, `group` and `position`; none when no step was taken); what it
@@ -595,7 +595,7 @@ class LocalBackend:
         remote = self._remote.get(getattr(model, "name", None))
         if remote is not None:
             if not isinstance(config, TrainConfig):
-                raise TypeError("config must be a trainer.TrainConfig")
+                raise TypeError("config must be a ruler_rl.trainer.TrainConfig")
             if on_step is not None and not callable(on_step):
                 raise TypeError(f"on_step must be callable or None, got {type(on_step).__name__}")
             return await remote.train(groups, config, on_step)
@@ -604,7 +604,7 @@ class LocalBackend:
             raise TrainerStateError(f"{run.broken}; no further step is taken: close the backend and register the "
                                     "model again to resume from the last complete checkpoint")
         if not isinstance(config, TrainConfig):
-            raise TypeError("config must be a trainer.TrainConfig")
+            raise TypeError("config must be a ruler_rl.trainer.TrainConfig")
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable or None, got {type(on_step).__name__}")
         if run.stepping:
@@ -852,4 +852,4 @@ class LocalBackend:
         if self._server is not None:
             await self._server.stop()
             self._server = None
-        await asyncio.to_thread(tracing.flush)  # what the tracer buffered (ruler.tracing), when tracing is on
+        await asyncio.to_thread(tracing.flush)  # what the tracer buffered (ruler_rl.tracing), when tracing is on

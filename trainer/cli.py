@@ -1,5 +1,5 @@
-"""`ruler train-report RUN`: the trainer's command. `ruler.cli` loads `app` by name when the command is run or
-listed (see `ruler.cli.PLUGIN_COMMANDS`), so ruler never imports trainer; it needs the `train` extra."""
+"""`ruler train-report RUN`: the trainer's command. `ruler_rl.cli` loads `app` by name when the command is run or
+listed (see `ruler_rl.cli.PLUGIN_COMMANDS`), so ruler never imports trainer; it needs the `train` extra."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ruler.cli import console, print_frame
+from ruler_rl.cli import console, print_frame
 
 app = typer.Typer(help="The trainer's commands.")
 
@@ -22,7 +22,7 @@ def train_report(
     out: Optional[Path] = typer.Option(None, "--out", help="PNG path (default: RUN/train-report.png)."),
 ) -> None:
     """Plot a training run's reward and loss curves to a PNG and print the last steps."""
-    from trainer.runlog import load_run_log, plot_train_report
+    from ruler_rl.trainer.runlog import load_run_log, plot_train_report
 
     path = plot_train_report(run, out)
     df = load_run_log(run)

@@ -27,7 +27,7 @@ import pydantic
 LossKind = Literal["grpo", "dr_grpo", "dapo"]
 LLAMA_LIKE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-# vLLM server flags `trainer.vllm_server.VLLMServer` sets itself, and where to set them instead
+# vLLM server flags `ruler_rl.trainer.vllm_server.VLLMServer` sets itself, and where to set them instead
 _ENGINE_OWNED_FLAGS = {
     "model": "the model's base_model", "served_model_name": "the model's name", "host": "LocalBackend(host=...)",
     "port": "a free port, picked at start", "enable_lora": "always on", "max_lora_rank": "LoRAConfig.rank",
@@ -110,7 +110,7 @@ def vllm_flag_name(key: str) -> str:
 
 
 class EngineConfig(_Strict):
-    """Which engine serves rollouts and how (`trainer.engine.Engine`).
+    """Which engine serves rollouts and how (`ruler_rl.trainer.engine.Engine`).
 
     `transformers` generates in the training process with the weights being trained, behind the backend's
     small OpenAI-compatible server (CPU or a GPU without vLLM; no adapter loading, no sleep). `vllm` runs
@@ -129,7 +129,7 @@ class EngineConfig(_Strict):
         "`max_model_len` is set."))
     tool_call_parser: str | None = pydantic.Field(None, description=(
         "vLLM's tool-call parser name (`hermes`, `llama3_json`, `mistral`, ...). Default None: picked by model "
-        "family (`trainer.vllm_server.default_parsers`: Qwen3 and Qwen2.5/ChatML `hermes`, Llama-3.x "
+        "family (`ruler_rl.trainer.vllm_server.default_parsers`: Qwen3 and Qwen2.5/ChatML `hermes`, Llama-3.x "
         "`llama3_json`, Mistral `mistral`, anything else `hermes`). The CPU server parses `hermes` and "
         "`llama3_json` only and refuses others at register."))
     reasoning_parser: str | None = pydantic.Field(None, description=(
@@ -138,7 +138,7 @@ class EngineConfig(_Strict):
     chat_template: str | None = pydantic.Field(None, description=(
         "A jinja chat template replacing the tokenizer's, for both engines and for re-rendered off-policy "
         "text. Default None: the tokenizer's own (a ChatML template that cannot render tools is replaced by "
-        "`trainer.chat.HERMES_CHATML_TEMPLATE` for requests with tools)."))
+        "`ruler_rl.trainer.chat.HERMES_CHATML_TEMPLATE` for requests with tools)."))
     gpu_memory_utilization: float = pydantic.Field(0.5, gt=0, le=1, description=(
         "vLLM only: the fraction of the GPU's memory vLLM may take for weights and KV cache. Default 0.5; "
         "0 < x <= 1. The trainer shares the GPU, so leave room for the model, its gradients and activations "
@@ -159,7 +159,7 @@ class EngineConfig(_Strict):
         "vLLM only: `--max-num-batched-tokens`, the most tokens (prefill chunks and decodes) one engine step "
         "schedules. Default None: the value vLLM gives its offline engine (`vllm.LLM`) on the serving GPU, "
         "16384 on GPUs of 70 GiB or more other than the A100 and 8192 on others "
-        "(`trainer.vllm_server.rollout_batched_tokens`), raised to `max_num_seqs` where that is larger (vLLM "
+        "(`ruler_rl.trainer.vllm_server.rollout_batched_tokens`), raised to `max_num_seqs` where that is larger (vLLM "
         "refuses less) and, with chunked prefill off (`vllm_args={'no_enable_chunked_prefill': True}`), to the "
         "served context length (as vLLM raises its own default); "
         "vLLM's own server would take a half (large GPUs) or a quarter (others) of it, a latency setting for "
@@ -191,7 +191,7 @@ class EngineConfig(_Strict):
         "during each training step (`enable_sleep_mode`) and rollouts wait for it. `dedicated`: inference has "
         "devices of its own and keeps serving while the trainer trains (no sleep/wake; each step's adapter "
         "is loaded when it is written), so rollouts for the next step can be gathered during a step "
-        "(`TrainConfig.max_off_policy_steps`, `trainer.pipeline`). With vLLM, `dedicated` needs "
+        "(`TrainConfig.max_off_policy_steps`, `ruler_rl.trainer.pipeline`). With vLLM, `dedicated` needs "
         "`inference_gpus` and `trainer_gpus`: disjoint, or one GPU split in two (`inference_gpus == trainer_gpus "
         "== [g]` with explicit `gpu_memory_utilization` and `trainer_memory_share`: both processes on it at once, "
         "no sleep). With `engine='transformers'` it runs the CPU "
@@ -217,7 +217,7 @@ class EngineConfig(_Strict):
     launcher: Literal["local", "ray"] = pydantic.Field("local", description=(
         "`placement='dedicated'` only: who starts the dedicated inference server. Default `local`: a child "
         "process of this one (`CUDA_VISIBLE_DEVICES` from `inference_gpus`). `ray`: a Ray actor "
-        "(`trainer.ray_placement`) scheduled through a STRICT_PACK placement group of one bundle "
+        "(`ruler_rl.trainer.ray_placement`) scheduled through a STRICT_PACK placement group of one bundle "
         "(`{'GPU': len(inference_gpus), 'CPU': 1}` with vLLM, `{'GPU': gpu_memory_utilization, 'CPU': 1}` on "
         "one GPU shared with the trainer, `{'CPU': 1}` for the transformers engine's CPU form) starts the "
         "server as its child on whichever node Ray places it; Ray sets its "
@@ -229,8 +229,8 @@ class EngineConfig(_Strict):
         "Needs `pip install 'ruler-rl[ray]'`."))
     trainer_launcher: Literal["local", "ray"] = pydantic.Field("local", description=(
         "Where the trainer side (the LoRA model, its optimizer, each training step and checkpoint) runs. Default "
-        "`local`: in this process. `ray`: in a Ray actor (`trainer.ray_trainer.TrainerActor`) that Ray schedules "
-        "through a STRICT_PACK placement group of one bundle (`trainer.ray_trainer.trainer_bundle`: "
+        "`local`: in this process. `ray`: in a Ray actor (`ruler_rl.trainer.ray_trainer.TrainerActor`) that Ray schedules "
+        "through a STRICT_PACK placement group of one bundle (`ruler_rl.trainer.ray_trainer.trainer_bundle`: "
         "`{'GPU': len(trainer_gpus), 'CPU': trainer_cpus}`, `{'GPU': trainer_memory_share, 'CPU': trainer_cpus}` "
         "when the trainer shares its GPU with vLLM, `{'CPU': trainer_cpus}` for the transformers engine's CPU "
         "form); the actor starts the inference server as `launcher='ray'` does (a second actor), and this "
@@ -396,8 +396,8 @@ class EngineConfig(_Strict):
 
 
 class MemoryCheckConfig(_Strict):
-    """The memory plan `LocalBackend.register` makes before loading anything (`trainer.memory.plan_memory`): an
-    estimate of whether rollouts and training fit the device, refused with `trainer.MemoryPlanError` naming the
+    """The memory plan `LocalBackend.register` makes before loading anything (`ruler_rl.trainer.memory.plan_memory`): an
+    estimate of whether rollouts and training fit the device, refused with `ruler_rl.trainer.MemoryPlanError` naming the
     numbers and what to change when they do not."""
 
     enabled: bool = pydantic.Field(True, description=(
@@ -441,12 +441,12 @@ class ModelConfig(_Strict):
     block_attention: bool = pydantic.Field(True, description=(
         "Run a packed row's blocks (sequences, a shared prefix and its suffixes) as one SDPA call each, causal "
         "kernels included, instead of one masked SDPA call over the row's [T x T] 4-D mask "
-        "(`trainer.attention`). Exact either way; applies to models that use SDPA (the model's attention "
+        "(`ruler_rl.trainer.attention`). Exact either way; applies to models that use SDPA (the model's attention "
         "implementation becomes `sdpa_blocks`, which is transformers' SDPA where no blocks are given). Default "
         "True; False keeps the 4-D mask."))
     offload_during_rollouts: bool = pydantic.Field(False, description=(
         "Keep the trainer's frozen base weights in CPU memory while a colocated vLLM serves rollouts, and on the "
-        "GPU only during training steps (`trainer.offload`): vLLM's share can then use that memory for its KV "
+        "GPU only during training steps (`ruler_rl.trainer.offload`): vLLM's share can then use that memory for its KV "
         "cache. Needs the vLLM engine, `placement='colocated'` and `enable_sleep_mode` (vLLM must free its own "
         "memory while the weights come back); costs two copies of the base weights over the bus per step and "
         "the model's size in host memory. Default False (both copies stay on the GPU)."))
@@ -464,8 +464,8 @@ class ModelConfig(_Strict):
         "chat-completion request)."))
     memory_check: MemoryCheckConfig = pydantic.Field(default_factory=MemoryCheckConfig, description=(
         "The memory plan made at register before anything is loaded (`MemoryCheckConfig`, "
-        "`trainer.memory.plan_memory`): a run that would not fit the device is refused with "
-        "`trainer.MemoryPlanError` naming the numbers and what to change. Default `MemoryCheckConfig()`: on for a "
+        "`ruler_rl.trainer.memory.plan_memory`): a run that would not fit the device is refused with "
+        "`ruler_rl.trainer.MemoryPlanError` naming the numbers and what to change. Default `MemoryCheckConfig()`: on for a "
         "CUDA device. `False` turns it off, `True` is the default."))
 
     @pydantic.field_validator("memory_check", mode="before")
@@ -478,7 +478,7 @@ class TrainConfig(_Strict):
     """One training step (`await model.train(groups, config)`).
 
     Per token the loss is the PPO-clip term on the ratio r = exp(new - old) of the trained token's logprob to its
-    sampled one, times the trajectory's advantage (`ruler.group_advantages` of its group's rewards); `loss`
+    sampled one, times the trajectory's advantage (`ruler_rl.group_advantages` of its group's rewards); `loss`
     picks the clip range and how token terms are weighted into one number (`trainer/loss.py` gives each
     normalisation). Micro-batching is by tokens, not by a count of sequences: there is no `micro_batch_size`;
     `max_tokens_per_micro_batch` bounds each forward pass, and gradients of all passes accumulate into one
@@ -567,7 +567,7 @@ class TrainConfig(_Strict):
         "choice carries `policy_step`, the adapter step that sampled it; this step trains the policy at step "
         "S (`await model.get_step()`), so a turn sampled at step s is S - s steps off-policy. Default 0: only "
         "turns sampled by the current policy (today's strict on-policy loop). 1: rollouts for the next step "
-        "may be gathered by the step-S policy while step S trains (`trainer.pipeline`, a dedicated "
+        "may be gathered by the step-S policy while step S trains (`ruler_rl.trainer.pipeline`, a dedicated "
         "placement). A trajectory with a turn older than the bound, or sampled by a step newer than the "
         "trainer's, is refused (`StalePolicyError`, naming group, trajectory, its step and the bound; "
         "nothing is applied); turns without a `policy_step` (an API model's, a hand-made choice) are not "

@@ -5,19 +5,19 @@ teacher's answer in RULER's JSON, `{"scores": [{"trajectory_id", "explanation", 
 order, written the way the local judge's constrained decoding writes it (`render_answer`). It comes from
 
 - the judge cache (`from_cache`): every judgment a judge model made, selected by model and date
-  (`ruler.cache.export_judgments`), its validated scores as the answer;
+  (`ruler_rl.cache.export_judgments`), its validated scores as the answer;
 - labelled groups (`from_labels`): conversations and a label per conversation (higher is better), rendered as
   the RULER prompt with the given rubric, the labels min-max scaled to [0, 1] as the scores and "ranked k of
   n" as each explanation.
 
 `split_by_group` keeps a seeded held-out share of *groups* (every ordering of one group, which the cache
-holds once per ordering, stays on one side). The student is trained with `trainer.sft` (LoRA SFT on the
+holds once per ordering, stays on one side). The student is trained with `ruler_rl.trainer.sft` (LoRA SFT on the
 answer tokens) and measured with `agreement`: it is asked each held-out prompt through litellm as any
-judge is (`ruler.judgment.judge_once`: cache, constrained JSON, validation by id), and its scores are
+judge is (`ruler_rl.judgment.judge_once`: cache, constrained JSON, validation by id), and its scores are
 compared with the teacher's: pairwise accuracy over the pairs the teacher orders (a student tie counts as
 wrong and is also reported as `ties`) and Kendall's tau per prompt, averaged.
 
-GRPO instead of (or after) SFT: `train_grpo` has a registered `trainer.TrainableModel` sample a group of
+GRPO instead of (or after) SFT: `train_grpo` has a registered `ruler_rl.trainer.TrainableModel` sample a group of
 answers to each training prompt, rewards each with `agreement_reward` (RULER's own parser reads it; an
 invalid answer gets 0, a valid one (1 + tau) / 2 over the pairs the teacher orders, a tie worth half) and
 trains on the groups with `model.train`.
@@ -34,11 +34,11 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from judges.errors import JudgeError
-from ruler.cache import CachedJudgment
-from ruler.labels import Group, Pair, conversation
-from ruler.prompt import JudgePrompt, build_prompt
-from ruler.providers import LOCAL_EXPLANATION_CHARS
+from ruler_rl.cache import CachedJudgment
+from ruler_rl.judges.errors import JudgeError
+from ruler_rl.labels import Group, Pair, conversation
+from ruler_rl.prompt import JudgePrompt, build_prompt
+from ruler_rl.providers import LOCAL_EXPLANATION_CHARS
 
 log = logging.getLogger("ruler.distill")
 _TRAJECTORY = re.compile(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', re.DOTALL)
@@ -83,7 +83,7 @@ class LabelledGroup:
 
 
 def labelled_groups(items: list[Pair | Group]) -> list[LabelledGroup]:
-    """Pairs and groups of `ruler.labels.load_user_dataset` as labelled groups: a pair is a group of two
+    """Pairs and groups of `ruler_rl.labels.load_user_dataset` as labelled groups: a pair is a group of two
     labelled 1 (the preferred response) and 0; a group keeps its conversations (or prompt + responses), tools
     and labels."""
     out = []
@@ -103,7 +103,7 @@ def labelled_groups(items: list[Pair | Group]) -> list[LabelledGroup]:
 
 def render_answer(ids: list[str], scores: dict[str, float], explanations: dict[str, str],
                   max_explanation_chars: int = LOCAL_EXPLANATION_CHARS) -> str:
-    """The answer as the local judge writes it under its schema (`ruler.prompt.response_schema`): entries in
+    """The answer as the local judge writes it under its schema (`ruler_rl.prompt.response_schema`): entries in
     id order, `trajectory_id`, `explanation` (cut to `max_explanation_chars`, never empty), `score` (rounded
     to 3 decimals), JSON with `, ` and `: ` separators."""
     entries = []
@@ -133,7 +133,7 @@ def group_key(messages: list[dict]) -> str:
 
 
 def from_cache(judgments: list[CachedJudgment]) -> tuple[list[TeacherExample], int]:
-    """Teacher examples from exported cache entries (`ruler.cache.export_judgments`), and how many entries were
+    """Teacher examples from exported cache entries (`ruler_rl.cache.export_judgments`), and how many entries were
     left out: a prompt that is not a RULER prompt of two or more shown trajectories, or scores that do not
     match its ids (a group judged as identical, a sub-group of a split group keeps its own ids)."""
     out, skipped = [], 0
@@ -158,9 +158,9 @@ def from_cache(judgments: list[CachedJudgment]) -> tuple[list[TeacherExample], i
 
 def from_labels(groups: list[LabelledGroup], rubric: str, *, orderings: int = 1, seed: int = 0) -> list[TeacherExample]:
     """Teacher examples from labelled groups: each group's RULER prompt (`rubric`, the compact rendering), in
-    `orderings` balanced orders (`ruler.judgment.permutation_orders`; more orderings, more examples of the
+    `orderings` balanced orders (`ruler_rl.judgment.permutation_orders`; more orderings, more examples of the
     same group), with the labels min-max scaled to [0, 1] as the teacher's scores."""
-    from ruler.judgment import permutation_orders
+    from ruler_rl.judgment import permutation_orders
 
     if not isinstance(rubric, str) or not rubric.strip():
         raise ValueError("rubric must be non-empty text")
@@ -226,7 +226,7 @@ class Agreement:
 def agreement_figures(judge: str, teacher: list[dict[str, float]],
                       student: list[dict[str, float] | None]) -> Agreement:
     """`Agreement` of `student` scores (None: no valid answer) with `teacher` scores, prompt by prompt."""
-    from judges.extras import require
+    from ruler_rl.judges.extras import require
 
     require("eval", "Kendall's tau in ruler distill's agreement figures (scipy)")
     from scipy.stats import kendalltau
@@ -256,9 +256,9 @@ async def agreement(judge: str, examples: list[TeacherExample], *, params: dict 
     """Ask `judge` (any litellm model string; `local/<folder>` for a distilled judge) each example's prompt
     as RULER asks it (`judge_once`: cache, constrained JSON, validation by id) and compare its scores with the
     teacher's (`agreement_figures`). A prompt the judge gives no valid answer to counts in `errors`."""
-    from ruler.judgment import judge_once
-    from ruler.options import RulerOptions
-    from ruler.providers import Judge
+    from ruler_rl.judgment import judge_once
+    from ruler_rl.options import RulerOptions
+    from ruler_rl.providers import Judge
 
     if not examples:
         raise ValueError("no held-out examples to measure agreement on")
@@ -336,7 +336,7 @@ def teacher_orders_a_pair(example: TeacherExample) -> bool:
 
 def answer_token_bound(ids: list[str], max_explanation_chars: int = LOCAL_EXPLANATION_CHARS) -> int:
     """A generous bound on the tokens of a RULER answer for `ids` under the answer schema
-    (`ruler.prompt.response_schema`): per id, two tokens per explanation character (a non-ASCII character
+    (`ruler_rl.prompt.response_schema`): per id, two tokens per explanation character (a non-ASCII character
     can take several byte tokens), 24 for the score's digits (the schema bounds its value, not its digits) and
     64 for the entry's JSON (keys, quotes, the id, separators, whitespace), plus 16 for the wrapper. The
     default `max_tokens` of `train_grpo`, so that a cut answer means a model rambling, not a bound too tight."""
@@ -349,7 +349,7 @@ def answer_token_bound(ids: list[str], max_explanation_chars: int = LOCAL_EXPLAN
 
 def agreement_reward(answer: str | None, example: TeacherExample, *, valid_bonus: float = 0.0) -> float:
     """The GRPO reward of a student's `answer` to `example`'s RULER prompt, in [0, 1]: 0 when RULER's own
-    parser (`ruler.parse.parse_scores`: lenient extraction, strict validation by id) finds no valid score
+    parser (`ruler_rl.parse.parse_scores`: lenient extraction, strict validation by id) finds no valid score
     for every shown id (no answer, not JSON, a missing or extra id, a score outside [0, 1] on every scale);
     else `valid_bonus + (1 - valid_bonus) * pair_agreement(student, teacher)`: with the default bonus 0, 1 for
     the teacher's order, 0 for its reverse, 0.5 when every score is equal. `valid_bonus` (0 <= b < 1) rewards
@@ -371,8 +371,8 @@ def agreement_reward(answer: str | None, example: TeacherExample, *, valid_bonus
 
 def answer_scores(answer: str | None, ids: list[str]) -> dict[str, float] | None:
     """The scores by id of a judge's `answer` to a prompt showing `ids`, read by RULER's own parser
-    (`ruler.parse.parse_scores`), or None when it finds no valid score for every id."""
-    from ruler.parse import ScoreProblems, parse_scores
+    (`ruler_rl.parse.parse_scores`), or None when it finds no valid score for every id."""
+    from ruler_rl.parse import ScoreProblems, parse_scores
 
     if not answer:
         return None
@@ -386,10 +386,10 @@ def answer_scores(answer: str | None, ids: list[str]) -> dict[str, float] | None
 async def train_grpo(model, examples: list[TeacherExample], config, *, steps: int, group_size: int = 4,
                      batch_size: int = 4, max_answer_tokens: int | None = None, temperature: float = 1.0,
                      valid_bonus: float = 0.0, constrained: bool = True, seed: int = 0, on_step=None) -> list[dict]:
-    """`steps` GRPO steps of a registered `trainer.TrainableModel` on `examples`' RULER prompts: each step takes
+    """`steps` GRPO steps of a registered `ruler_rl.trainer.TrainableModel` on `examples`' RULER prompts: each step takes
     `batch_size` prompts (a seeded order, reshuffled after each pass), samples `group_size` answers to each
     from the model's own server (`temperature`; `constrained`: under RULER's exact answer schema for these ids,
-    `ruler.prompt.response_schema`, as the `local/` judge answers), rewards each with `agreement_reward`,
+    `ruler_rl.prompt.response_schema`, as the `local/` judge answers), rewards each with `agreement_reward`,
     and trains on the groups with `model.train(groups, config)` (a `TrainConfig`). `max_answer_tokens`: the
     most tokens of one answer (default `answer_token_bound` of the shown ids). Prompts whose teacher scores all
     alike are left out (no reward).
@@ -412,15 +412,15 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
     None) is called with each. `seed` (an integer) seeds the prompt order and the server's sampling."""
     import openai
 
-    from ruler.prompt import response_schema
-    from ruler.providers import LOCAL_EXPLANATION_CHARS
-    from ruler.trajectory import Trajectory, TrajectoryGroup
-    from trainer.config import TrainConfig
+    from ruler_rl.prompt import response_schema
+    from ruler_rl.providers import LOCAL_EXPLANATION_CHARS
+    from ruler_rl.trainer.config import TrainConfig
+    from ruler_rl.trajectory import Trajectory, TrajectoryGroup
 
     if not callable(getattr(model, "train", None)) or not callable(getattr(model, "openai_client", None)):
-        raise TypeError(f"model must be a registered trainer.TrainableModel, got {type(model).__name__}")
+        raise TypeError(f"model must be a registered ruler_rl.trainer.TrainableModel, got {type(model).__name__}")
     if not isinstance(config, TrainConfig):
-        raise TypeError("config must be a trainer.TrainConfig")
+        raise TypeError("config must be a ruler_rl.trainer.TrainConfig")
     for name, value, low in (("steps", steps, 1), ("group_size", group_size, 2), ("batch_size", batch_size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -1,4 +1,4 @@
-"""`ruler distill`: distil a cheap local judge from the judgments you paid for (`trainer.distill`).
+"""`ruler distill`: distil a cheap local judge from the judgments you paid for (`ruler_rl.trainer.distill`).
 
     ruler distill --teacher openai/o3 --since 2026-11-01 --out judges/my-judge          # the cache's o3 answers
     ruler distill --dataset labels.jsonl --steps 200 --out judges/my-judge              # your labelled groups
@@ -7,11 +7,11 @@
 
 Teacher data: `--teacher` selects one judge model's judgments from the cache (`--cache`, default the
 judge cache; `--since`/`--until` bound the date they were stored), `--dataset` adds labelled pairs and
-groups in the formats of `ruler eval judge --dataset` (`ruler.labels.load_user_dataset`), rendered as
+groups in the formats of `ruler eval judge --dataset` (`ruler_rl.labels.load_user_dataset`), rendered as
 RULER prompts with `--rubric`. A seeded share of the groups (`--holdout`) is held out. The student
 (`--student`, default the embedded SmolLM2-135M) gets a LoRA adapter trained by SFT on the teacher's answers
-(`trainer.sft`; `--method sft`, the default), by GRPO rewarded by agreement with the teacher's scores
-(`trainer.distill.train_grpo`; `--method grpo`: the student, served by `--engine`, samples `--group-size`
+(`ruler_rl.trainer.sft`; `--method sft`, the default), by GRPO rewarded by agreement with the teacher's scores
+(`ruler_rl.trainer.distill.train_grpo`; `--method grpo`: the student, served by `--engine`, samples `--group-size`
 answers per prompt under RULER's answer schema), or by SFT then GRPO (`--method sft+grpo`), written to `--out`
 as a judge folder (`local/<out>`). The command ends with the student's
 agreement with the teacher on the held-out prompts next to the untrained student's.
@@ -19,10 +19,10 @@ agreement with the teacher on the held-out prompts next to the untrained student
 GRPO samples under RULER's answer schema (constrained decoding), while its loss uses the unconstrained
 policy's log-probabilities: the PPO ratio is consistent (both sides are the unconstrained policy's), but the
 gradient's target is log pi, not the constrained log q = log pi - log Z, so the tokens the grammar forces still
-get gradient (`trainer.distill.train_grpo`). An answer cut at its token bound is rewarded 0 and counted apart
+get gradient (`ruler_rl.trainer.distill.train_grpo`). An answer cut at its token bound is rewarded 0 and counted apart
 (`answers_cut` in each GRPO step's row).
 
-`ruler.cli` loads `app` by name when the command runs (`ruler.cli.PLUGIN_COMMANDS`); it needs the `train`
+`ruler_rl.cli` loads `app` by name when the command runs (`ruler_rl.cli.PLUGIN_COMMANDS`); it needs the `train`
 extra, and scipy (the `eval` extra) for Kendall's tau.
 """
 
@@ -39,10 +39,10 @@ from typing import Annotated
 
 import typer
 
-from judges import DEFAULT_RUBRIC
-from judges.extras import require
-from judges.names import EMBEDDED_JUDGE
-from ruler.cli import console
+from ruler_rl.cli import console
+from ruler_rl.judges import DEFAULT_RUBRIC
+from ruler_rl.judges.extras import require
+from ruler_rl.judges.names import EMBEDDED_JUDGE
 
 require("train", "`ruler distill`")
 require("eval", "`ruler distill` (Kendall's tau: scipy)")
@@ -67,7 +67,7 @@ def parse_when(value: str | None, name: str) -> datetime | None:
 def untrained_judge(student: str) -> str:
     """The judge string of the student before training: the embedded model, or `local/<folder>`. A hub id has
     no local folder of its own: the untrained adapter is measured instead (`run_distill` writes it)."""
-    from judges.embedded import EMBEDDED_MODEL_NAME
+    from ruler_rl.judges.embedded import EMBEDDED_MODEL_NAME
 
     if student in (EMBEDDED_JUDGE, EMBEDDED_MODEL_NAME):
         return EMBEDDED_JUDGE
@@ -88,8 +88,8 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
                       grpo_steps: int | None = None, grpo_lr: float | None = None, engine: str = "transformers",
                       valid_bonus: float = 0.0, print_fn=console.print) -> dict:
     """Gather teacher data, split it by group, measure the untrained student, train, save, measure the trained
-    student. `method`: `sft` (`trainer.sft`), `grpo` (`trainer.distill.train_grpo`: the student, served by
-    `engine`, samples `group_size` answers per prompt, rewarded by agreement with the teacher; `grpo_steps`
+    student. `method`: `sft` (`ruler_rl.trainer.sft`), `grpo` (`ruler_rl.trainer.distill.train_grpo`: the student,
+    served by `engine`, samples `group_size` answers per prompt, rewarded by agreement with the teacher; `grpo_steps`
     and `grpo_lr` default to `steps` and `lr`) or `sft+grpo` (SFT, then GRPO from the SFT adapter). GRPO's
     run (checkpoints, `history.jsonl`) is kept in `<out>.grpo/`, replaced on each run; the model loaded for
     SFT (or, `grpo` from a hub id, for the untrained adapter) is dropped, and CUDA's cache emptied, before GRPO
@@ -97,12 +97,12 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     ValueError before anything is read. Returns {"train",
     "heldout", "untrained", "distilled" (Agreement rows), "history" (SFT's rows, then GRPO's), "method",
     "out"}."""
-    from judges.rubrics import get_rubric
-    from ruler.cache import default_cache_dir, export_judgments
-    from ruler.labels import load_user_dataset
-    from trainer.checkpoints import save_checkpoint
-    from trainer.distill import agreement, from_cache, from_labels, labelled_groups, split_by_group
-    from trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
+    from ruler_rl.cache import default_cache_dir, export_judgments
+    from ruler_rl.judges.rubrics import get_rubric
+    from ruler_rl.labels import load_user_dataset
+    from ruler_rl.trainer.checkpoints import save_checkpoint
+    from ruler_rl.trainer.distill import agreement, from_cache, from_labels, labelled_groups, split_by_group
+    from ruler_rl.trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
@@ -208,7 +208,7 @@ GRPO_PROJECT, GRPO_NAME = "grpo", "student"
 
 
 def grpo_run_dir(runs: Path) -> Path:
-    """The folder of the GRPO run (`trainer.TrainableModel` project `grpo`, name `student`) under `runs`."""
+    """The folder of the GRPO run (`ruler_rl.trainer.TrainableModel` project `grpo`, name `student`) under `runs`."""
     return Path(runs) / GRPO_PROJECT / GRPO_NAME
 
 
@@ -229,11 +229,11 @@ async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_conf
     written to `out` as a judge folder."""
     from transformers import AutoTokenizer
 
-    import trainer.checkpoints as ckpt
-    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-    from trainer.backend import resolve_base_model
-    from trainer.distill import train_grpo
-    from trainer.sft import save_checkpoint_as_judge
+    import ruler_rl.trainer.checkpoints as ckpt
+    from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+    from ruler_rl.trainer.backend import resolve_base_model
+    from ruler_rl.trainer.distill import train_grpo
+    from ruler_rl.trainer.sft import save_checkpoint_as_judge
 
     model = TrainableModel(GRPO_NAME, GRPO_PROJECT, student, ModelConfig(
         lora=sft_config.lora, seed=sft_config.seed,
@@ -326,7 +326,7 @@ def distill(
     policy's log-probabilities: the PPO ratio is consistent, but the gradient's target is log pi, not the
     constrained log q = log pi - log Z, so tokens the grammar forces still get gradient.
     """
-    from judges.rubrics import get_rubric
+    from ruler_rl.judges.rubrics import get_rubric
 
     rubric_text = str(get_rubric(rubric))  # a name or the text; a typo is an error naming the rubrics
     result = asyncio.run(run_distill(

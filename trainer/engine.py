@@ -3,16 +3,16 @@ returns.
 
 Two engines implement it:
 
-- `trainer.engine_transformers.TransformersEngine` (CPU, or a GPU without vLLM): generates in this process with
+- `ruler_rl.trainer.engine_transformers.TransformersEngine` (CPU, or a GPU without vLLM): generates in this process with
   the very model being trained, so it is a `GeneratingEngine`; its `base_url` is None and the backend's own
   small server (`trainer/server.py`) answers HTTP for it. Nothing to load per step, nothing to put to sleep
   (training and generation take turns under one lock).
-- `trainer.vllm_server.VLLMServer` (GPU): vLLM's own OpenAI server in a child process. It has its own
+- `ruler_rl.trainer.vllm_server.VLLMServer` (GPU): vLLM's own OpenAI server in a child process. It has its own
   `base_url`, loads each step's adapter from its checkpoint folder, and sleeps around training steps when
   `EngineConfig.enable_sleep_mode` is on and it shares the trainer's GPU (`can_sleep`; a dedicated placement
   on GPUs of its own never sleeps).
-- `trainer.engine_process.TransformersServerProcess` (CPU, `placement="dedicated"`): the CPU server with its own
-  copy of the model in a child process, loading adapters like vLLM's; it never sleeps.
+- `ruler_rl.trainer.engine_process.TransformersServerProcess` (CPU, `placement="dedicated"`): the CPU server with its
+  own copy of the model in a child process, loading adapters like vLLM's; it never sleeps.
 
 The backend uses only what is declared here: it never checks which engine it holds.
 """

@@ -6,10 +6,10 @@ process holds its own copy of the base model with the LoRA, answers rollouts thr
 (`trainer/server.py`, same shapes) and loads each step's adapter from its checkpoint folder through
 `/v1/load_lora_adapter` (vLLM's endpoint and body). It never sleeps: while the trainer trains step k in the
 parent process, the child keeps serving the step-k adapter, so rollouts for the next step can be gathered
-meanwhile and carry `policy_step` k. It exists so the pipelined loop (`trainer.pipeline`,
+meanwhile and carry `policy_step` k. It exists so the pipelined loop (`ruler_rl.trainer.pipeline`,
 `TrainConfig.max_off_policy_steps`) runs and is tested on a CPU; on GPUs the dedicated engine is vLLM's.
 
-    python -m trainer.engine_process --spec '{"base_model": ..., "served_name": ..., "port": ...}'
+    python -m ruler_rl.trainer.engine_process --spec '{"base_model": ..., "served_name": ..., "port": ...}'
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pydantic
 
-from trainer.config import EngineConfig, LoRAConfig
-from trainer.vllm_server import ServerProcess
+from ruler_rl.trainer.config import EngineConfig, LoRAConfig
+from ruler_rl.trainer.vllm_server import ServerProcess
 
 
 class LoadAdapter(pydantic.BaseModel):
@@ -37,7 +37,7 @@ class UnloadAdapter(pydantic.BaseModel):
 
 
 class TransformersServerProcess(ServerProcess):
-    """The CPU server with its own transformers model in a child process (a `trainer.engine.Engine` with a
+    """The CPU server with its own transformers model in a child process (a `ruler_rl.trainer.engine.Engine` with a
     `base_url`): the base model and a LoRA of `lora`'s shape (zero-initialised B, so step 0 is the base
     model, as in the trainer), generation on the CPU, each step's adapter loaded from its checkpoint.
     Only the latest adapter is served (as by the in-process CPU engine); `/v1/unload_lora_adapter` is
@@ -51,7 +51,7 @@ class TransformersServerProcess(ServerProcess):
                  random_weights: bool = False, seed: int = 0):
         super().__init__(config, served_name=served_name, log_dir=log_dir, host=host, port=port)
         if not isinstance(lora, LoRAConfig):
-            raise TypeError(f"lora must be a trainer.LoRAConfig, got {type(lora).__name__}")
+            raise TypeError(f"lora must be a ruler_rl.trainer.LoRAConfig, got {type(lora).__name__}")
         if not end_of_turn or not all(isinstance(t, int) and not isinstance(t, bool) for t in end_of_turn):
             raise ValueError(f"end_of_turn must be a non-empty list of token ids, got {end_of_turn!r}")
         self.spec = {"base_model": base_model, "served_name": served_name, "host": self.host, "port": self.port,
@@ -61,7 +61,7 @@ class TransformersServerProcess(ServerProcess):
                      "random_weights": random_weights, "seed": seed}
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "trainer.engine_process", "--spec", json.dumps(self.spec)]
+        return [sys.executable, "-m", "ruler_rl.trainer.engine_process", "--spec", json.dumps(self.spec)]
 
 
 def build_app(spec: dict):
@@ -75,8 +75,8 @@ def build_app(spec: dict):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.engine_transformers import TransformersEngine
-    from trainer.server import Served, create_server_app
+    from ruler_rl.trainer.engine_transformers import TransformersEngine
+    from ruler_rl.trainer.server import Served, create_server_app
 
     lora = LoRAConfig.model_validate(spec["lora"])
     base = spec["base_model"]

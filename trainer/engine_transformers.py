@@ -1,4 +1,4 @@
-"""The transformers engine (a `trainer.engine.GeneratingEngine`): generation on CPU or GPU with the very model
+"""The transformers engine (a `ruler_rl.trainer.engine.GeneratingEngine`): generation on CPU or GPU with the very model
 being trained (peft LoRA on top of the base), for development and CI. No adapter swapping is needed: the
 served weights are the trained ones. Generation and training take turns under one lock, so a request that
 arrives during a training step waits for it instead of being cut short; there is nothing to put to sleep.
@@ -17,7 +17,7 @@ import asyncio
 import threading
 from pathlib import Path
 
-from trainer.engine import Sample
+from ruler_rl.trainer.engine import Sample
 
 
 def _hf_models(model) -> list:
@@ -84,7 +84,7 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.lock = lock or threading.Lock()
         self.stop_token_ids = list(stop_token_ids)
-        self.policy_step = 0  # changed with the weights, under `lock` (trainer.engine.GeneratingEngine)
+        self.policy_step = 0  # changed with the weights, under `lock` (ruler_rl.trainer.engine.GeneratingEngine)
         self._neutral = _neutral_generation_config(model, self.stop_token_ids)
 
     async def start(self) -> None:

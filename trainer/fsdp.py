@@ -1,19 +1,20 @@
 """The trainer's LoRA model under torch FSDP2 (`torch.distributed.fsdp.fully_shard`): the first piece of the
 README's Scale plan for several trainer GPUs, checked at world size 1.
 
-    torchrun --standalone --nproc_per_node 1 -m trainer.fsdp --out fsdp.json    # CPU (gloo), a tiny random Llama
-    torchrun --standalone --nproc_per_node 1 -m trainer.fsdp --base DIR --out fsdp.json  # a model folder;
-                                                                   # CUDA (nccl) when a GPU is visible
+    # CPU (gloo), a tiny random Llama
+    torchrun --standalone --nproc_per_node 1 -m ruler_rl.trainer.fsdp --out fsdp.json
+    # a model folder; CUDA (nccl) when a GPU is visible
+    torchrun --standalone --nproc_per_node 1 -m ruler_rl.trainer.fsdp --base DIR --out fsdp.json
 
 `shard(peft_model, mesh)` puts the FSDP units where the trainer's step calls the model: each decoder layer, the
 decoder (the embeddings and final norm), and the language-model head on its own, because the chunked logprobs
-(`trainer.training._row_logprobs`) call the decoder and then `lm_head` separately, not the root forward; the
+(`ruler_rl.trainer.training._row_logprobs`) call the decoder and then `lm_head` separately, not the root forward; the
 root holds the rest. A model whose head shares its weight with the embeddings (`tie_word_embeddings`) is
 refused: one parameter cannot belong to two units, and the head is called outside the decoder's.
 
-`main()` (one process per rank, under `torchrun`) runs one `trainer.training.train_step` of a fixed batch on the
-sharded model and, on rank 0, the same step on an unsharded copy built from the same seed, and writes both
-losses, the largest difference between the two updated LoRA weights and whether the LoRA weights moved. At world
+`main()` (one process per rank, under `torchrun`) runs one `ruler_rl.trainer.training.train_step` of a fixed batch on
+the sharded model and, on rank 0, the same step on an unsharded copy built from the same seed, and writes both losses,
+the largest difference between the two updated LoRA weights and whether the LoRA weights moved. At world
 size 1 the two must agree (sharding over one rank changes where tensors live, not the arithmetic); above 1 each
 rank trains the whole batch here (the batch is not split across ranks yet), so this checks the sharding
 mechanics, not a data-parallel step.
@@ -65,7 +66,7 @@ def _build(base: str | None, seed: int, device: str, random_weights: bool = Fals
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
-    from trainer.config import LoRAConfig
+    from ruler_rl.trainer.config import LoRAConfig
 
     torch.manual_seed(seed)
     if base is None:
@@ -84,7 +85,7 @@ def _batch(vocab: int, seed: int):
     """Two sequences of one group, rewarded apart (advantages -1 and 1), their second halves trained."""
     import random
 
-    from trainer.sequences import TrainingSequence
+    from ruler_rl.trainer.sequences import TrainingSequence
 
     rng = random.Random(seed)
     seqs = []
@@ -120,11 +121,11 @@ def main(argv: list[str] | None = None) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainer.config import TrainConfig
-    from trainer.training import train_step
+    from ruler_rl.trainer.config import TrainConfig
+    from ruler_rl.trainer.training import train_step
 
     if "RANK" not in os.environ:
-        raise SystemExit("run under torchrun: torchrun --nproc_per_node N -m trainer.fsdp --out FILE")
+        raise SystemExit("run under torchrun: torchrun --nproc_per_node N -m ruler_rl.trainer.fsdp --out FILE")
     cuda = torch.cuda.is_available()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu"

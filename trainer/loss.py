@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.config import LossKind
+from ruler_rl.trainer.config import LossKind
 
 KINDS = ("grpo", "dr_grpo", "dapo")
 

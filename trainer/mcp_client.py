@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from judges.extras import require
+from ruler_rl.judges.extras import require
 
-require("mcp", "MCP·RL (trainer.mcp_rl)")
+require("mcp", "MCP·RL (ruler_rl.trainer.mcp_rl)")
 
 import anyio  # installed with mcp
 import httpx2  # installed with mcp (its HTTP client)
@@ -35,7 +35,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-from trainer.mcp_tasks import MAX_RESOURCES, RESOURCE_TEXT_CHARS
+from ruler_rl.trainer.mcp_tasks import MAX_RESOURCES, RESOURCE_TEXT_CHARS
 
 log = logging.getLogger("ruler")
 

@@ -9,16 +9,16 @@ or, from the command line, `ruler mcp-rl --server "CMD ARGS" --task-model MODEL 
 
 The loop, a module per job:
 
-1. `MCPToolbox` (`trainer.mcp_client`) connects with the official `mcp` SDK (a command run over stdio, or a
+1. `MCPToolbox` (`ruler_rl.trainer.mcp_client`) connects with the official `mcp` SDK (a command run over stdio, or a
    streamable HTTP URL), lists the server's tools (every page) and converts them to OpenAI tool schemas. A server
    that cannot be started or reached raises `MCPServerError`, naming the command (or URL) and, for a command,
    the end of what it wrote to stderr.
-2. `write_tasks` (`trainer.mcp_tasks`): a litellm model (any model string) writes realistic tasks that need those
-   tools, answered under a JSON schema; each task is checked (a non-empty text of bounded length, naming only
+2. `write_tasks` (`ruler_rl.trainer.mcp_tasks`): a litellm model (any model string) writes realistic tasks that need
+   those tools, answered under a JSON schema; each task is checked (a non-empty text of bounded length, naming only
    tools the server has) and deduplicated (case and spacing ignored), more are asked for until `n` are kept or
    the attempts run out (`TaskWriterError`, with the count of each kind of rejection), and they are split into
    train and test with a seed (`TaskSet`).
-3. `rollout` (`trainer.mcp_rollout`): the policy (an OpenAI-compatible client: `model.openai_client()` for a
+3. `rollout` (`ruler_rl.trainer.mcp_rollout`): the policy (an OpenAI-compatible client: `model.openai_client()` for a
    `TrainableModel`) is given the tools natively; each of its tool calls runs on the server through MCP
    `call_tool` with a per-call timeout. A tool that fails (an MCP tool error, a protocol error, bad JSON
    arguments, an unknown tool name) or runs past the timeout becomes a tool message the agent reads, and is
@@ -45,12 +45,12 @@ from typing import Any
 
 import pydantic
 
-from ruler.gather import gather_trajectory_groups
-from ruler.scoring import ruler_score_group
-from ruler.trajectory import Trajectory, TrajectoryGroup
-from trainer.mcp_client import MCPToolbox
-from trainer.mcp_rollout import check_tool_choice, rollout
-from trainer.mcp_tasks import MCPTask, TaskSet, write_tasks
+from ruler_rl.gather import gather_trajectory_groups
+from ruler_rl.scoring import ruler_score_group
+from ruler_rl.trainer.mcp_client import MCPToolbox
+from ruler_rl.trainer.mcp_rollout import check_tool_choice, rollout
+from ruler_rl.trainer.mcp_tasks import MCPTask, TaskSet, write_tasks
+from ruler_rl.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = ["MCPRLConfig", "MCPRLEvaluation", "MCPRLResult", "MCPToolbox", "train_mcp_rl", "write_tasks"]
 
@@ -121,26 +121,26 @@ class MCPRLResult:
 async def train_mcp_rl(model: Any, toolbox: MCPToolbox, tasks: TaskSet, *, judge: str | None = None,
                        judge_params: dict | None = None, config: MCPRLConfig | None = None,
                        train_config: Any = None) -> MCPRLResult:
-    """Train registered `model` (a `trainer.TrainableModel`) on `tasks.train` with the tools of `toolbox`,
+    """Train registered `model` (a `ruler_rl.trainer.TrainableModel`) on `tasks.train` with the tools of `toolbox`,
     RULER (`judge`, any litellm model; RULER's default when None) as the reward, until the model's step is
-    `config.steps` (a total; see `MCPRLConfig`); `train_config` is the `trainer.TrainConfig` of every step.
+    `config.steps` (a total; see `MCPRLConfig`); `train_config` is the `ruler_rl.trainer.TrainConfig` of every step.
     Groups the judge cannot score are dropped (logged), rollouts that raise are counted against
     `config.max_exceptions`. When there are test tasks (and `config.eval_rollouts` > 0 and a step is taken),
     the policy is rolled out on them before the first step and after the last, and RULER ranks the two
     together (`MCPRLResult.evaluation`, see `MCPRLEvaluation`)."""
-    from trainer.config import TrainConfig
+    from ruler_rl.trainer.config import TrainConfig
 
     config = config or MCPRLConfig()
     if not isinstance(config, MCPRLConfig):
         raise TypeError(f"config must be an MCPRLConfig, got {type(config).__name__}")
     if train_config is not None and not isinstance(train_config, TrainConfig):
-        raise TypeError(f"train_config must be a trainer.TrainConfig, got {type(train_config).__name__}")
+        raise TypeError(f"train_config must be a ruler_rl.trainer.TrainConfig, got {type(train_config).__name__}")
     if not isinstance(tasks, TaskSet) or not tasks.train:
         raise ValueError("tasks must be a TaskSet with at least one training task (write_tasks)")
     if not isinstance(toolbox, MCPToolbox) or not toolbox.openai_tools:
         raise ValueError("toolbox must be a connected MCPToolbox (inside `async with`)")
     if not callable(getattr(model, "openai_client", None)) or not callable(getattr(model, "train", None)):
-        raise TypeError(f"model must be a registered trainer.TrainableModel, got {type(model).__name__}")
+        raise TypeError(f"model must be a registered ruler_rl.trainer.TrainableModel, got {type(model).__name__}")
     check_tool_choice(config.tool_choice, toolbox.tool_names)
     rng = random.Random(config.seed)
     result = MCPRLResult()

@@ -1,5 +1,5 @@
-"""`ruler mcp-rl`: train an agent on the tools of an MCP server with RULER (`trainer.mcp_rl`). `ruler.cli` loads
-`app` by name when the command is run (see `ruler.cli.PLUGIN_COMMANDS`); it needs the `mcp` and `train` extras.
+"""`ruler mcp-rl`: train an agent on the tools of an MCP server with RULER (`ruler_rl.trainer.mcp_rl`). `ruler_rl.cli` loads
+`app` by name when the command is run (see `ruler_rl.cli.PLUGIN_COMMANDS`); it needs the `mcp` and `train` extras.
 
     ruler mcp-rl --server "python -m evals.art_e.mcp_server --db runs/art-e-inbox.db" \\
         --task-model openai/gpt-4.1 --judge openai/o4-mini --n-tasks 24 --steps 10
@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from judges.extras import require
-from ruler.cli import console
+from ruler_rl.cli import console
+from ruler_rl.judges.extras import require
 
 require("mcp", "`ruler mcp-rl`")
 require("train", "`ruler mcp-rl`")
@@ -124,10 +124,10 @@ def mcp_rl(
 
 
 async def _run(a: dict) -> None:
-    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-    from trainer.mcp_client import MCPToolbox
-    from trainer.mcp_rl import MCPRLConfig, train_mcp_rl
-    from trainer.mcp_tasks import TaskSet, write_tasks
+    from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+    from ruler_rl.trainer.mcp_client import MCPToolbox
+    from ruler_rl.trainer.mcp_rl import MCPRLConfig, train_mcp_rl
+    from ruler_rl.trainer.mcp_tasks import TaskSet, write_tasks
 
     config = MCPRLConfig(steps=a["steps"], groups_per_step=a["groups_per_step"], group_size=a["group_size"],
                          max_turns=a["max_turns"], max_tokens=a["max_tokens"], eval_rollouts=a["eval_rollouts"],

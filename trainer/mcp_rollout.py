@@ -12,9 +12,9 @@ import json
 import time
 from typing import Any
 
-from ruler.trajectory import Trajectory, choice_to_message
-from trainer.mcp_client import MCPToolbox, ToolCallResult
-from trainer.mcp_tasks import MCPTask
+from ruler_rl.trainer.mcp_client import MCPToolbox, ToolCallResult
+from ruler_rl.trainer.mcp_tasks import MCPTask
+from ruler_rl.trajectory import Trajectory, choice_to_message
 
 SYSTEM = """You are an agent with the tools of an MCP server. Do the user's task by calling the tools you need and \
 reading their results; call tools again if a result does not settle it. When the task is done, reply with the final \

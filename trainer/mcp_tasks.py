@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import pydantic
 
-from judges.completion import RetryPolicy, complete, json_list
-from judges.errors import JudgeError
+from ruler_rl.judges.completion import RetryPolicy, complete, json_list
+from ruler_rl.judges.errors import JudgeError
 
 MAX_RESOURCES, RESOURCE_TEXT_CHARS = 50, 300  # what the task writer is shown of a server's resources
 TASK_MIN_CHARS, TASK_MAX_CHARS = 12, 2000
@@ -135,7 +135,7 @@ async def write_tasks(tools: list[dict], model: str, *, n: int, test_fraction: f
     (what kind of tasks to write: a text of at most 20000 characters) and the server's `resources`
     (`MCPToolbox.resources`: only their uri, name and description, at most 50, each text cut to 300
     characters).
-    A writer endpoint that keeps failing raises `judges.JudgeError` (its calls are retried by `retry`).
+    A writer endpoint that keeps failing raises `ruler_rl.judges.JudgeError` (its calls are retried by `retry`).
     """
     names = _check_tools_list(tools)
     if isinstance(model, bool) or not isinstance(model, str) or not model.strip():

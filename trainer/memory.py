@@ -1,7 +1,7 @@
 """A memory plan before the first step: from the model's `config.json`, the `ModelConfig` and the device's size,
 whether rollouts and training fit on one device, and if not, what to change (issue #12).
 
-    from trainer.memory import plan_memory
+    from ruler_rl.trainer.memory import plan_memory
     plan = plan_memory(ModelConfig(...), json.load(open("config.json")), device_bytes=80 * 2**30,
                        train=TrainConfig(max_tokens_per_micro_batch=16384))
     plan.fits, plan.message(), plan.rollout, plan.training        # named terms, in bytes
@@ -30,7 +30,7 @@ Two phases, each a sum of named terms that must fit the device (`device_bytes`):
   processes already use. vLLM's share must itself hold vLLM's copy of the weights, its overhead and the KV
   cache of one `max_model_len`-token sequence (vLLM refuses to start otherwise).
   With `ModelConfig.offload_during_rollouts` the trainer's base weights are in CPU memory in this phase
-  (`trainer.offload`): not counted.
+  (`ruler_rl.trainer.offload`): not counted.
 - **training**: the trainer's resident state plus LoRA gradients and the activations of one forward/backward
   pass, plus what vLLM keeps while asleep. Assumption, from `trainer/vllm_server.py`: the colocated server
   sleeps at **level 1** around every step (`/sleep?level=1`): its weights are copied to CPU memory and its
@@ -61,14 +61,14 @@ attention the row's boolean [T x T] mask is passed as a 4-D attention mask: tran
 heads (no GQA kernel with a mask) and torch's SDPA turns the mask into an additive one of the activations'
 dtype, kept for the backward pass: T^2 x 2 bytes per layer without checkpointing, one layer's with it. The
 plan counts the mask for every row, the worst case: a row of one sequence gets none (the model's own causal
-mask, `trainer.packing.Row.needs_mask`), and with block attention (`trainer.attention`, the default for SDPA) a
-packed row gets none either, its suffixes' copies of their prefix's keys and values taking the mask's place only
-where they hold no more elements than it (`trainer.attention.use_blocks`), so such rows need less than planned. `flash_attention_2` takes no mask: one
-sequence per row, no T^2 term. Eager attention keeps each layer's attention probabilities (T^2 x heads x 6
-bytes). Frozen linear layers keep no input; SiLU and the gate product keep three MLP-wide tensors. With
-gradient checkpointing each decoder layer keeps its input (T x hidden x 2 bytes) and one layer is recomputed at
-a time; logprobs come from the last hidden state in chunks of `logprob_chunk_size` tokens, so only a [chunk x
-vocabulary] block of logits exists at a time.
+mask, `ruler_rl.trainer.packing.Row.needs_mask`), and with block attention (`ruler_rl.trainer.attention`, the default
+for SDPA) a packed row gets none either, its suffixes' copies of their prefix's keys and values taking the mask's place
+only where they hold no more elements than it (`ruler_rl.trainer.attention.use_blocks`), so such rows need less than
+planned. `flash_attention_2` takes no mask: one sequence per row, no T^2 term. Eager attention keeps each layer's
+attention probabilities (T^2 x heads x 6 bytes). Frozen linear layers keep no input; SiLU and the gate product keep
+three MLP-wide tensors. With gradient checkpointing each decoder layer keeps its input (T x hidden x 2 bytes) and one
+layer is recomputed at a time; logprobs come from the last hidden state in chunks of `logprob_chunk_size` tokens, so
+only a [chunk x vocabulary] block of logits exists at a time.
 
 Left out: the full-logits fallback (`verify_logprob_path` failing: a row's [T x vocabulary] logits in the
 model's dtype and their gradient, and a float32 copy of the trained positions' rows), the transformers
@@ -93,7 +93,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config import EngineConfig, ModelConfig, TrainConfig, vllm_flag_name
+from ruler_rl.trainer.config import EngineConfig, ModelConfig, TrainConfig, vllm_flag_name
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 1 * GIB       # the trainer's CUDA context, cuBLAS handles and kernels
@@ -297,7 +297,7 @@ def weight_shrinking(model_config: ModelConfig, hf_config: Mapping[str, Any]) ->
     """What makes the weights smaller than bf16 parameters on vLLM's device (a quantised model, CPU offload),
     as a phrase naming the setting; None when nothing does. Bad input is a TypeError."""
     if not isinstance(model_config, ModelConfig):
-        raise TypeError(f"model_config must be a trainer.ModelConfig, got {type(model_config).__name__}")
+        raise TypeError(f"model_config must be a ruler_rl.trainer.ModelConfig, got {type(model_config).__name__}")
     if not isinstance(hf_config, Mapping):
         raise TypeError(f"hf_config must be the model's config.json as a dict, got {type(hf_config).__name__}")
     for cfg in (hf_config, hf_config.get("text_config")):
@@ -454,9 +454,9 @@ def _checked_sizes(model_config, train, cuda, base, device_bytes, inference_devi
     """plan_memory's arguments checked (TypeError / ValueError naming the bad one): (device, inference device,
     host (0: not checked), in use) bytes and the margin (`memory_check.margin` when None)."""
     if not isinstance(model_config, ModelConfig):
-        raise TypeError(f"model_config must be a trainer.ModelConfig, got {type(model_config).__name__}")
+        raise TypeError(f"model_config must be a ruler_rl.trainer.ModelConfig, got {type(model_config).__name__}")
     if train is not None and not isinstance(train, TrainConfig):
-        raise TypeError(f"train must be a trainer.TrainConfig or None, got {type(train).__name__}")
+        raise TypeError(f"train must be a ruler_rl.trainer.TrainConfig or None, got {type(train).__name__}")
     if not isinstance(cuda, bool):
         raise TypeError(f"cuda must be a bool, got {type(cuda).__name__}")
     if not isinstance(base, str) or not base.strip():

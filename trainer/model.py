@@ -7,7 +7,7 @@
 
 Rollout code written for ART runs unchanged against it: `inference_base_url`, `inference_api_key`,
 `inference_model_name`, `get_inference_name()`, `litellm_completion_params()`, `trainable`. The model holds
-no weights itself: the backend it is registered with does (`trainer.backend.LocalBackend`).
+no weights itself: the backend it is registered with does (`ruler_rl.trainer.backend.LocalBackend`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ruler import tracing
-from trainer.config import ModelConfig, TrainConfig
+from ruler_rl import tracing
+from ruler_rl.trainer.config import ModelConfig, TrainConfig
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -36,7 +36,7 @@ class TrainableModel:
         if not isinstance(base_model, str) or not base_model.strip():
             raise ValueError("base_model must be a non-empty string")
         if config is not None and not isinstance(config, ModelConfig):
-            raise TypeError("config must be a trainer.ModelConfig")
+            raise TypeError("config must be a ruler_rl.trainer.ModelConfig")
         self.name, self.project, self.base_model = name, project, base_model
         self.config = config or ModelConfig()
         self._backend = None
@@ -51,7 +51,7 @@ class TrainableModel:
     async def register(self, backend) -> None:
         """Load the model into `backend`, start its engine and resume from its latest complete checkpoint."""
         if not callable(getattr(backend, "register", None)):
-            raise TypeError(f"backend must be a trainer.LocalBackend, got {type(backend).__name__}")
+            raise TypeError(f"backend must be a ruler_rl.trainer.LocalBackend, got {type(backend).__name__}")
         await backend.register(self)
         self._backend = backend
 
@@ -85,10 +85,10 @@ class TrainableModel:
     def openai_client(self, **kwargs):
         """An `AsyncOpenAI` for this model's server (one client, reused, unless `kwargs` ask for another); use
         `model=model.get_inference_name()` (or `model.name`). Its completions made inside
-        `trainer.record_trajectory` are recorded (unless `kwargs` give another `http_client`)."""
+        `ruler_rl.trainer.record_trajectory` are recorded (unless `kwargs` give another `http_client`)."""
         from openai import AsyncOpenAI
 
-        from trainer.record import recording_async_http_client
+        from ruler_rl.trainer.record import recording_async_http_client
 
         if kwargs or self._client is None or str(self._client.base_url).rstrip("/") != self.inference_base_url:
             settings = {"max_retries": 2, **kwargs}
@@ -111,22 +111,22 @@ class TrainableModel:
         return await self.backend.get_step(self)
 
     async def train(self, groups: list, config: TrainConfig | None = None) -> dict:
-        """One training step on `groups` (`ruler.TrajectoryGroup`s) with `config` (`TrainConfig()` by default);
+        """One training step on `groups` (`ruler_rl.TrajectoryGroup`s) with `config` (`TrainConfig()` by default);
         returns the step's run-log row (`trained` is False, with the reasons in `skipped`, when no group had a
         learning signal). Bad trajectories (`TrajectoryError`) and a tracing misconfiguration (`MissingExtraError`)
         are raised before the step, as is a trajectory sampled by a policy step further behind than
-        `config.max_off_policy_steps` (`trainer.sequences.StalePolicyError`), a choice without served token ids,
-        or a batch whose trajectories with a learning signal hold no served choice at all, only plain messages
-        (`trainer.sequences.MissingTokenIdsError`: ART skips such a batch silently); once it is taken, tracing it
-        (`ruler.tracing`) never raises. A step that fails once its update has begun (a full disk, a failed adapter
-        load) is rolled back whole and raises `trainer.StepFailedError`; retrying it applies it once."""
+        `config.max_off_policy_steps` (`ruler_rl.trainer.sequences.StalePolicyError`), a choice without served token
+        ids, or a batch whose trajectories with a learning signal hold no served choice at all, only plain messages
+        (`ruler_rl.trainer.sequences.MissingTokenIdsError`: ART skips such a batch silently); once it is taken, tracing
+        it (`ruler_rl.tracing`) never raises. A step that fails once its update has begun (a full disk, a failed adapter
+        load) is rolled back whole and raises `ruler_rl.trainer.StepFailedError`; retrying it applies it once."""
         if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
             raise TypeError(f"groups must be a list of TrajectoryGroup, got {type(groups).__name__}")
         groups = list(groups)
         # resolved once, before the step: a tracing misconfiguration is raised before any work, not after the step
         tracer = tracing.current_tracer()
 
-        def traced(row: dict, seqs: list) -> None:  # after the step: never raises (ruler.tracing.train_step)
+        def traced(row: dict, seqs: list) -> None:  # after the step: never raises (ruler_rl.tracing.train_step)
             tracing.train_step(tracer, self, row, groups, {(s.group, s.position): s.advantage for s in seqs})
 
         return await self.backend.train(self, groups, config or TrainConfig(),

@@ -17,7 +17,7 @@ than all together (one sequence that diverges early, e.g. after a context break)
 that save the most tokens (`best_sharing`).
 
 The mask is a boolean [T × T] given to the model as a 4-D attention mask (SDPA takes it as it is, eager
-attention as an additive one: `trainer.training`); a row of one sequence gets none (`Row.needs_mask`): the
+attention as an additive one: `ruler_rl.trainer.training`); a row of one sequence gets none (`Row.needs_mask`): the
 model's own causal mask is the same, and SDPA then runs its causal kernels. Models whose attention cannot take
 one (flash_attention_2, or layers with a sliding window or chunked attention, whose own masks a 4-D mask would
 replace) get one sequence per row, counted.
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.sequences import TrainingSequence
+from ruler_rl.trainer.sequences import TrainingSequence
 
-MASKABLE_ATTENTION = ("sdpa", "eager", "sdpa_blocks")  # sdpa_blocks: trainer.attention.BLOCK_ATTENTION
+MASKABLE_ATTENTION = ("sdpa", "eager", "sdpa_blocks")  # sdpa_blocks: ruler_rl.trainer.attention.BLOCK_ATTENTION
 
 
 @dataclass
@@ -75,8 +75,8 @@ class Row:
 
     def spans(self) -> list[tuple[int, int, int, int]]:
         """(start, end, parent start, parent end) of each block in row order, the parent's -1, -1 when it has
-        none: the row's mask as `trainer.attention` takes it (a block's tokens are contiguous, blocks in order).
-        Built once per row, as `attention_mask` is (a row is run up to three times and counted once)."""
+        none: the row's mask as `ruler_rl.trainer.attention` takes it (a block's tokens are contiguous, blocks in
+        order). Built once per row, as `attention_mask` is (a row is run up to three times and counted once)."""
         cached = getattr(self, "_spans", None)
         if cached is not None and cached[0] == len(self.block_of):
             return cached[1]

@@ -21,7 +21,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 
-from trainer.config import TrainConfig
+from ruler_rl.trainer.config import TrainConfig
 
 
 async def train_pipelined(model, gather: Callable[[int], Awaitable[list]], *, steps: int,
@@ -40,7 +40,7 @@ async def train_pipelined(model, gather: Callable[[int], Awaitable[list]], *, st
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     config = config or TrainConfig()
     if not isinstance(config, TrainConfig):
-        raise TypeError("config must be a trainer.TrainConfig")
+        raise TypeError("config must be a ruler_rl.trainer.TrainConfig")
     if on_step is not None and not callable(on_step):
         raise TypeError("on_step must be callable")
     overlap = config.max_off_policy_steps >= 1

@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from trainer.config import EngineConfig
-from trainer.vllm_server import ServerProcess
+from ruler_rl.trainer.config import EngineConfig
+from ruler_rl.trainer.vllm_server import ServerProcess
 
 log = logging.getLogger("ruler.trainer")
 
@@ -57,9 +57,9 @@ class PlacementTimeoutError(TimeoutError):
 
 
 def require_ray():
-    """The `ray` module, imported now; `judges.extras.MissingExtraError` naming `pip install 'ruler-rl[ray]'`
+    """The `ray` module, imported now; `ruler_rl.judges.extras.MissingExtraError` naming `pip install 'ruler-rl[ray]'`
     when it is not installed."""
-    from judges.extras import require
+    from ruler_rl.judges.extras import require
 
     require("ray", "EngineConfig(launcher='ray') (the inference server placed by Ray)",
             "or use launcher='local' (a child process of this one)")
@@ -74,7 +74,7 @@ def inference_bundle(config: EngineConfig) -> dict[str, float]:
     shared with the trainer (`EngineConfig.shares_gpu`: a fraction of a GPU, so that the trainer's bundle fits
     beside it), `{"CPU": 1}` otherwise (the transformers engine's CPU form)."""
     if not isinstance(config, EngineConfig):
-        raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a ruler_rl.trainer.EngineConfig, got {type(config).__name__}")
     if config.placement != "dedicated":
         raise ValueError(f"only a dedicated inference server has a bundle of its own (placement={config.placement!r})")
     if config.shares_gpu:
@@ -270,7 +270,7 @@ class ActorHolder:
 
 
 class RayServer(ActorHolder, ServerProcess):
-    """The dedicated inference server in a Ray actor (a `trainer.engine.Engine` with a `base_url`): the driver
+    """The dedicated inference server in a Ray actor (a `ruler_rl.trainer.engine.Engine` with a `base_url`): the driver
     side. `factory(host=...)` builds the `ServerProcess` the actor runs (`VLLMServer` or
     `TransformersServerProcess` with everything but the host bound); adapter loads and health go over HTTP to
     the URL the actor returns, as with a local child (`ServerProcess.load_adapter`). `info` says where the
@@ -283,7 +283,7 @@ class RayServer(ActorHolder, ServerProcess):
         if not callable(factory):
             raise TypeError(f"factory must build the ServerProcess from host=..., got {type(factory).__name__}")
         if not isinstance(config, EngineConfig):
-            raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
+            raise TypeError(f"config must be a ruler_rl.trainer.EngineConfig, got {type(config).__name__}")
         if config.launcher != "ray":
             raise ValueError(f"RayServer needs EngineConfig(launcher='ray'), got launcher={config.launcher!r}")
         super().__init__(config, served_name=served_name, log_dir=log_dir, port=0)

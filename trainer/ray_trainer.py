@@ -14,7 +14,7 @@ Both sides of a run in Ray actors, the driver keeping the same user loop:
 creates a `TrainerActor` in it. The actor holds a `LocalBackend` of its own and registers the model there with
 `trainer_launcher="local"` and the trainer's GPUs numbered as Ray shows them to the actor (`actor_config`): the
 LoRA model, its optimizer, each step (all or nothing), the checkpoints and the run log live in the actor, and
-that backend starts the inference server as `launcher="ray"` does (`trainer.ray_placement.RayServer`: a second
+that backend starts the inference server as `launcher="ray"` does (`ruler_rl.trainer.ray_placement.RayServer`: a second
 actor in a placement group of its own, created from inside the trainer actor). The driver's backend forwards
 `train`, `get_step` and `delete_checkpoints` to the actor (`RayTrainer`) and answers `inference_url` and
 `current_step` from what the actor last returned; rollouts go straight from the driver to the server's URL.
@@ -37,8 +37,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.config import EngineConfig, ModelConfig, TrainConfig
-from trainer.ray_placement import ActorHolder
+from ruler_rl.trainer.config import EngineConfig, ModelConfig, TrainConfig
+from ruler_rl.trainer.ray_placement import ActorHolder
 
 log = logging.getLogger("ruler.trainer")
 
@@ -49,7 +49,7 @@ def trainer_bundle(config: EngineConfig) -> dict[str, float]:
     with trainer GPUs of its own, `{"CPU": trainer_cpus}` without GPU lists (the transformers engine's CPU
     form)."""
     if not isinstance(config, EngineConfig):
-        raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a ruler_rl.trainer.EngineConfig, got {type(config).__name__}")
     if config.trainer_launcher != "ray":
         raise ValueError(f"only a trainer placed by Ray has a bundle (trainer_launcher={config.trainer_launcher!r})")
     cpus = float(config.trainer_cpus)
@@ -66,7 +66,7 @@ def actor_config(config: EngineConfig) -> EngineConfig:
     exactly its bundle's GPUs, so the trainer's become 0..n-1; the inference GPUs (a count only, Ray picks
     them) follow, or stay the trainer's one shared GPU."""
     if not isinstance(config, EngineConfig):
-        raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a ruler_rl.trainer.EngineConfig, got {type(config).__name__}")
     if config.trainer_launcher != "ray":
         raise ValueError(f"actor_config is for trainer_launcher='ray', got {config.trainer_launcher!r}")
     update: dict[str, Any] = {"trainer_launcher": "local"}
@@ -98,7 +98,7 @@ class TrainerActor:
         actor's pid, node, placement group and visible GPUs, the trainer's torch device, the server's `info`)."""
         import ray
 
-        from trainer.model import TrainableModel
+        from ruler_rl.trainer.model import TrainableModel
 
         model = TrainableModel(name, project, base_model, config)
         await model.register(self.backend)
@@ -151,13 +151,13 @@ class RayTrainer(ActorHolder):
     def __init__(self, config: EngineConfig, *, backend_cls: type, path: Path, wandb_project: str | None = None,
                  random_weights: bool = False):
         if not isinstance(config, EngineConfig):
-            raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
+            raise TypeError(f"config must be a ruler_rl.trainer.EngineConfig, got {type(config).__name__}")
         if config.trainer_launcher != "ray":
             raise ValueError(f"RayTrainer needs EngineConfig(trainer_launcher='ray'), got "
                              f"trainer_launcher={config.trainer_launcher!r}")
         self.config, self.path, self.wandb_project = config, Path(path), wandb_project
         # the driver's backend class (`LocalBackend`): the actor runs one of its own; passed in, not imported, so
-        # that trainer.backend -> trainer.ray_trainer is the one direction between the two modules
+        # that ruler_rl.trainer.backend -> ruler_rl.trainer.ray_trainer is the one direction between the two modules
         self.backend_cls = backend_cls
         self.random_weights = random_weights  # the driver's LocalBackend(random_weights=...), for the actor's
         self.bundle = trainer_bundle(config)
@@ -168,7 +168,7 @@ class RayTrainer(ActorHolder):
     async def start(self, model) -> None:
         """Connect to Ray, reserve the trainer's bundle (`PlacementTimeoutError` past `placement_timeout_s`),
         create the actor and register `model` in it; on any failure what was created is released."""
-        from trainer.ray_placement import connect, require_ray, wait_placed
+        from ruler_rl.trainer.ray_placement import connect, require_ray, wait_placed
 
         ray = require_ray()
         from ray.util.placement_group import placement_group
@@ -211,7 +211,7 @@ class RayTrainer(ActorHolder):
     async def train(self, groups: list, config: TrainConfig, on_step=None) -> dict:
         """One step in the actor; `on_step(row, sequences)` called here once it returned (what it raises is
         logged, not raised, as `LocalBackend.train` does). Returns the step's run-log row."""
-        from trainer.training import call_after_step
+        from ruler_rl.trainer.training import call_after_step
 
         row, seqs = await self._call(self.actor.train, self.name, list(groups), config, on_step is not None)
         self.step = int(row["step"]) if row.get("trained") else self.step

@@ -27,7 +27,7 @@ chat completion is logged as a warning and skipped. A choice without served toke
 and `token_ids`: an API model called through a recording client) is recorded as a plain assistant message
 (context, never trained), with a `RecordingWarning` once per recording. When a block ends without an
 exception, a block that recorded no completion gives a `RecordingWarning`, and the recorded trajectory is
-checked by `ruler.trajectory.validate_trajectories` (a `RecordingError` names what is wrong).
+checked by `ruler_rl.trajectory.validate_trajectories` (a `RecordingError` names what is wrong).
 
 `langchain_chat_model`, `agents_sdk_model` and `litellm_client` each make HTTP clients: make them once per
 run and close them with `aclose_recording` at the end.
@@ -48,8 +48,8 @@ import httpx
 import pydantic
 from openai.types.chat.chat_completion import ChatCompletionMessage, Choice
 
-from ruler.messages import TrajectoryError
-from ruler.trajectory import History, Trajectory, choice_to_message, validate_trajectories
+from ruler_rl.messages import TrajectoryError
+from ruler_rl.trajectory import History, Trajectory, choice_to_message, validate_trajectories
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +385,7 @@ class record_trajectory:  # named like a function: `with record_trajectory() as 
 
     def __init__(self, trajectory: Trajectory | None = None, *, metadata: dict | None = None):
         if trajectory is not None and not isinstance(trajectory, Trajectory):
-            raise TypeError(f"trajectory must be a ruler.Trajectory, got {type(trajectory).__name__}")
+            raise TypeError(f"trajectory must be a ruler_rl.Trajectory, got {type(trajectory).__name__}")
         if metadata is not None and not isinstance(metadata, dict):
             raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
         self._given = trajectory
@@ -472,7 +472,7 @@ def current_trajectory() -> Trajectory | None:
 
 def _check_model(model) -> None:
     if not all(hasattr(model, a) for a in ("inference_base_url", "inference_api_key", "get_inference_name")):
-        raise TypeError(f"model must be a registered trainer.TrainableModel, got {type(model).__name__}")
+        raise TypeError(f"model must be a registered ruler_rl.trainer.TrainableModel, got {type(model).__name__}")
 
 
 def langchain_chat_model(model, *, step: int | None = None, transport: httpx.AsyncBaseTransport | None = None,
@@ -482,9 +482,9 @@ def langchain_chat_model(model, *, step: int | None = None, transport: httpx.Asy
     (`create_react_agent(langchain_chat_model(model), tools)`). It makes its own HTTP clients: make one per
     run, not per rollout, and close it at the end (`await aclose_recording(chat_model)`). Needs langgraph and
     langchain-openai (the `agents` extra)."""
-    from judges.extras import require
+    from ruler_rl.judges.extras import require
 
-    require("agents", "trainer.record.langchain_chat_model (LangChain/LangGraph agents)",
+    require("agents", "ruler_rl.trainer.record.langchain_chat_model (LangChain/LangGraph agents)",
             modules=["langgraph", "langchain_openai"])
     _check_model(model)
     if kwargs.get("streaming"):
@@ -502,9 +502,9 @@ def agents_sdk_model(model, *, step: int | None = None, transport: httpx.AsyncBa
     `record_trajectory` (`Agent(..., model=agents_sdk_model(model))`, then `Runner.run`, not
     `run_streamed`). It makes its own HTTP client: make one per run and close it at the end
     (`await aclose_recording(sdk_model)`). Needs openai-agents (the `agents` extra)."""
-    from judges.extras import require
+    from ruler_rl.judges.extras import require
 
-    require("agents", "trainer.record.agents_sdk_model (OpenAI Agents SDK agents)", modules=["agents"])
+    require("agents", "ruler_rl.trainer.record.agents_sdk_model (OpenAI Agents SDK agents)", modules=["agents"])
     _check_model(model)
     from agents import OpenAIChatCompletionsModel
     from openai import AsyncOpenAI

@@ -24,7 +24,7 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from ruler.trajectory import Trajectory, choice_to_message
+from ruler_rl.trajectory import Trajectory, choice_to_message
 
 
 class MissingTokenIdsError(ValueError):
@@ -170,7 +170,7 @@ def end_of_turn_ids(tokenizer, generation_config=None) -> list[int]:
 def _text_turn(tokenizer, before: list[dict], choice: Choice, tools, chat_template: str | None,
                end_of_turn: list[int] | None) -> _Turn:
     """Off-policy text: the turn re-rendered with the served chat template (only with allow_off_policy_text)."""
-    from trainer.chat import prompt_ids, template_messages
+    from ruler_rl.trainer.chat import prompt_ids, template_messages
 
     prompt = prompt_ids(tokenizer, before, tools, chat_template=chat_template)
     full_text = tokenizer.apply_chat_template(template_messages([*before, choice_to_message(choice)]),
@@ -206,7 +206,7 @@ def _history_sequences(items: list, tools, tokenizer, allow_off_policy_text: boo
                     "token_ids), so what the model saw is unknown. Sample through the model's server "
                     "(model.openai_client() / model.litellm_completion_params()) and keep its choices whole "
                     "(a converter that rebuilds a Choice from message and logprobs alone drops them: use "
-                    "ruler.trajectory.convert_litellm_choice_to_openai), or pass TrainConfig(allow_off_policy_text=True) "
+                    "ruler_rl.trajectory.convert_litellm_choice_to_openai), or pass TrainConfig(allow_off_policy_text=True) "
                     "to train re-rendered text with ratio 1")
             if tokenizer is None:
                 raise ValueError("a tokenizer is needed to re-render off-policy text")

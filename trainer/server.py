@@ -35,8 +35,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from trainer.chat import parse_tool_calls, prompt_ids
-from trainer.engine import GeneratingEngine
+from ruler_rl.trainer.chat import parse_tool_calls, prompt_ids
+from ruler_rl.trainer.engine import GeneratingEngine
 
 
 @dataclass

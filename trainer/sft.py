@@ -2,8 +2,8 @@
 
 One code path with GRPO training: examples become `TrainingSequence`s (the prompt rendered with the
 tokenizer's chat template and a generation prompt, then the answer's tokens and the end-of-turn token, the
-answer's tokens marked trained), are packed by `trainer.packing.pack` (prompts that begin alike share their
-prefix), and log-probabilities come from `trainer.training._row_logprobs`, the chunked path the GRPO step
+answer's tokens marked trained), are packed by `ruler_rl.trainer.packing.pack` (prompts that begin alike share their
+prefix), and log-probabilities come from `ruler_rl.trainer.training._row_logprobs`, the chunked path the GRPO step
 uses (the model's full forward where the chunked path was not proven equal, `verify_logprob_path`). The loss
 is the mean negative log-likelihood over every trained token of the step's batch; gradients accumulate over
 the packed rows into one AdamW step, as in `train_step`.
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pydantic
 
-from trainer.config import LoRAConfig, TrainConfig
-from trainer.packing import pack
-from trainer.sequences import TrainingSequence, end_of_turn_ids
-from trainer.training import _row_logprobs, attention_takes_masks, verify_logprob_path
+from ruler_rl.trainer.config import LoRAConfig, TrainConfig
+from ruler_rl.trainer.packing import pack
+from ruler_rl.trainer.sequences import TrainingSequence, end_of_turn_ids
+from ruler_rl.trainer.training import _row_logprobs, attention_takes_masks, verify_logprob_path
 
 
 @dataclass
@@ -74,7 +74,7 @@ class SFTConfig(pydantic.BaseModel):
     weight_decay: float = _from_train_config("weight_decay")
     seed: int = pydantic.Field(0, description="Seeds the LoRA initialisation and the example order. Default 0.")
     lora: LoRAConfig = pydantic.Field(default_factory=lambda: LoRAConfig(rank=16, alpha=32), description=(
-        "The adapter (`trainer.LoRAConfig`). Default rank 16, alpha 32, Llama-like projections."))
+        "The adapter (`ruler_rl.trainer.LoRAConfig`). Default rank 16, alpha 32, Llama-like projections."))
 
 
 def sft_sequence(tokenizer, example: SFTExample, *, end_of_turn: list[int] | None = None) -> TrainingSequence:
@@ -100,10 +100,10 @@ def load_student(base: str, config: SFTConfig):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.backend import resolve_base_model
+    from ruler_rl.trainer.backend import resolve_base_model
 
     if not isinstance(config, SFTConfig):
-        raise TypeError("config must be a trainer.sft.SFTConfig")
+        raise TypeError("config must be a ruler_rl.trainer.sft.SFTConfig")
     path = resolve_base_model(base)
     cuda = torch.cuda.is_available()
     torch.manual_seed(config.seed)
@@ -149,7 +149,7 @@ def train_sft(model, tokenizer, examples: list[SFTExample], config: SFTConfig, *
     import torch
 
     if not isinstance(config, SFTConfig):
-        raise TypeError("config must be a trainer.sft.SFTConfig")
+        raise TypeError("config must be a ruler_rl.trainer.sft.SFTConfig")
     if not examples:
         raise ValueError("no examples to train on")
     ends = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
@@ -198,7 +198,7 @@ def train_sft(model, tokenizer, examples: list[SFTExample], config: SFTConfig, *
 def _replace_folder(out: str | os.PathLike, fill, meta: dict | None) -> Path:
     """Write the folder `out` whole: `fill(tmp)` and `meta` (as `ruler_judge.json`) into a folder beside it, then
     renamed into place (an `out` already there is replaced)."""
-    from judges.embedded import JUDGE_META
+    from ruler_rl.judges.embedded import JUDGE_META
 
     out = Path(out).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +231,7 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 def save_checkpoint_as_judge(checkpoint: str | os.PathLike, tokenizer, out: str | os.PathLike,
                              meta: dict | None = None) -> Path:
-    """A trainer checkpoint folder (`trainer.checkpoints`, a plain peft adapter) as the judge folder `out`: its
+    """A trainer checkpoint folder (`ruler_rl.trainer.checkpoints`, a plain peft adapter) as the judge folder `out`: its
     adapter files, the tokenizer and `meta`, replacing `out` whole as `save_adapter` does (the optimizer
     state is left out)."""
     src = Path(checkpoint).expanduser()

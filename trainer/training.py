@@ -1,6 +1,6 @@
 """One GRPO step on LoRA: groups → advantages → served token sequences → chunked logprobs → loss → step.
 
-Where advantages come from: `ruler.group_advantages` on each group's rewards (zero-signal groups dropped).
+Where advantages come from: `ruler_rl.group_advantages` on each group's rewards (zero-signal groups dropped).
 Sequences are packed into padding-free rows, each group's shared prompt computed once (`trainer/packing.py`).
 Log-probabilities are computed from the last hidden state at the positions that predict a trained token,
 one chunk at a time under activation checkpointing, so the full [tokens × vocabulary] logits never exist
@@ -15,14 +15,13 @@ import time
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 
-from ruler.advantages import group_advantages, group_has_signal
-from ruler.messages import Problem, TrajectoryError
-from ruler.trajectory import TrajectoryGroup, validate_trajectories
-from trainer.attention import BLOCK_ATTENTION, blocks_forward, use_blocks
-from trainer.config import TrainConfig
-from trainer.loss import policy_loss, token_weights
-from trainer.packing import MASKABLE_ATTENTION, Row, pack
-from trainer.sequences import (
+from ruler_rl.advantages import group_advantages, group_has_signal
+from ruler_rl.messages import Problem, TrajectoryError
+from ruler_rl.trainer.attention import BLOCK_ATTENTION, blocks_forward, use_blocks
+from ruler_rl.trainer.config import TrainConfig
+from ruler_rl.trainer.loss import policy_loss, token_weights
+from ruler_rl.trainer.packing import MASKABLE_ATTENTION, Row, pack
+from ruler_rl.trainer.sequences import (
     AbortedTurnError,
     MissingTokenIdsError,
     SequenceReport,
@@ -31,6 +30,7 @@ from trainer.sequences import (
     training_sequences,
     trajectory_policy_steps,
 )
+from ruler_rl.trajectory import TrajectoryGroup, validate_trajectories
 
 log = logging.getLogger("ruler.trainer")
 
@@ -177,7 +177,7 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
         if not isinstance(group, TrajectoryGroup):
             raise TypeError(f"group {g} is a {type(group).__name__}, not a TrajectoryGroup")
         try:
-            validate_trajectories(group)  # the check every surface runs (ruler.trajectory)
+            validate_trajectories(group)  # the check every surface runs (ruler_rl.trajectory)
         except TrajectoryError as exc:
             raise TrajectoryError([Problem((), f"group {g}, {exc}")]) from None
         trajs = list(group)
@@ -265,7 +265,7 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
                   blocks: bool | None = None):
     """log p of each trained token of `row` ([N]), read at the position that predicts it. `masked`: the row's
     4-D mask where it needs one (`Row.needs_mask`; `force_mask`: on a one-sequence row too, for the checks), or
-    on a model with `trainer.attention`'s block attention its blocks instead where their copies take no more
+    on a model with `ruler_rl.trainer.attention`'s block attention its blocks instead where their copies take no more
     memory than the mask (`use_blocks`). `blocks` True / False: the blocks / the mask whatever the copies take
     (the checks run both paths on their short rows)."""
     import torch
@@ -276,7 +276,7 @@ def _row_logprobs(model, row: Row, chunk_size: int, *, full_forward: bool, maske
     mask, spans = None, None
     structured = masked and (force_mask or row.needs_mask())  # one sequence: the model's own causal mask
     if structured and _as_blocks(model, row, blocks=blocks):
-        spans = row.spans()  # each block its own SDPA call (trainer.attention): no [T x T] mask
+        spans = row.spans()  # each block its own SDPA call (ruler_rl.trainer.attention): no [T x T] mask
     elif structured:
         mask = row.attention_mask().to(device)[None, None]
         if _attention_implementation(model) == "eager":  # eager adds the mask to the scores: 0 or -inf-like
@@ -357,7 +357,7 @@ def _attention_implementation(model) -> str:
 
 
 def _block_attention(model) -> bool:
-    """Whether `model` runs `trainer.attention`'s block attention (`ModelConfig.block_attention`)."""
+    """Whether `model` runs `ruler_rl.trainer.attention`'s block attention (`ModelConfig.block_attention`)."""
     return _attention_implementation(model) == BLOCK_ATTENTION
 
 
@@ -445,7 +445,7 @@ def _row_loss(model, row: Row, seqs: list[TrainingSequence], config: TrainConfig
 
 def accumulate_loss(model, seqs: list[TrainingSequence], config: TrainConfig, *,
                     full_forward: bool = False, masks: bool = True) -> tuple[float, dict]:
-    """Pack `seqs` into rows (`trainer.packing`), run each row forward and backward, and return the summed
+    """Pack `seqs` into rows (`ruler_rl.trainer.packing`), run each row forward and backward, and return the summed
     loss and the stats; gradients are left on the parameters (no optimizer step). `masks=False` gives every
     sequence a row of its own whatever the model takes (the backend's choice when `verify_packed_rows` failed).
 

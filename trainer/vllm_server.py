@@ -2,7 +2,7 @@
 
     python -m vllm.entrypoints.openai.api_server --model BASE --served-model-name NAME NAME@0 --enable-lora
         --enable-sleep-mode --generation-config vllm --enable-auto-tool-choice --tool-call-parser P
-        [--reasoning-parser R] [--chat-template F] --middleware trainer.vllm_middleware.TrainingDataMiddleware
+        [--reasoning-parser R] [--chat-template F] --middleware ruler_rl.trainer.vllm_middleware.TrainingDataMiddleware
         --max-num-batched-tokens N --disable-log-stats
 
 - Rollouts talk to it directly (`model.inference_base_url`); `trainer/vllm_middleware.py` makes every
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from trainer.config import EngineConfig, vllm_flag_name
+from ruler_rl.trainer.config import EngineConfig, vllm_flag_name
 
 log = logging.getLogger("ruler.trainer")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed --max-lora-rank values
@@ -161,14 +161,14 @@ _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exi
 class ServerProcess:
     """An inference server in a child process that `LocalBackend` starts and owns: health-checked start,
     adapter loading by path through `/v1/load_lora_adapter` (vLLM's endpoint), log file, clean close. A
-    `trainer.engine.Engine` with a `base_url` of its own. Subclasses give `command()` and `environment()`."""
+    `ruler_rl.trainer.engine.Engine` with a `base_url` of its own. Subclasses give `command()` and `environment()`."""
 
     name = "server-process"
 
     def __init__(self, config: EngineConfig, *, served_name: str, log_dir: Path, host: str = "127.0.0.1",
                  port: int | None = None):
         if not isinstance(config, EngineConfig):
-            raise TypeError(f"config must be a trainer.EngineConfig, got {type(config).__name__}")
+            raise TypeError(f"config must be a ruler_rl.trainer.EngineConfig, got {type(config).__name__}")
         if not isinstance(served_name, str) or not served_name:
             raise ValueError("served_name must be a non-empty string")
         self.config, self.served_name, self.log_dir = config, served_name, Path(log_dir)
@@ -317,7 +317,7 @@ class ServerProcess:
 
 class VLLMServer(ServerProcess):
     """vLLM's OpenAI server in a child process, with the adapter, sleep and wake calls a trainer needs (a
-    `trainer.engine.Engine` with a `base_url` of its own; it generates nothing in this process).
+    `ruler_rl.trainer.engine.Engine` with a `base_url` of its own; it generates nothing in this process).
 
     Placement (`EngineConfig.placement`): colocated, it shares the trainer's GPU and sleeps around each
     training step (when `enable_sleep_mode`); dedicated, it runs on `inference_gpus` (its
@@ -357,7 +357,7 @@ class VLLMServer(ServerProcess):
                 "--max-model-len", str(c.served_length),
                 "--max-num-seqs", str(c.max_num_seqs), "--generation-config", "vllm",
                 "--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser,
-                "--middleware", "trainer.vllm_middleware.TrainingDataMiddleware",
+                "--middleware", "ruler_rl.trainer.vllm_middleware.TrainingDataMiddleware",
                 "--disable-uvicorn-access-log"]
         batched = c.max_num_batched_tokens
         if batched is None:  # vLLM's offline value for this GPU, raised where vLLM would refuse it

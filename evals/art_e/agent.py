@@ -20,7 +20,7 @@ models get; "none" forbids tool calls, so every turn ends the episode as bad arg
 embedded SmolLM2, many small local models) use ART's text protocol: each turn the model answers with one JSON object
 `{"tool_name": name, "tool_args": {...}}` (constrained to that shape by a JSON schema where the provider
 supports it), and the tool's result comes back as a user message. Every model call goes through
-`judges.complete`, so 429s, 5xx and timeouts are retried in both modes.
+`ruler_rl.judges.complete`, so 429s, 5xx and timeouts are retried in both modes.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from evals.art_e.matching import IDK
 from evals.art_e.questions import Scenario
 from evals.art_e.rewards import Rubric
 from evals.art_e.tools import TOOL_SCHEMAS, InboxTools
-from judges.completion import RetryPolicy, complete
-from ruler.trajectory import Trajectory, choice_to_message
+from ruler_rl.judges.completion import RetryPolicy, complete
+from ruler_rl.trajectory import Trajectory, choice_to_message
 
 ToolMode = Literal["auto", "native", "text"]
 ToolChoice = Literal["required", "auto", "none"]
@@ -120,7 +120,7 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
     The trajectory's reward is 0 until it is graded (`evals.art_e.rewards.grade`); its metrics are ART's
     rubric (`answer_correct` too is only set by grading) plus `turns` (model calls made), `latency_s` and
     `unreadable_dates` (search dates answered with an error, the episode going on).
-    A model endpoint that keeps failing raises (`judges.JudgeError`).
+    A model endpoint that keeps failing raises (`ruler_rl.judges.JudgeError`).
     """
     if not isinstance(scenario, Scenario):
         raise TypeError(f"run_agent takes a Scenario, not {type(scenario).__name__}")
@@ -155,7 +155,7 @@ async def run_agent(scenario: Scenario, db_path, model: str, *, params: dict | N
                 # "required" vLLM's grammar allows a list of any length (a policy trained on a weak judge learned
                 # to write ten calls in one turn until max_tokens cut the list); vLLM keeps only the first call
                 # when parallel_tool_calls is false, and the trainer's middleware bounds vLLM's grammar to one
-                # call (trainer.vllm_middleware.bound_required_tool_lists)
+                # call (ruler_rl.trainer.vllm_middleware.bound_required_tool_lists)
                 reply = await complete(model, history, params={"tools": TOOL_SCHEMAS, "tool_choice": tool_choice,
                                                                "parallel_tool_calls": False, **(params or {})},
                                        retry=retry)

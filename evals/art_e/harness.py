@@ -37,10 +37,10 @@ import litellm
 from evals.art_e.agent import check_tool_choice, run_agent
 from evals.art_e.questions import Scenario
 from evals.art_e.rewards import answer_matches, check_idk_reward, grade
-from judges.completion import has_price
-from judges.errors import JudgeError
-from judges.local_provider import LOCAL_PROVIDER
-from judges.vllm_engine import PROVIDER as VLLM_PROVIDER
+from ruler_rl.judges.completion import has_price
+from ruler_rl.judges.errors import JudgeError
+from ruler_rl.judges.local_provider import LOCAL_PROVIDER
+from ruler_rl.judges.vllm_engine import PROVIDER as VLLM_PROVIDER
 
 DEFAULT_GPU_HOUR_PRICE = 3.50  # USD, one H100/H200-class GPU rented by the hour
 DEFAULT_CPU_HOUR_PRICE = 0.10  # USD, a small CPU machine (a few cores) rented by the hour

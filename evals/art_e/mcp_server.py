@@ -1,5 +1,5 @@
 """The ART·E inbox as an MCP server: `search_emails` and `read_email` over one inbox of an inbox database, for
-MCP·RL tests and demos (`trainer.mcp_rl`).
+MCP·RL tests and demos (`ruler_rl.trainer.mcp_rl`).
 
     python -m evals.art_e.mcp_server --db runs/art-e-inbox.db                 # stdio
     python -m evals.art_e.mcp_server --db runs/art-e-inbox.db --http 8765     # streamable HTTP at :8765/mcp
@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from judges.extras import require
+from ruler_rl.judges.extras import require
 
 require("mcp", "the ART·E MCP server (evals.art_e.mcp_server)")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from evals.art_e.inbox import IN_INBOX, mailbox_owners, normal_address, open_readonly
 from evals.art_e.questions import Scenario
-from judges.completion import RetryPolicy, complete, json_list
+from ruler_rl.judges.completion import RetryPolicy, complete, json_list
 
 WRITER_PROMPT = """You write questions a busy person might really ask about their own inbox. You are given emails from
 the inbox of {address}. Write up to {per_batch} questions that one or two of these emails answer exactly, with

@@ -12,9 +12,9 @@ from evals.art_e import harness
 from evals.art_e.inbox import ENRON_DIR, build_inbox_db
 from evals.art_e.questions import Scenario, generate_scenarios
 from evals.art_e.tools import InboxTools
-from ruler import Trajectory, TrajectoryGroup, gather_trajectory_groups, ruler_score_group
-from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-from trainer.record import aclose_recording
+from ruler_rl import Trajectory, TrajectoryGroup, gather_trajectory_groups, ruler_score_group
+from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl.trainer.record import aclose_recording
 
 
 def parse_args(argv=None, description: str = "") -> argparse.Namespace:
@@ -59,7 +59,7 @@ async def train(rollout, default_name: str, argv=None, description: str = "", *,
     """The training loop both examples share: data, model, `--steps` RULER-scored GRPO steps of
     `rollout(agent_model, scenario, db, args)`; the run-log rows. `policy(model, args)` makes the framework's
     model (`langchain_chat_model`, `agents_sdk_model`): once per step, since it names that step's adapter,
-    shared by the step's rollouts and closed (`trainer.record.aclose_recording`) when the step ends."""
+    shared by the step's rollouts and closed (`ruler_rl.trainer.record.aclose_recording`) when the step ends."""
     if not callable(rollout) or not callable(policy):
         raise TypeError("train needs a rollout function and a policy factory (model, args) -> framework model")
     args = parse_args(argv, description)

@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass
 
 from evals.art_e.matching import IDK, answer_matches, match_verdict
 from evals.art_e.questions import Scenario
-from judges.completion import RetryPolicy, complete
-from judges.local_provider import LOCAL_PROVIDER
-from ruler.cache import cache_key, open_cache
+from ruler_rl.cache import cache_key, open_cache
+from ruler_rl.judges.completion import RetryPolicy, complete
+from ruler_rl.judges.local_provider import LOCAL_PROVIDER
 
 __all__ = ["IDK", "REWARDS", "Grade", "Rubric", "answer_matches", "art_reward", "check_idk_reward", "grade",
            "judge_answer", "match_verdict"]

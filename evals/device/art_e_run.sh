@@ -12,7 +12,8 @@ if [ ! -d /tmp/site/vllm ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     /tmp/gpukit/wheels/*.whl || exit 4
 fi
-export PYTHONPATH=/tmp/site:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True
+bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
+export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True
 mkdir -p "$(dirname "$root")/shared/data/enron" && cp -n /tmp/gpukit/enron/* "$(dirname "$root")/shared/data/enron/"
 [ -f /tmp/models/qwen15/config.json ] || python3 -m evals.gguf_to_hf /tmp/gpukit/qwen/qwen.gguf /tmp/models/qwen15 \
   > /tmp/convert.log 2>&1 || { tail -20 /tmp/convert.log; exit 5; }

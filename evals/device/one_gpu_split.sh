@@ -6,7 +6,8 @@
 # `install` joins the GPU kit's parts (/tmp/gpukit/p*, from ../shared/gpu-kit/build.sh "ray==2.60.0") and
 # converts SmolLM2-135M-Instruct; each later part starts its own vLLM server and closes it.
 set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
+bash evals/device/link_package.sh /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
+export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
   PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 res=/tmp/split; mkdir -p $res
 bench() { python3 -m evals.scale_bench pipeline --out $res "$@"; }

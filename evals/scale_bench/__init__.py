@@ -40,7 +40,7 @@ Workloads:
   tool result (different per rollout), 256 sampled, another, 256 sampled: ~7.6k-token sequences;
   `--agent-steps` steps (rollout, train with sharing, sleep/wake, adapter load).
 - `pipeline` (#13): `--pipeline-steps` steps of `--task agent` (the agent workload above, random weights) or
-  `--task tiny` (`examples/tiny_task.py` on SmolLM2, real weights: reward) through `trainer.pipeline`, with
+  `--task tiny` (`examples/tiny_task.py` on SmolLM2, real weights: reward) through `ruler_rl.trainer.pipeline`, with
   `--placement colocated` (one GPU, sleep/wake) or `dedicated` (vLLM on `--inference-gpus`, the trainer on
   `--trainer-gpus`), and `--overlap` (`max_off_policy_steps=1`: step k+1's rollouts gathered while step k
   trains), or `--phases plain:N,overlap:M` (one registered model: N steps without overlap, then M with).
@@ -53,7 +53,7 @@ Workloads:
   (`rollout_hidden_s`, of `rollout_total_s`), the adapter hand-over (`adapter_swap_s_mean`), sleep + wake and
   the policy lag. `pipeline-report` prints every `pipeline-*.json` of `--out` as tables.
 - `activations` (#12): the memory plan's activations term against a measurement. The trainer's own forward and
-  backward pass (`trainer.training.accumulate_loss`: packing, the 4-D mask, chunked logprobs; no optimizer
+  backward pass (`ruler_rl.trainer.training.accumulate_loss`: packing, the 4-D mask, chunked logprobs; no optimizer
   step) over one sequence of each `--act-tokens` length (one micro-batch of that many tokens), without and with
   gradient checkpointing (`--act-checkpointing`), on the shape with random bf16 weights and LoRA r16 on all
   seven linear layers: `torch.cuda.max_memory_allocated` above what was allocated before the pass, beside the

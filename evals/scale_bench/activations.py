@@ -15,10 +15,10 @@ def activations(args) -> dict:
     """One training pass's peak activation memory per (tokens, checkpointing), measured and planned."""
     import torch
 
-    from trainer.config import TrainConfig
-    from trainer.memory import GIB, activation_bytes, model_shape
-    from trainer.sequences import TrainingSequence
-    from trainer.training import accumulate_loss
+    from ruler_rl.trainer.config import TrainConfig
+    from ruler_rl.trainer.memory import GIB, activation_bytes, model_shape
+    from ruler_rl.trainer.sequences import TrainingSequence
+    from ruler_rl.trainer.training import accumulate_loss
 
     settings = checkpointing_settings(args)
     built = bare_model(args, "activations")

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                          "auto (default): the trainer's default, on for bf16 models; alternate: ours' train calls "
                          "off, on, off, ... (an A/B within one run), profile both")
     ap.add_argument("--prof-attention", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
-                    default=["mask", "blocks"], help="profile: mask (one 4-D mask per row), blocks (trainer.attention)")
+                    default=["mask", "blocks"], help="profile: mask (one 4-D mask per row), blocks (ruler_rl.trainer.attention)")
     ap.add_argument("--prof-prefix", type=int, default=0,
                     help="profile: tokens the sequences of a row share at their start (computed once)")
     ap.add_argument("--batched-tokens", type=int, default=None,

@@ -59,9 +59,9 @@ def vllm_fields(args) -> dict:
 async def ours(args) -> dict:
     from transformers import AutoTokenizer
 
-    from ruler import Trajectory, TrajectoryGroup
-    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-    from trainer.config import LoRAConfig
+    from ruler_rl import Trajectory, TrajectoryGroup
+    from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+    from ruler_rl.trainer.config import LoRAConfig
 
     budget = Budget(args.budget_s)
     model_dir = make_model_dir(args.shape, args.models / args.shape, args.tokenizer)

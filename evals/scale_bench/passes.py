@@ -15,7 +15,7 @@ def bare_model(args, part: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainer.config import LoRAConfig
+    from ruler_rl.trainer.config import LoRAConfig
 
     cuda = not args.dry_run
     if cuda and not torch.cuda.is_available():

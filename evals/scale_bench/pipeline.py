@@ -1,4 +1,4 @@
-"""`pipeline` (issues #13 and #35): steps of the agent or the tiny task through `trainer.pipeline`, colocated,
+"""`pipeline` (issues #13 and #35): steps of the agent or the tiny task through `ruler_rl.trainer.pipeline`, colocated,
 dedicated or on one GPU split in two, plain or overlapped, with each phase's GPU use and hidden rollout time."""
 
 from __future__ import annotations
@@ -114,10 +114,10 @@ async def pipeline(args) -> dict:
     from tiny_task import messages, questions_for_step, reward
     from transformers import AutoTokenizer
 
-    from ruler import Trajectory, TrajectoryGroup
-    from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-    from trainer.config import LoRAConfig
-    from trainer.pipeline import train_pipelined
+    from ruler_rl import Trajectory, TrajectoryGroup
+    from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+    from ruler_rl.trainer.config import LoRAConfig
+    from ruler_rl.trainer.pipeline import train_pipelined
 
     split = args.placement == "split"  # dedicated on one GPU split in two (EngineConfig.shares_gpu)
     dedicated = args.placement == "dedicated" or split

@@ -39,7 +39,7 @@ def profile(args) -> dict:
     """Where one training pass's time goes (#12): for each `--act-tokens` T, `--prof-sequences` k and
     `--act-checkpointing` setting, one row of T random tokens made of k sequences of T/k tokens (k = 1: one causal
     sequence, no mask; k > 1: packed, per `--prof-attention` with the trainer's 4-D block mask or as one SDPA call
-    per block, `trainer.attention`; with `--prof-prefix` P the k sequences share their first P tokens, computed
+    per block, `ruler_rl.trainer.attention`; with `--prof-prefix` P the k sequences share their first P tokens, computed
     once, and the rest is split among them) through the trainer's `accumulate_loss`
     (forward and backward, LoRA r16 on all seven linear layers, chunked logprobs; no optimizer step). A warm-up
     pass, then `--prof-reps` timed passes (median seconds, tokens/s), then one pass under torch.profiler: the
@@ -51,11 +51,11 @@ def profile(args) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from trainer import attention as block_attention
-    from trainer.config import TrainConfig
-    from trainer.memory import model_shape
-    from trainer.sequences import TrainingSequence
-    from trainer.training import accumulate_loss
+    from ruler_rl.trainer import attention as block_attention
+    from ruler_rl.trainer.config import TrainConfig
+    from ruler_rl.trainer.memory import model_shape
+    from ruler_rl.trainer.sequences import TrainingSequence
+    from ruler_rl.trainer.training import accumulate_loss
 
     settings = checkpointing_settings(args)
     if not args.prof_sequences or any(k < 1 for k in args.prof_sequences) or args.prof_reps < 1:

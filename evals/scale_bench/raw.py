@@ -47,14 +47,14 @@ def raw(args) -> dict:
 
 
 def plain_vllm_server(model_dir: Path, args, log_dir: Path):
-    """vLLM's OpenAI server started as `ours` starts it (`trainer.vllm_server.VLLMServer`: the same flags, dummy
-    weights, LoRA, sleep mode, tool parser, the chat template `trainer.chat.pick_chat_template` picks for the
+    """vLLM's OpenAI server started as `ours` starts it (`ruler_rl.trainer.vllm_server.VLLMServer`: the same flags, dummy
+    weights, LoRA, sleep mode, tool parser, the chat template `ruler_rl.trainer.chat.pick_chat_template` picks for the
     tokenizer) but without the training middleware: `raw --raw-via server`."""
     from transformers import AutoTokenizer
 
-    from trainer.chat import pick_chat_template
-    from trainer.config import EngineConfig
-    from trainer.vllm_server import VLLMServer
+    from ruler_rl.trainer.chat import pick_chat_template
+    from ruler_rl.trainer.config import EngineConfig
+    from ruler_rl.trainer.vllm_server import VLLMServer
 
     template, tools_ok = pick_chat_template(AutoTokenizer.from_pretrained(model_dir))
     template_file = None
@@ -126,8 +126,8 @@ async def raw_server(args) -> dict:
 
     started = time.perf_counter()
     if args.dry_run:
-        from trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
-        from trainer.config import LoRAConfig
+        from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
+        from ruler_rl.trainer.config import LoRAConfig
 
         model = TrainableModel("raw", "bench", str(model_dir), ModelConfig(
             lora=LoRAConfig(rank=LORA["rank"], alpha=LORA["alpha"]), seed=0,

@@ -44,7 +44,7 @@ def default_tokenizer_dir() -> str:
     gpu = Path("/tmp/models/SmolLM2-135M-Instruct")
     if gpu.is_dir():
         return str(gpu)
-    from judges.embedded import embedded_model_path
+    from ruler_rl.judges.embedded import embedded_model_path
 
     return str(embedded_model_path())
 

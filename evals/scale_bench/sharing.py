@@ -21,10 +21,10 @@ def sharing(args) -> dict:
     touches only the LoRA parameters)."""
     import torch
 
-    from trainer.config import TrainConfig
-    from trainer.memory import GIB, default_checkpointing, model_shape
-    from trainer.sequences import TrainingSequence
-    from trainer.training import accumulate_loss
+    from ruler_rl.trainer.config import TrainConfig
+    from ruler_rl.trainer.memory import GIB, default_checkpointing, model_shape
+    from ruler_rl.trainer.sequences import TrainingSequence
+    from ruler_rl.trainer.training import accumulate_loss
 
     if min(args.groups, args.group_size, args.prefix_tokens, args.gen) < 1:
         raise SystemExit("--groups, --group-size, --prefix-tokens and --gen must be >= 1")

@@ -43,7 +43,7 @@ def trl(args) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainer.config import LLAMA_LIKE_TARGETS
+    from ruler_rl.trainer.config import LLAMA_LIKE_TARGETS
 
     agent = args.trl_workload == "agent"
     if args.dry_run and not agent:

@@ -59,7 +59,7 @@ def varied_rewards(n: int) -> list[float]:
 
 def rewarded_groups(rollouts: list[list], group_size: int) -> list:
     """Rollouts, `group_size` after `group_size`, as TrajectoryGroups rewarded by `varied_rewards`."""
-    from ruler import Trajectory, TrajectoryGroup
+    from ruler_rl import Trajectory, TrajectoryGroup
 
     return [TrajectoryGroup([Trajectory(messages_and_choices=items, reward=w) for items, w in
                              zip(rollouts[g:g + group_size], varied_rewards(group_size))])

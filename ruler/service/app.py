@@ -20,19 +20,19 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from judges.rubrics import load_rubric_folder
-from ruler.service.config import ServiceConfig
-from ruler.service.guard import RateLimiter, RequestGuard
-from ruler.service.metrics import Metrics
-from ruler.service.routes import ROUTERS, Service
-from ruler.service.store import Store
-from ruler.service.validation import validation_detail
-from ruler.service.worker import JobWorker
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+from ruler_rl.judges.rubrics import load_rubric_folder
+from ruler_rl.service.config import ServiceConfig
+from ruler_rl.service.guard import RateLimiter, RequestGuard
+from ruler_rl.service.metrics import Metrics
+from ruler_rl.service.routes import ROUTERS, Service
+from ruler_rl.service.store import Store
+from ruler_rl.service.validation import validation_detail
+from ruler_rl.service.worker import JobWorker
 
 __all__ = ["ServiceConfig", "create_app"]
 

@@ -1,17 +1,17 @@
 """What the operator configures (`ServiceConfig`) and what of it a client's judging options may use.
 
 `checked_options` checks a job's stored options against the service as it is configured now; the endpoints
-check a request's options before it is judged or queued (`ruler.service.validation`), with the same rules.
+check a request's options before it is judged or queued (`ruler_rl.service.validation`), with the same rules.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from judges.errors import JudgeConfigError, JudgeInputError
-from judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, RubricText
-from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
-from ruler.trajectory import Limits
+from ruler_rl.judges.errors import JudgeConfigError, JudgeInputError
+from ruler_rl.judges.rubrics import MAX_RUBRIC_CHARS, RUBRICS, RubricText
+from ruler_rl.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
+from ruler_rl.trajectory import Limits
 
 
 @dataclass

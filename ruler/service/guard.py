@@ -9,12 +9,12 @@ import logging
 import time
 from contextlib import contextmanager
 
-import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from ruler.service.metrics import Metrics
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+from ruler_rl.service.metrics import Metrics
 
 log = logging.getLogger("ruler.service")
 

@@ -14,15 +14,21 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from judges.completion import RetryPolicy
-from judges.errors import JudgeConfigError, JudgeError, JudgeInputError, JudgeOutputError, JudgeUnavailableError
-from ruler.messages import TrajectoryError
-from ruler.results import score_notes, score_rows
-from ruler.scoring import ruler_score_group
-from ruler.service.config import ServiceConfig, checked_options
-from ruler.service.metrics import Metrics
-from ruler.service.models import ScoreResponse, Usage
-from ruler.trajectory import TrajectoryGroup
+from ruler_rl.judges.completion import RetryPolicy
+from ruler_rl.judges.errors import (
+    JudgeConfigError,
+    JudgeError,
+    JudgeInputError,
+    JudgeOutputError,
+    JudgeUnavailableError,
+)
+from ruler_rl.messages import TrajectoryError
+from ruler_rl.results import score_notes, score_rows
+from ruler_rl.scoring import ruler_score_group
+from ruler_rl.service.config import ServiceConfig, checked_options
+from ruler_rl.service.metrics import Metrics
+from ruler_rl.service.models import ScoreResponse, Usage
+from ruler_rl.trajectory import TrajectoryGroup
 
 log = logging.getLogger("ruler.service")
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+
 ERROR_KINDS = ("timeout", "bad_request", "judge", "internal")
-"""The `kind` label of `ruler_errors_total` (see `ruler.service.judging.Failure`)."""
+"""The `kind` label of `ruler_errors_total` (see `ruler_rl.service.judging.Failure`)."""
 
 
 class Metrics:

@@ -1,5 +1,5 @@
 """The service's request and response bodies as pydantic models: the OpenAPI contract at /docs, and what
-`ruler.client` reads (a score answer's `group` is what `ruler_score_group` returns, as JSON)."""
+`ruler_rl.client` reads (a score answer's `group` is what `ruler_score_group` returns, as JSON)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from judges.rubrics import MAX_RUBRIC_CHARS
-from ruler.results import ScoreRow
-from ruler.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
-from ruler.trajectory import History, MetadataValue, Trajectory
+from ruler_rl.judges.rubrics import MAX_RUBRIC_CHARS
+from ruler_rl.results import ScoreRow
+from ruler_rl.scoring import MAX_PERMUTATIONS, MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS
+from ruler_rl.trajectory import History, MetadataValue, Trajectory
 
 # --- requests ------------------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ class ScoreResponse(BaseModel):
     cached: bool
     judge_model: str
     notes: list[str] = Field(default_factory=list, description="What was done to judge the group (cuts, splits, "
-                             "a panel member's failure, ...), as `ruler.results.score_notes` reads them.")
+                             "a panel member's failure, ...), as `ruler_rl.results.score_notes` reads them.")
 
 
 class JobCreated(BaseModel):

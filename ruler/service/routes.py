@@ -10,21 +10,29 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
-from ruler.service.config import ServiceConfig
-from ruler.service.guard import JSONRoute, RateLimiter
-from ruler.service.judging import group_result, judge_with_config, judging_failed
-from ruler.service.metrics import Metrics
-from ruler.service.models import (Cancelled, GroupResult, Health, JobCreated, JobRequest, JobStatus, ScoreRequest,
-                                  ScoreResponse)
-from ruler.service.store import Store
-from ruler.service.validation import check_group, check_idempotency_key, check_job_size, resolved_options
-from ruler.service.worker import JobWorker
-from ruler.trajectory import TrajectoryGroup
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+from ruler_rl.service.config import ServiceConfig
+from ruler_rl.service.guard import JSONRoute, RateLimiter
+from ruler_rl.service.judging import group_result, judge_with_config, judging_failed
+from ruler_rl.service.metrics import Metrics
+from ruler_rl.service.models import (
+    Cancelled,
+    GroupResult,
+    Health,
+    JobCreated,
+    JobRequest,
+    JobStatus,
+    ScoreRequest,
+    ScoreResponse,
+)
+from ruler_rl.service.store import Store
+from ruler_rl.service.validation import check_group, check_idempotency_key, check_job_size, resolved_options
+from ruler_rl.service.worker import JobWorker
+from ruler_rl.trajectory import TrajectoryGroup
 
 log = logging.getLogger("ruler.service")
 

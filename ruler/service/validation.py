@@ -3,16 +3,16 @@ the problems, each with its `loc` (where in the request) and `msg`, as FastAPI's
 
 from __future__ import annotations
 
-import ruler.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
-from judges.errors import JudgeConfigError
-from judges.rubrics import get_rubric
-from ruler.messages import MAX_PROBLEMS, TrajectoryError, unknown_field
-from ruler.service.config import ServiceConfig
-from ruler.service.models import REQUEST_FIELDS, ScoreOptions
-from ruler.trajectory import Trajectory, TrajectoryGroup, validate_trajectories
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+from ruler_rl.judges.errors import JudgeConfigError
+from ruler_rl.judges.rubrics import get_rubric
+from ruler_rl.messages import MAX_PROBLEMS, TrajectoryError, unknown_field
+from ruler_rl.service.config import ServiceConfig
+from ruler_rl.service.models import REQUEST_FIELDS, ScoreOptions
+from ruler_rl.trajectory import Trajectory, TrajectoryGroup, validate_trajectories
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 

@@ -3,7 +3,7 @@
 It reads unfinished groups from the database, so after a crash or restart it picks up where the last
 process stopped (a group that was running is judged again; its first result was never committed).
 Every group ends: whatever goes wrong while judging it makes it `error` with a message (the exception's
-type and what a client may be told, classified as /v1/score classifies it: `ruler.service.judging.failure`;
+type and what a client may be told, classified as /v1/score classifies it: `ruler_rl.service.judging.failure`;
 the detail is logged), except a judge that is slow or unavailable (the group's time limit, or 429/5xx after
 the call's own retries), which puts the group back with a backoff (`group_retry_s`, doubling, at most
 `MAX_BACKOFF_S`) until `max_group_attempts` attempts are spent. An attempt is counted when a group is taken
@@ -25,11 +25,11 @@ import json
 import logging
 import time
 
-from ruler.service.config import ServiceConfig
-from ruler.service.judging import group_result, judge_with_config, judging_failed
-from ruler.service.metrics import Metrics
-from ruler.service.store import Store
-from ruler.trajectory import TrajectoryGroup, validate_trajectories
+from ruler_rl.service.config import ServiceConfig
+from ruler_rl.service.judging import group_result, judge_with_config, judging_failed
+from ruler_rl.service.metrics import Metrics
+from ruler_rl.service.store import Store
+from ruler_rl.trajectory import TrajectoryGroup, validate_trajectories
 
 log = logging.getLogger("ruler.service")
 MAX_BACKOFF_S = 300.0
