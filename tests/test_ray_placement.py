@@ -5,6 +5,7 @@ config's rules, and the missing extra."""
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
-from ruler_rl.judges.extras import MissingExtraError
+from ruler_rl.judges.extras import MissingExtraError, pip_command
 from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel
 from ruler_rl.trainer.ray_placement import PlacementTimeoutError, RayServer, inference_bundle, require_ray
 from ruler_rl.trainer.vllm_server import VLLMServer
@@ -128,14 +129,14 @@ async def test_without_ray_the_error_names_the_extra(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(MissingExtraError, match=r"needs the 'ray' extra \(ray not installed\): "
-                                                r"pip install 'ruler-rl\[ray\]'") as caught:
+                                                + re.escape(pip_command("ray"))) as caught:
         require_ray()
     assert (caught.value.extra, caught.value.missing) == ("ray", ["ray"])
     cfg = EngineConfig(engine="transformers", placement="dedicated", launcher="ray")
     server = RayServer(lambda host: None, cfg, served_name="m", log_dir=tmp_path)
-    with pytest.raises(MissingExtraError, match=r"pip install 'ruler-rl\[ray\]'"):
+    with pytest.raises(MissingExtraError, match=re.escape(pip_command("ray"))):
         await server.start()
-    with pytest.raises(MissingExtraError, match=r"pip install 'ruler-rl\[ray\]'"):
+    with pytest.raises(MissingExtraError, match=re.escape(pip_command("ray"))):
         LocalBackend(tmp_path)._launch(lambda host: None, cfg, "m", tmp_path)
 
 

@@ -9,6 +9,7 @@ valid call) and to `none` afterwards: the model still samples every token, the a
 
 import asyncio
 import json
+import re
 from types import SimpleNamespace
 
 import httpx
@@ -16,7 +17,7 @@ import openai
 import pytest
 
 from ruler_rl import Trajectory, TrajectoryGroup
-from ruler_rl.judges.extras import MissingExtraError
+from ruler_rl.judges.extras import MissingExtraError, pip_command
 from ruler_rl.trainer import (
     LocalBackend,
     TooManyExceptions,
@@ -229,10 +230,12 @@ def test_a_missing_framework_package_is_a_clear_error(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "langgraph" else real(name, *a))
     model = SimpleNamespace(inference_base_url="http://x/v1", inference_api_key="k", get_inference_name=lambda s: "m")
-    with pytest.raises(MissingExtraError, match=r"'agents' extra \(langgraph not installed\).*ruler-rl\[agents\]"):
+    needs = r"'agents' extra \(langgraph not installed\): " + re.escape(pip_command("agents"))
+    with pytest.raises(MissingExtraError, match=needs):
         langchain_chat_model(model)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "agents" else real(name, *a))
-    with pytest.raises(MissingExtraError, match=r"'agents' extra \(agents not installed\).*ruler-rl\[agents\]"):
+    needs = r"'agents' extra \(agents not installed\): " + re.escape(pip_command("agents"))
+    with pytest.raises(MissingExtraError, match=needs):
         agents_sdk_model(model)
 
 

@@ -26,7 +26,7 @@ from ruler_rl import (
     tracing,
 )
 from ruler_rl.errors import JudgeUnavailableError
-from ruler_rl.judges.extras import MissingExtraError
+from ruler_rl.judges.extras import MissingExtraError, pip_command
 from ruler_rl.messages import TrajectoryError
 from ruler_rl.scoring import ruler_result
 from ruler_rl.trajectory import validate_trajectories
@@ -414,7 +414,7 @@ def test_configured_without_the_package_is_a_clear_missing_extra_error(judge, tm
     res = _run(SCORE_AND_REPORT.replace("{API}", repr(judge.params)), env)
     assert res.returncode == 0, res.stderr
     assert "raised MissingExtraError tracing to Langfuse needs the 'tracing' extra" in res.stdout
-    assert "pip install 'ruler-rl[tracing]'" in res.stdout
+    assert pip_command("tracing") in res.stdout
     assert issubclass(MissingExtraError, ImportError)
 
 

@@ -558,8 +558,10 @@ class LocalBackend:
         if engine_cfg.placement != "dedicated" or not engine_cfg.trainer_gpus:
             return "cuda" if cuda else "cpu"
         if kind != "vllm":
+            from ruler_rl.judges.extras import pip_command
+
             raise ValueError("placement='dedicated' with inference_gpus/trainer_gpus needs the vLLM engine, and vLLM "
-                             "is not available here (pip install 'ruler-rl[gpu]' on a CUDA machine); without GPU "
+                             f"is not available here ({pip_command('gpu')} on a CUDA machine); without GPU "
                              "lists the transformers engine's dedicated form runs its server on the CPU")
         import torch
 

@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from ruler_rl.judges.extras import pip_command
 from ruler_rl.trainer.chat import parse_tool_calls, prompt_ids
 from ruler_rl.trainer.engine import GeneratingEngine
 
@@ -127,7 +128,7 @@ def _tool_call_grammar(tools: list[dict]):
         import xgrammar as xgr
     except ImportError:
         raise APIError(400, "tool_choice 'required' or a named function needs xgrammar on the CPU server "
-                       "(pip install 'ruler-rl[embedded]')") from None
+                       f"({pip_command('embedded')})") from None
     calls = []
     for tool in tools:
         fn = tool["function"]
@@ -164,7 +165,7 @@ def _response_format_grammar(fmt: dict):
     try:
         import xgrammar as xgr
     except ImportError:
-        raise APIError(400, "response_format needs xgrammar on the CPU server (pip install 'ruler-rl[embedded]')") \
+        raise APIError(400, f"response_format needs xgrammar on the CPU server ({pip_command('embedded')})") \
             from None
     try:
         return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)

@@ -403,7 +403,9 @@ class VLLMServer(ServerProcess):
 
     def _require(self) -> None:
         if importlib.util.find_spec("vllm") is None:
-            raise RuntimeError("the vLLM engine needs vLLM: pip install 'ruler-rl[gpu]'")
+            from ruler_rl.judges.extras import pip_command
+
+            raise RuntimeError(f"the vLLM engine needs vLLM: {pip_command('gpu')}")
 
     async def sleep(self) -> None:
         """Level 1 (weights offloaded to CPU, KV cache freed); `mode=wait` lets in-flight requests finish."""
