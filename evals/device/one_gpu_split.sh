@@ -3,8 +3,8 @@
 # kept in /tmp/split and everything measured so far brought back as $OUT/split.tgz.
 #   usage: bash evals/device/one_gpu_split.sh install | tiny-colocated | tiny-split | agent-colocated |
 #                                             agent-split | tiny-split-ray | report
-# `install` joins the GPU kit's parts (/tmp/gpukit/p*, from ../shared/gpu-kit/build.sh "ray==2.60.0") and
-# converts SmolLM2-135M-Instruct; each later part starts its own vLLM server and closes it.
+# `install` joins the GPU kit's parts (/tmp/gpukit/p*, from `bash evals/device/kit.sh`, with "ray==2.60.0" for
+# tiny-split-ray) and converts SmolLM2-135M-Instruct; each later part starts its own vLLM server and closes it.
 set -uo pipefail
 bash evals/device/link_package.sh /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 LIT
 res=/tmp/split; mkdir -p $res
 bench() { python3 -m evals.scale_bench pipeline --out $res "$@"; }
 case "$1" in
-  install) bash .gpukit/k0/install.sh && python3 -c "import ray; print('ray', ray.__version__)" ;;
+  install) bash /tmp/gpukit/install.sh && { python3 -c "import ray; print('ray', ray.__version__)" || true; } ;;
   tiny-colocated) bench --task tiny --enforce-eager --placement colocated --phases plain:20 ;;
   tiny-split) bench --task tiny --enforce-eager --placement split --util 0.3 --trainer-share 0.5 --phases overlap:20 ;;
   agent-colocated) bench --task agent --shape qwen2.5-7b --placement colocated --phases plain:3 ;;
