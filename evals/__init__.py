@@ -1,9 +1,9 @@
-"""Evaluations on top of ruler, judges and trainer: judge meta-evaluation, the ART·E benchmark, judge-cost,
+"""Evaluations on top of ruler_rl (RULER, its judges and the trainer): judge meta-evaluation, the ART·E benchmark, judge-cost,
 prompt-size and trainer benchmarks.
 
-evals is not in the ruler-rl wheel: it runs from a checkout of the repository (a dev install, `.ci/setup`,
-puts the checkout on the venv's path) and needs the `eval` extra; without it, importing `evals` raises
-`ruler_rl.judges.extras.MissingExtraError` naming `pip install 'ruler-rl[eval]'`.
+evals is not in the ruler-rl wheel: it runs from a checkout of the repository (`.ci/setup` lets the venv find
+the name `evals` in the checkout) and needs the `eval` extra; without it, importing `evals` raises
+`ruler_rl.judges.extras.MissingExtraError` naming the `pip install` that adds it.
 """
 
 import os

@@ -38,9 +38,12 @@ def ensure_art(venv: Path) -> Path:
 def run(py: Path | str, impl: str, groups: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), str(ROOT)]), "RULER_PEER_GROUPS": str(groups),
            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "RULER_CACHE_DIR": tempfile.mkdtemp(prefix="ruler-peer-")}
-    cmd = [str(py), "-c", "import resource, runpy, sys, json; sys.argv=['run_peer.py', %r]; "
+    # run_peer.py (../shared, written before the package was named ruler_rl) imports `ruler`: for ours, this one
+    # process gets ruler_rl under that name (the checkout's folder ruler/ refuses to be imported as `ruler`)
+    alias = "import ruler_rl; sys.modules['ruler'] = ruler_rl; " if impl == "ours" else ""
+    cmd = [str(py), "-c", "import resource, runpy, sys, json; sys.argv=['run_peer.py', %r]; %s"
            "runpy.run_path(%r, run_name='__main__'); r=resource.getrusage(resource.RUSAGE_SELF); "
-           "print(json.dumps({'cpu_s': r.ru_utime + r.ru_stime}))" % (impl, str(BENCH / "run_peer.py"))]
+           "print(json.dumps({'cpu_s': r.ru_utime + r.ru_stime}))" % (impl, alias, str(BENCH / "run_peer.py"))]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=BENCH)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or len(lines) < 2:

@@ -29,7 +29,7 @@ are rewards for training, never accuracy.
 
 Unlike the other examples this one runs from a checkout of the ruler-rl repository: the ART·E task (inbox
 database, tools, questions, ART's rubric) lives in `evals/`, which the ruler-rl wheel does not ship. Set the
-checkout up with `bash .ci/setup` (the `all` extras, the checkout on the venv's path) and run it from there.
+checkout up with `bash .ci/setup` (the `all` extras; the venv finds `evals` in the checkout) and run it from there.
 """
 
 from __future__ import annotations

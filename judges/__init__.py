@@ -1,13 +1,12 @@
 """Talking to judge LLMs: litellm calls with retries, the embedded offline model, rubrics.
 
-`judges` knows nothing about trajectories; `ruler` builds prompts and reads scores on top of it.
-Importing `judges` does not import litellm: the names that need it (`complete`, `JudgeReply`, `EMBEDDED_JUDGE`,
-`register_local_provider`) load `ruler_rl.judges.completion` on first use (PEP 562), which imports litellm and registers
-two litellm providers, `local/...` (the embedded judge) and `vllm-engine/...`; neither imports torch or vLLM until a
-judge of theirs is called (`ruler_rl.judges.extras` says what is missing). Code that calls litellm itself with those
-model
-strings gets them registered by `from ruler_rl.judges import EMBEDDED_JUDGE` or by importing
-`ruler_rl.judges.completion`.
+`ruler_rl.judges` knows nothing about trajectories; `ruler_rl` builds prompts and reads scores on top of it.
+Importing `ruler_rl.judges` does not import litellm: the names that need it (`complete`, `JudgeReply`,
+`EMBEDDED_JUDGE`, `register_local_provider`) load `ruler_rl.judges.completion` on first use (PEP 562), which imports
+litellm and registers two litellm providers, `local/...` (the embedded judge) and `vllm-engine/...`; neither imports
+torch or vLLM until a judge of theirs is called (`ruler_rl.judges.extras` says what is missing). Code that calls
+litellm itself with those model strings gets them registered by `from ruler_rl.judges import EMBEDDED_JUDGE` or by
+importing `ruler_rl.judges.completion`.
 """
 
 if __name__ != "ruler_rl.judges":  # one name, so one copy (pyproject's package-dir)

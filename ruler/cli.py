@@ -86,7 +86,7 @@ def plugin_unavailable(name: str) -> str | None:
     if name not in PLUGIN_COMMANDS:
         raise ValueError(f"unknown plugin command {name!r}; known: {', '.join(PLUGIN_COMMANDS)}")
     module_name, _, extra, _ = PLUGIN_COMMANDS[name]
-    package = module_name.partition(".")[0]
+    package = module_name.rpartition(".")[0]  # ruler_rl.trainer, evals: the package the command lives in
     try:
         found = importlib.util.find_spec(package) is not None
     except (ImportError, ValueError):

@@ -22,7 +22,7 @@ and scores to `{host}/api/public/scores`):
   and its advantage is then 0) and the step's trace id.
 
 Nothing here imports `langfuse` until a `LangfuseTracer` is made. The SDK exports from a background thread and
-logs its failures; `flush` and `close` wait a bounded time and log (warning, logger `ruler_rl.tracing`) what they
+logs its failures; `flush` and `close` wait a bounded time and log (warning, logger `ruler.tracing`) what they
 could not send instead of raising.
 """
 

@@ -13,7 +13,7 @@ package installed, `ruler_score_group`, `gather_trajectory_groups` and `model.tr
 `ruler_rl.judges.extras.MissingExtraError` naming `pip install 'ruler-rl[tracing]'` before any rollout, judge call or
 step. Once on, a failing Langfuse (unreachable, erroring, rejecting) or a tracer that raises never breaks
 scoring, gathering or training: the SDK exports from a background thread and logs its failures, and every
-hook here logs (warning, logger `ruler_rl.tracing`) instead of raising.
+hook here logs (warning, logger `ruler.tracing`) instead of raising.
 
 What is sent, and how, is `ruler_rl.langfuse_tracer`'s (`LangfuseTracer`).
 

@@ -7,7 +7,8 @@ The convention (also in docs/reference/index.md), read from each fenced block's 
   a scripted OpenAI-compatible judge on loopback as `OPENAI_API_BASE` (`ruler/testing.py`), so a block that names
   an `openai/...` judge runs without a key. `title="slow: REASON"` runs it in the slow tier.
 - `title="not run: REASON"` (a GPU, a key, a server, data, your own code): not run. A python block must compile
-  (top-level `await` allowed) and every name it imports from ruler_rl, judges, trainer or evals must exist; a bash
+  (top-level `await` allowed) and every name it imports from ruler_rl or evals must exist (the folders' own names
+  ruler, judges, trainer are not import names: a block importing them fails); a bash
   block must parse (`bash -n`), every `ruler` subcommand it calls must exist and every script it runs must be in the
   checkout.
 - `text`, `json`, `jsonl`, `nginx`: read, not run (json and jsonl must parse). A `text` block titled `output` is
@@ -41,6 +42,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUN_KINDS = {"python", "bash"}
 READ_KINDS = {"text", "json", "jsonl", "nginx"}
 PROJECT_PACKAGES = {"ruler_rl", "evals"}
+OLD_NAMES = {"ruler", "judges", "trainer"}  # folders, imported as ruler_rl, ruler_rl.judges, ruler_rl.trainer
 TITLE = re.compile(r'title="([^"]*)"')
 
 
@@ -122,10 +124,10 @@ def project_imports(code: str) -> list[tuple[str, str | None]]:
     """(module, name) for each `from M import N` and (module, None) for each `import M` of the project's packages."""
     found = []
     for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PROJECT_PACKAGES:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in OLD_NAMES | PROJECT_PACKAGES:
             found.extend((node.module, a.name) for a in node.names)
         elif isinstance(node, ast.Import):
-            found.extend((a.name, None) for a in node.names if a.name.split(".")[0] in PROJECT_PACKAGES)
+            found.extend((a.name, None) for a in node.names if a.name.split(".")[0] in OLD_NAMES | PROJECT_PACKAGES)
     return found
 
 
@@ -133,6 +135,7 @@ def project_imports(code: str) -> list[tuple[str, str | None]]:
 def test_python_block_compiles_and_its_imports_exist(block):
     compile(block.code, block.id, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     for module, name in project_imports(block.code):
+        assert module.split(".")[0] not in OLD_NAMES, f"{block.id}: `{module}` is imported as ruler_rl"
         assert importlib.util.find_spec(module) is not None, f"{block.id}: no module {module}"
         if name is not None:
             assert name in defined_names(module) or importlib.util.find_spec(f"{module}.{name}") is not None, (
@@ -175,6 +178,7 @@ def check_command(block: Block, words: list[str], commands: set[str]) -> None:
     elif re.fullmatch(r"python3?", program) or program == "torchrun":
         if "-m" in args:
             module = args[args.index("-m") + 1]
+            assert module.split(".")[0] not in OLD_NAMES, f"{block.id}: `-m {module}`: the package is ruler_rl"
             assert importlib.util.find_spec(module) is not None, f"{block.id}: `-m {module}`: no such module"
         elif program != "torchrun":
             script = next((a for a in args if not a.startswith("-")), None)
@@ -281,3 +285,12 @@ def test_reference_pages_document_every_public_name():
         for name in importlib.import_module(package).__all__:
             assert name in entries, f"docs/reference/{folder}.md has no entry for {package}.{name}"
             assert name in defined_names(entries[name]), f"{entries[name]} defines no {name}"
+
+
+def test_every_api_entry_names_the_import_name():
+    """mkdocstrings could still find a folder by its own name (griffe searches the mapped folders' parent): every
+    `::: target` of docs/ names ruler_rl."""
+    targets = [(page.relative_to(ROOT).as_posix(), m.group(1)) for page in sorted((ROOT / "docs").rglob("*.md"))
+               for m in re.finditer(r"^::: ([\w.]+)", page.read_text(), re.MULTILINE)]
+    assert len(targets) > 40
+    assert [t for t in targets if t[1].split(".")[0] != "ruler_rl"] == []

@@ -2,7 +2,9 @@
 (adapter load/unload, sleep, wake) go over real HTTP on loopback to a scripted stand-in for vLLM's server, and the
 backend trains the real tiny model with it, never asking which engine it holds."""
 
+import os
 import threading
+from pathlib import Path
 
 import pytest
 from openai.types.chat.chat_completion import Choice
@@ -263,3 +265,21 @@ def test_the_default_step_budget_never_fails_vllms_own_start_checks(tmp_path, mo
                       reasoning_parser=None, port=8000).command()
     assert "--no-enable-chunked-prefill" in argv  # a key given with its dashes reaches vLLM as one flag
     assert budget(max_num_batched_tokens=4096) == 4096  # given: as it is
+
+
+def test_a_child_server_finds_ruler_rl_as_this_process_does(tmp_path, monkeypatch):
+    """The editable install needs nothing on the child's PYTHONPATH (and the checkout's root there would offer its
+    folders as top-level names); a plain folder holding ruler_rl (a wheel's site-packages, the GPU host's link
+    tree) is added, not the folder a link points into."""
+    import subprocess
+
+    import ruler_rl
+
+    server = VLLMServer("some/model", EngineConfig(engine="vllm"), served_name="m", lora_rank=8, log_dir=tmp_path,
+                        chat_template_file=None, tool_parser="hermes", reasoning_parser=None, port=8000)
+    assert "PYTHONPATH" not in server.environment({"PATH": "/bin"})
+    assert server.environment({"PYTHONPATH": "/x"})["PYTHONPATH"] == "/x"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["bash", str(root / "evals/device/link_package.sh"), str(tmp_path / "links")], check=True)
+    monkeypatch.setattr(ruler_rl, "__file__", str(tmp_path / "links/ruler_rl/__init__.py"))
+    assert server.environment({"PYTHONPATH": "/x"})["PYTHONPATH"] == os.pathsep.join([str(tmp_path / "links"), "/x"])

@@ -65,12 +65,19 @@ def test_every_command_but_eval_loads_from_a_packaged_module():
 def test_the_wheel_has_one_top_level_package(tmp_path):
     """Built as pip builds it: every file of the wheel is under ruler_rl/ (or its .dist-info), with judges/ and
     trainer/ inside it and the demo group's data; no evals/, no examples/, no tests/, no other top-level name."""
+    import shutil
     import subprocess
     import sys
     import zipfile
 
+    source = tmp_path / "source"  # a copy: a build writes build/ and an egg-info beside pyproject.toml
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("ruler", "judges", "trainer", "evals"):  # evals too: the wheel must leave it out
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
+                          "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     (wheel,) = tmp_path.glob("ruler_rl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -106,3 +113,18 @@ def test_a_checkout_that_cannot_be_installed_imports_as_ruler_rl_through_links(t
     assert files == [str(tmp_path / "ruler_rl/__init__.py"), str(tmp_path / "ruler_rl/judges/rubrics.py"),
                      str(tmp_path / "ruler_rl/trainer/config.py")]
     assert Path(files[1]).resolve() == ROOT / "judges/rubrics.py" and data is True
+
+
+def test_a_folder_imported_by_its_own_name_is_refused():
+    """From the checkout's root the folders are importable by their own names; each refuses, naming its package,
+    rather than loading a second copy of the code beside ruler_rl's."""
+    import subprocess
+    import sys
+
+    for folder, package in (("ruler", "ruler_rl"), ("judges", "ruler_rl.judges"), ("trainer", "ruler_rl.trainer")):
+        res = subprocess.run([sys.executable, "-c", f"import {folder}"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 1
+        assert res.stderr.rstrip().splitlines()[-1] == (
+            f"ImportError: the folder {folder}/ is the package {package}: import {package}, not {folder} "
+            "(install the checkout with `pip install -e .`, as .ci/setup does)")

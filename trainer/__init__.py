@@ -3,8 +3,8 @@ server (vLLM's own on a GPU, a small transformers-backed one otherwise; `ruler_r
 from RULER or your own code, and each `await model.train(groups)` is one step (`TrainConfig`: grpo, dr_grpo
 or dapo) trained on exactly the tokens and logprobs the server sampled.
 
-Needs the `train` extra (`pip install 'ruler-rl[train]'`): without it, importing `trainer` raises
-`ruler_rl.judges.extras.MissingExtraError` (an ImportError) naming that command."""
+Needs the `train` extra: without it, importing `ruler_rl.trainer` raises `ruler_rl.judges.extras.MissingExtraError`
+(an ImportError) naming the `pip install` that adds it."""
 
 if __name__ != "ruler_rl.trainer":  # one name, so one copy (pyproject's package-dir)
     raise ImportError(f"the folder trainer/ is the package ruler_rl.trainer: import ruler_rl.trainer, not {__name__} "
@@ -44,5 +44,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["EngineConfig", "LoRAConfig", "LocalBackend", "MemoryCheckConfig", "MemoryPlanError", "ModelConfig",
-           "StepFailedError", "TooManyExceptions", "TrainConfig", "TrainableModel", "TrainerStateError", "gather_trajectory_groups", "plan_memory", "record_trajectory",
-           "train_pipelined"]
+           "StepFailedError", "TooManyExceptions", "TrainConfig", "TrainableModel", "TrainerStateError",
+           "gather_trajectory_groups", "plan_memory", "record_trajectory", "train_pipelined"]

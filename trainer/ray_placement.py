@@ -19,7 +19,7 @@ Ray is imported only when a server is started (`pip install 'ruler-rl[ray]'`; `M
 it otherwise). The driver connects to a running cluster when `ray.is_initialized()` or `RAY_ADDRESS` is
 set, else starts a local one with `ray.init()`; only a cluster this process started is shut down, when the
 last `RayServer` using it closes. The `ruler-rl` package must be importable on every node (the actor and
-its child import `trainer`).
+its child import `ruler_rl.trainer`).
 """
 
 from __future__ import annotations

@@ -191,10 +191,20 @@ class ServerProcess:
         raise NotImplementedError
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """The child's environment: `base` (default this process's) with the repository on PYTHONPATH."""
+        """The child's environment: `base` (default this process's) with the folder that holds `ruler_rl` on
+        PYTHONPATH when it is a plain folder (a wheel's site-packages, a link tree such as
+        evals/device/link_package.sh makes); an editable install needs nothing: the child finds it as this
+        process does."""
+        import ruler_rl
+
         base = dict(os.environ if base is None else base)
-        root = str(Path(__file__).resolve().parents[1])  # so the child imports this package
-        base["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH")) if p)
+        package = Path(ruler_rl.__file__).parent  # not resolved: a link tree's folder is the one to add
+        root = str(package.parent) if package.name == "ruler_rl" else None
+        path = os.pathsep.join(p for p in (root, base.get("PYTHONPATH")) if p)
+        if path:
+            base["PYTHONPATH"] = path
+        else:  # an empty PYTHONPATH entry would be the working folder
+            base.pop("PYTHONPATH", None)
         return base
 
     def _require(self) -> None:
