@@ -11,10 +11,12 @@ import argparse
 import json
 from pathlib import Path
 
+from ruler_rl.judges import DEFAULT_RUBRIC  # first: it keeps litellm offline (local price table)
+
+# isort: split
 from litellm.litellm_core_utils.default_encoding import encoding
 
 from ruler_rl.budget import CAPS, answer_reserve, truncate_group
-from ruler_rl.judges import DEFAULT_RUBRIC  # first: it keeps litellm offline (local price table)
 from ruler_rl.prompt import build_prompt
 
 DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "ruler-peer" / "groups.json"

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+
+# isort: split
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from ruler_rl.judges.rubrics import load_rubric_folder
 from ruler_rl.service.config import ServiceConfig
 from ruler_rl.service.guard import RateLimiter, RequestGuard

@@ -25,10 +25,11 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+
+# isort: split
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
-
-import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,13 @@ import logging
 import time
 from contextlib import contextmanager
 
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+
+# isort: split
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from ruler_rl.service.metrics import Metrics
 
 log = logging.getLogger("ruler.service")

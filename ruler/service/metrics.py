@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
 import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+
+# isort: split
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 ERROR_KINDS = ("timeout", "bad_request", "judge", "internal")
 """The `kind` label of `ruler_errors_total` (see `ruler_rl.service.judging.Failure`)."""

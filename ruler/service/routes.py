@@ -10,11 +10,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+
+# isort: split
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
-import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from ruler_rl.service.config import ServiceConfig
 from ruler_rl.service.guard import JSONRoute, RateLimiter
 from ruler_rl.service.judging import group_result, judge_with_config, judging_failed

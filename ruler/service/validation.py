@@ -3,10 +3,12 @@ the problems, each with its `loc` (where in the request) and `msg`, as FastAPI's
 
 from __future__ import annotations
 
+import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
+
+# isort: split
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
-import ruler_rl.service.needs_serve  # noqa: F401  (first: a clear error without the serve extra)
 from ruler_rl.judges.errors import JudgeConfigError
 from ruler_rl.judges.rubrics import get_rubric
 from ruler_rl.messages import MAX_PROBLEMS, TrajectoryError, unknown_field
