@@ -46,6 +46,7 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from ruler_rl import TrajectoryGroup, gather_trajectory_groups, ruler_score_group
+from ruler_rl.judges import DEFAULT_RUBRIC
 from ruler_rl.judges.errors import JudgeError
 from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from ruler_rl.trainer.runlog import plot_train_report
@@ -73,6 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--judge-max-prompt-tokens", type=int, default=None, help="--reward ruler: the judge prompt's "
                     "token budget (RULER cuts and splits groups to fit); give it for a served judge whose context "
                     "litellm does not know, e.g. 6000 for SmolLM2's 8192")
+    ap.add_argument("--judge-sees-reference", action="store_true", help="--reward ruler: the judge's rubric carries "
+                    "the question's reference answer, which the agent never sees (reference_rubric), so a judge too "
+                    "weak to find the answer itself can still rank answers against it. Not ART's RULER, whose judge "
+                    "reads only the trajectories: name it when reporting")
     ap.add_argument("--correctness-judge", default=None, help="LLM judge for answers the matcher does not accept "
                     "(default: none, match only); MODEL or MODEL@http://host/v1")
     ap.add_argument("--steps", type=int, default=2)
@@ -136,9 +141,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                  "the trained adapter")
     if args.judge_max_prompt_tokens is not None and (args.reward != "ruler" or args.judge_max_prompt_tokens < 256):
         ap.error("--judge-max-prompt-tokens goes with --reward ruler and is >= 256")
+    if args.judge_sees_reference and args.reward != "ruler":
+        ap.error("--judge-sees-reference gives the RULER judge the reference: use it with --reward ruler")
     if args.correctness_judge:
         harness.check_judge(harness.ModelSpec.parse(args.correctness_judge).model)
     return args
+
+
+def reference_rubric(reference: str) -> str:
+    """RULER's default rubric with the question's reference answer added (--judge-sees-reference): the judge ranks
+    answers that agree with it above those that do not, and "not found" above a wrong answer (ART·E's order of
+    rewards). The agent's own messages are unchanged: only the judge reads this."""
+    if not isinstance(reference, str) or not reference.strip():
+        raise ValueError("reference must be a non-empty string: the question's reference answer")
+    return (f"{DEFAULT_RUBRIC.rstrip()}\n\nThe question's reference answer, which the agent did not see, is: "
+            f"{reference.strip()}\nJudge correctness by it: a trajectory whose final answer agrees with the reference "
+            "(the same facts, in any wording) ranks above every trajectory whose answer does not; among those, one "
+            "that says it could not find the answer ranks above one that gives a wrong answer. Within each kind, "
+            "fewer wasted tool calls rank higher.")
 
 
 def spec_params(spec: str | None) -> tuple[str | None, dict | None]:
@@ -229,7 +249,9 @@ async def main(argv=None) -> None:
             traj.metrics["art_reward"], traj.metrics["correct"] = g.reward, int(g.correct)
         if args.reward == "ruler":  # None (the group is dropped) when the judge fails
             budget = {"max_prompt_tokens": args.judge_max_prompt_tokens} if args.judge_max_prompt_tokens else {}
-            scored = await ruler_score_group(group, ruler_judge, ruler_params, swallow_exceptions=True, **budget)
+            rubric = reference_rubric(scenario.answer) if args.judge_sees_reference else DEFAULT_RUBRIC
+            scored = await ruler_score_group(group, ruler_judge, ruler_params, rubric=rubric, swallow_exceptions=True,
+                                             **budget)
         else:
             scored = group
         log_group(scenario, scored if scored is not None else group, scored is not None)
