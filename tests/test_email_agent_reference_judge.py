@@ -1,20 +1,13 @@
 """examples/email_agent.py --judge-sees-reference: the RULER judge's rubric carries the question's reference answer
 (the agent's messages do not), so a weak judge can rank answers against it."""
 
-import importlib.util
 import re
 
 import pytest
 
 from ruler_rl import Trajectory, TrajectoryGroup, ruler_score_group
 from ruler_rl.judges import DEFAULT_RUBRIC, get_rubric
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("email_agent", "examples/email_agent.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.test_email_agent_example import load_example
 
 
 def test_the_flag_goes_with_the_ruler_reward_only():
