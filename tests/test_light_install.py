@@ -101,7 +101,7 @@ def test_the_library_names_the_extra_its_judge_needs(light_env, tmp_path):
 def test_every_part_that_needs_an_extra_names_it(light_env, tmp_path):
     res = light(light_env, tmp_path, "-m", "ruler_rl", "--help")
     assert res.returncode == 0, res.stderr
-    assert "score" in res.stdout and pip_command("train") in res.stdout
+    assert "score" in res.stdout and "pip install" in res.stdout and "[train]" in res.stdout  # rich may wrap it
     for args, extra in ((["serve"], "serve"), (["train-report", "run"], "train"), (["eval", "judge"], "eval"),
                         (["mcp-rl", "--server", "python -m x"], "mcp")):
         res = light(light_env, tmp_path, "-m", "ruler_rl", *args)
