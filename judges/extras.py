@@ -50,7 +50,6 @@ def pip_command(extra: str) -> str:
     """The command that installs `extra` the way ruler-rl itself was installed (read from its `direct_url.json`,
     PEP 610): from a checkout, `pip install -e '/path/to/checkout[EXTRA]'`; from a git URL, `pip install
     'ruler-rl[EXTRA] @ git+URL'`; otherwise (an index, a wheel file) `pip install 'ruler-rl[EXTRA]'`."""
-    _check_extra(extra)
     return command_for(extra, _direct_url())
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes this checkout importable as ruler_rl without pip, for a machine where it cannot be installed (the GPU host
 # has no package index): DIR/ruler_rl/ gets links to ruler/'s files and to judges/ and trainer/, the folders
-# pyproject's package-dir maps to ruler_rl, ruler_rl.judges and ruler_rl.trainer. Put DIR on PYTHONPATH.
+# pyproject's package-dir maps to ruler_rl, ruler_rl.judges and ruler_rl.trainer. Put DIR on PYTHONPATH. (The docs
+# build links them the same way for mkdocstrings: docs/hooks.py.)
 #   usage: bash evals/device/link_package.sh DIR
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
