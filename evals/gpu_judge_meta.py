@@ -3,9 +3,12 @@
 With `--engine server` (default) it starts `vllm serve` on loopback and judges through `hosted_vllm/<name>`
 (real HTTP); with `--engine in-process` it uses the `vllm-engine/<path>` litellm provider (an AsyncLLM in
 this process). It runs `evals.judge_meta.evaluate` over every dataset with k=1 and k=3 and writes
-summary.csv, detail.csv and run.json (pairs/s, start-up time) to --out.
+summary.csv, detail.csv and run.json (pairs/s, start-up time) to --out. With `--answer-accuracy` the same server
+then grades ART·E's labelled answer pairs as the correctness judge (`evals.art_e.answer_accuracy`, written to
+answer-accuracy.json).
 
     python evals/gpu_judge_meta.py --model /tmp/models/SmolLM2-135M-Instruct --out $OUT [--limit N]
+    python evals/gpu_judge_meta.py --model /tmp/models/qwen15 --out $OUT --enforce-eager --answer-accuracy
 """
 
 from __future__ import annotations
@@ -50,6 +53,14 @@ def run_eval(args, judge: str, params: dict | None, ready_s: float) -> None:
     print(f"judge {judge}: vLLM ready in {ready_s:.0f} s; evaluation wall {wall:.0f} s")
 
 
+def run_answer_accuracy(args, judge: str, base: str) -> None:
+    cmd = [sys.executable, "-m", "evals.art_e.answer_accuracy", "--judge", judge, "--judge-api-base", base,
+           "--concurrency", str(args.concurrency), "--out", str(args.out / "answer-accuracy.json")]
+    with open(args.out / "answer-accuracy.log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    print(f"answer accuracy with {judge}: exit {rc}, see {args.out / 'answer-accuracy.log'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -58,7 +69,14 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--engine", choices=["server", "in-process"], default="server")
+    ap.add_argument("--served-name", default=None, help="the name vLLM serves the model under (default: the "
+                    "model folder's name)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile (a faster start)")
+    ap.add_argument("--answer-accuracy", action="store_true", help="--engine server: then grade ART·E's labelled "
+                    "answer pairs with the same server as the correctness judge")
     args = ap.parse_args()
+    name = args.served_name or Path(args.model.rstrip("/")).name
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RULER_CACHE_DIR", str(args.out / "judge-cache"))
     if args.engine == "in-process":
@@ -67,11 +85,15 @@ def main() -> None:
         return run_eval(args, f"vllm-engine/{args.model}", None, 0.0)
     base = f"http://127.0.0.1:{args.port}/v1"
     log = open(args.out / "vllm.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
-                             "--served-model-name", "smollm2", "--port", str(args.port), "--max-model-len", "8192",
-                             "--gpu-memory-utilization", "0.5"], stdout=log, stderr=subprocess.STDOUT)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+           "--served-model-name", name, "--port", str(args.port), "--max-model-len", "8192",
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    proc = subprocess.Popen(cmd + (["--enforce-eager"] if args.enforce_eager else []), stdout=log,
+                            stderr=subprocess.STDOUT)
     try:
-        run_eval(args, "hosted_vllm/smollm2", {"api_base": base, "api_key": "none"}, wait_ready(base, proc))
+        run_eval(args, f"hosted_vllm/{name}", {"api_base": base, "api_key": "none"}, wait_ready(base, proc))
+        if args.answer_accuracy:
+            run_answer_accuracy(args, f"hosted_vllm/{name}", base)
     finally:
         proc.terminate()
         try:

