@@ -5,10 +5,11 @@ With `--engine server` (default) it starts `vllm serve` on loopback and judges t
 this process). It runs `evals.judge_meta.evaluate` over every dataset with k=1 and k=3 and writes
 summary.csv, detail.csv and run.json (pairs/s, start-up time) to --out. With `--answer-accuracy` the same server
 then grades ART·E's labelled answer pairs as the correctness judge (`evals.art_e.answer_accuracy`, written to
-answer-accuracy.json).
+answer-accuracy.json); with `--injection-groups N` it then runs `evals.judge_injection` over N groups (injection.json).
 
     python evals/gpu_judge_meta.py --model /tmp/models/SmolLM2-135M-Instruct --out $OUT [--limit N]
-    python evals/gpu_judge_meta.py --model /tmp/models/qwen15 --out $OUT --enforce-eager --answer-accuracy
+    python evals/gpu_judge_meta.py --model /tmp/models/qwen15 --out $OUT --enforce-eager --answer-accuracy \\
+        --injection-groups 50
 """
 
 from __future__ import annotations
@@ -61,6 +62,14 @@ def run_answer_accuracy(args, judge: str, base: str) -> None:
     print(f"answer accuracy with {judge}: exit {rc}, see {args.out / 'answer-accuracy.log'}")
 
 
+def run_injection(args, judge: str, base: str) -> None:
+    cmd = [sys.executable, "-m", "evals.judge_injection", "--judge", judge, "--api-base", base, "--groups",
+           str(args.injection_groups), "--concurrency", str(args.concurrency), "--out", str(args.out)]
+    with open(args.out / "injection.log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    print(f"injection with {judge}: exit {rc}, see {args.out / 'injection.log'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -75,6 +84,8 @@ def main() -> None:
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or torch.compile (a faster start)")
     ap.add_argument("--answer-accuracy", action="store_true", help="--engine server: then grade ART·E's labelled "
                     "answer pairs with the same server as the correctness judge")
+    ap.add_argument("--injection-groups", type=int, default=0, help="--engine server: then the prompt-injection "
+                    "check (evals.judge_injection) over this many groups")
     args = ap.parse_args()
     name = args.served_name or Path(args.model.rstrip("/")).name
     args.out.mkdir(parents=True, exist_ok=True)
@@ -94,6 +105,8 @@ def main() -> None:
         run_eval(args, f"hosted_vllm/{name}", {"api_base": base, "api_key": "none"}, wait_ready(base, proc))
         if args.answer_accuracy:
             run_answer_accuracy(args, f"hosted_vllm/{name}", base)
+        if args.injection_groups:
+            run_injection(args, f"hosted_vllm/{name}", base)
     finally:
         proc.terminate()
         try:

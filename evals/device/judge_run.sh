@@ -2,7 +2,7 @@
 # On the GPU host (issue #36 part 1, #33's correctness judge), after every part of evals/device/pack.sh is in
 # /tmp/gpukit/p* and installed (art_e_run.sh or one_gpu_split.sh install): dequantize Qwen2.5-Coder-1.5B to
 # /tmp/models/qwen15, serve it with vLLM, run the judge meta-evaluation (LLMBar's four sets and PandaLM, k=1 and k=3)
-# and ART·E's labelled answer pairs with it as the correctness judge; results packed as $OUT/judge.tgz every 20 s.
+# ART·E's labelled answer pairs with it as the correctness judge, and the injection check over 50 groups; results packed as $OUT/judge.tgz every 20 s.
 #   usage: bash evals/device/judge_run.sh [evals.gpu_judge_meta arguments ...]   e.g. --limit 200
 set -uo pipefail
 root=$PWD
@@ -22,7 +22,7 @@ pack() { (cd /tmp/judge && tar czf "$OUT/judge.part" --exclude judge-cache qwen1
 (while sleep 20; do pack; done) &
 packer=$!
 python3 -m evals.gpu_judge_meta --model /tmp/models/qwen15 --out $res --enforce-eager --answer-accuracy \
-  --gpu-memory-utilization 0.85 --concurrency 256 "$@" 2>&1 | tee $res/run.log
+  --injection-groups 50 --gpu-memory-utilization 0.85 --concurrency 256 "$@" 2>&1 | tee $res/run.log
 rc=${PIPESTATUS[0]}
 kill $packer 2>/dev/null; pack
 exit $rc

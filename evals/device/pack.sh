@@ -39,6 +39,6 @@ PY
 cp ../shared/data/enron/* "$stage/gpukit/enron/"
 cp -r ../shared/data/judge-meta "$stage/gpukit/judge-meta"  # LLMBar and PandaLM, for evals/gpu_judge_meta.py
 rm -rf .gpukit; mkdir -p .gpukit
-tar cf - -C "$stage" gpukit | split -b 59m -d -a 2 - "$stage/cpart."
+tar cf - -C "$stage" gpukit | split -b 56m -d -a 2 - "$stage/cpart."
 n=0; for p in $(ls "$stage"/cpart.* | sort -V); do mkdir -p .gpukit/x$n; mv "$p" .gpukit/x$n/part; n=$((n+1)); done
 echo "$n parts in .gpukit/x0 … x$((n-1)) ($(du -sh .gpukit | cut -f1))"
