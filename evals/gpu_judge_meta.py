@@ -58,7 +58,7 @@ def run_answer_accuracy(args, judge: str, base: str) -> None:
     cmd = [sys.executable, "-m", "evals.art_e.answer_accuracy", "--judge", judge, "--judge-api-base", base,
            "--concurrency", str(args.concurrency), "--out", str(args.out / "answer-accuracy.json")]
     with open(args.out / "answer-accuracy.log", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     print(f"answer accuracy with {judge}: exit {rc}, see {args.out / 'answer-accuracy.log'}")
 
 
@@ -66,7 +66,7 @@ def run_injection(args, judge: str, base: str) -> None:
     cmd = [sys.executable, "-m", "evals.judge_injection", "--judge", judge, "--api-base", base, "--groups",
            str(args.injection_groups), "--concurrency", str(args.concurrency), "--out", str(args.out)]
     with open(args.out / "injection.log", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     print(f"injection with {judge}: exit {rc}, see {args.out / 'injection.log'}")
 
 
