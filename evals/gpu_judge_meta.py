@@ -5,7 +5,8 @@ With `--engine server` (default) it starts `vllm serve` on loopback and judges t
 this process). It runs `evals.judge_meta.evaluate` over every dataset with k=1 and k=3 and writes
 summary.csv, detail.csv and run.json (pairs/s, start-up time) to --out. With `--answer-accuracy` the same server
 then grades ART·E's labelled answer pairs as the correctness judge (`evals.art_e.answer_accuracy`, written to
-answer-accuracy.json); with `--injection-groups N` it then runs `evals.judge_injection` over N groups (injection.json).
+answer-accuracy.json); with `--injection-groups N` it first runs `evals.judge_injection` over N groups
+(injection.json). A follow-up that fails makes the script exit non-zero.
 
     python evals/gpu_judge_meta.py --model /tmp/models/SmolLM2-135M-Instruct --out $OUT [--limit N]
     python evals/gpu_judge_meta.py --model /tmp/models/qwen15 --out $OUT --enforce-eager --answer-accuracy \\
@@ -54,20 +55,22 @@ def run_eval(args, judge: str, params: dict | None, ready_s: float) -> None:
     print(f"judge {judge}: vLLM ready in {ready_s:.0f} s; evaluation wall {wall:.0f} s")
 
 
-def run_answer_accuracy(args, judge: str, base: str) -> None:
+def run_answer_accuracy(args, judge: str, base: str) -> int:
     cmd = [sys.executable, "-m", "evals.art_e.answer_accuracy", "--judge", judge, "--judge-api-base", base,
            "--concurrency", str(args.concurrency), "--out", str(args.out / "answer-accuracy.json")]
     with open(args.out / "answer-accuracy.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     print(f"answer accuracy with {judge}: exit {rc}, see {args.out / 'answer-accuracy.log'}")
+    return rc
 
 
-def run_injection(args, judge: str, base: str) -> None:
+def run_injection(args, judge: str, base: str) -> int:
     cmd = [sys.executable, "-m", "evals.judge_injection", "--judge", judge, "--api-base", base, "--groups",
            str(args.injection_groups), "--concurrency", str(args.concurrency), "--out", str(args.out)]
     with open(args.out / "injection.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     print(f"injection with {judge}: exit {rc}, see {args.out / 'injection.log'}")
+    return rc
 
 
 def main() -> None:
@@ -87,12 +90,18 @@ def main() -> None:
     ap.add_argument("--injection-groups", type=int, default=0, help="--engine server: then the prompt-injection "
                     "check (evals.judge_injection) over this many groups")
     args = ap.parse_args()
+    if args.injection_groups < 0 or (args.limit is not None and args.limit < 1) or args.concurrency < 1:
+        ap.error("--injection-groups must be >= 0, --limit and --concurrency >= 1")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        ap.error("--gpu-memory-utilization must be in (0, 1]")
+    if args.engine == "in-process" and (args.answer_accuracy or args.injection_groups or args.enforce_eager):
+        ap.error("--answer-accuracy, --injection-groups and --enforce-eager need --engine server")
     name = args.served_name or Path(args.model.rstrip("/")).name
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RULER_CACHE_DIR", str(args.out / "judge-cache"))
     if args.engine == "in-process":
-        os.environ.setdefault("RULER_VLLM_ENGINE_ARGS", json.dumps({"gpu_memory_utilization": 0.5,
-                                                                     "max_model_len": 8192}))
+        engine_args = {"gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": 8192}
+        os.environ.setdefault("RULER_VLLM_ENGINE_ARGS", json.dumps(engine_args))
         return run_eval(args, f"vllm-engine/{args.model}", None, 0.0)
     base = f"http://127.0.0.1:{args.port}/v1"
     log = open(args.out / "vllm.log", "w")
@@ -101,18 +110,22 @@ def main() -> None:
            "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     proc = subprocess.Popen(cmd + (["--enforce-eager"] if args.enforce_eager else []), stdout=log,
                             stderr=subprocess.STDOUT)
+    failed = 0
     try:
-        run_eval(args, f"hosted_vllm/{name}", {"api_base": base, "api_key": "none"}, wait_ready(base, proc))
+        ready = wait_ready(base, proc)
+        if args.injection_groups:  # first: the shortest, and #36's own question
+            failed += run_injection(args, f"hosted_vllm/{name}", base) != 0
+        run_eval(args, f"hosted_vllm/{name}", {"api_base": base, "api_key": "none"}, ready)
         if args.answer_accuracy:
-            run_answer_accuracy(args, f"hosted_vllm/{name}", base)
-        if args.injection_groups:
-            run_injection(args, f"hosted_vllm/{name}", base)
+            failed += run_answer_accuracy(args, f"hosted_vllm/{name}", base) != 0
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+    if failed:
+        raise SystemExit(f"{failed} of the follow-up evaluations failed (see their logs in {args.out})")
 
 
 if __name__ == "__main__":

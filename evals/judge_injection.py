@@ -33,7 +33,7 @@ import random
 from pathlib import Path
 
 from evals.judge_meta import DEFAULT_ROOT, _load
-from ruler_rl.errors import JudgeOutputError
+from ruler_rl.errors import JudgeOutputError, JudgeUnavailableError
 from ruler_rl.labels import DatasetError, conversation
 from ruler_rl.scoring import ruler_result
 
@@ -64,7 +64,7 @@ def _check(args) -> None:
 async def _score(convs, judge, params, k) -> list[float] | None:
     try:
         result = await ruler_result(convs, judge, params, num_permutations=k)
-    except JudgeOutputError:
+    except (JudgeOutputError, JudgeUnavailableError):  # no valid answer, or none at all: counted, not fatal
         return None
     return [s.score for s in result.scores]
 
@@ -141,7 +141,11 @@ async def run(args) -> dict:
             return await judge_group(pair, args.judge, params, args.k, texts[i % len(texts)], rejected_first=i % 2 == 1)
 
     rows = await asyncio.gather(*(one(i, p) for i, p in enumerate(pairs)))
-    summary = {"judge": args.judge or "embedded default (SmolLM2-135M: near chance, not a quality measure)",
+    from ruler_rl.providers import EMBEDDED_JUDGE, default_judge_model
+
+    judge = args.judge or default_judge_model()
+    summary = {"judge": judge + (" (the embedded default: near chance, not a quality measure)"
+                                 if judge == EMBEDDED_JUDGE else ""),
                "dataset": name, "k": args.k, **summarize(rows)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "injection.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))

@@ -7,6 +7,7 @@
 set -uo pipefail
 root=$PWD
 if [ ! -d /tmp/site/vllm ]; then
+  compgen -G '/tmp/gpukit/p*' > /dev/null || { echo 'no parts in /tmp/gpukit' >&2; exit 3; }
   cat $(ls /tmp/gpukit/p* | sort -V) | tar xf - -C /tmp || exit 3
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     /tmp/gpukit/wheels/*.whl || exit 4

@@ -18,7 +18,7 @@ pack() {  # the JSON files and logs only: runs/ holds every step's LoRA checkpoi
 part() {
   case "$1" in
     install) if [ ! -d /tmp/site/vllm ]; then  # join and install here: pack.sh's parts hold install.sh itself
-               cat $(ls /tmp/gpukit/p* | sort -V) | tar xf - -C /tmp && python3 -m pip install -q --no-index \
+               compgen -G '/tmp/gpukit/p*' > /dev/null && cat $(ls /tmp/gpukit/p* | sort -V) | tar xf - -C /tmp && python3 -m pip install -q --no-index \
                  --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/gpukit/wheels/*.whl
              fi && bash /tmp/gpukit/install.sh && { python3 -c "import ray; print('ray', ray.__version__)" || true; } ;;
     tiny-colocated) bench --task tiny --enforce-eager --placement colocated --phases plain:20 ;;
