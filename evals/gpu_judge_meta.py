@@ -55,21 +55,12 @@ def run_eval(args, judge: str, params: dict | None, ready_s: float) -> None:
     print(f"judge {judge}: vLLM ready in {ready_s:.0f} s; evaluation wall {wall:.0f} s")
 
 
-def run_answer_accuracy(args, judge: str, base: str) -> int:
-    cmd = [sys.executable, "-m", "evals.art_e.answer_accuracy", "--judge", judge, "--judge-api-base", base,
-           "--concurrency", str(args.concurrency), "--out", str(args.out / "answer-accuracy.json")]
-    with open(args.out / "answer-accuracy.log", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    print(f"answer accuracy with {judge}: exit {rc}, see {args.out / 'answer-accuracy.log'}")
-    return rc
-
-
-def run_injection(args, judge: str, base: str) -> int:
-    cmd = [sys.executable, "-m", "evals.judge_injection", "--judge", judge, "--api-base", base, "--groups",
-           str(args.injection_groups), "--concurrency", str(args.concurrency), "--out", str(args.out)]
-    with open(args.out / "injection.log", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    print(f"injection with {judge}: exit {rc}, see {args.out / 'injection.log'}")
+def follow_up(args, what: str, module: str, *argv: str) -> int:
+    """Run `python -m module argv` against the server (its output in OUT/what.log); its exit status."""
+    with open(args.out / f"{what}.log", "w") as log:
+        rc = subprocess.run([sys.executable, "-m", module, *argv], stdout=log, stderr=subprocess.STDOUT,
+                            check=False).returncode
+    print(f"{what}: exit {rc}, see {args.out / f'{what}.log'}")
     return rc
 
 
@@ -112,12 +103,15 @@ def main() -> None:
                             stderr=subprocess.STDOUT)
     failed = 0
     try:
-        ready = wait_ready(base, proc)
+        ready, judge, common = wait_ready(base, proc), f"hosted_vllm/{name}", ["--concurrency", str(args.concurrency)]
         if args.injection_groups:  # first: the shortest, and #36's own question
-            failed += run_injection(args, f"hosted_vllm/{name}", base) != 0
-        run_eval(args, f"hosted_vllm/{name}", {"api_base": base, "api_key": "none"}, ready)
+            failed += follow_up(args, "injection", "evals.judge_injection", "--judge", judge, "--api-base", base,
+                                "--groups", str(args.injection_groups), "--out", str(args.out), *common) != 0
+        run_eval(args, judge, {"api_base": base, "api_key": "none"}, ready)
         if args.answer_accuracy:
-            failed += run_answer_accuracy(args, f"hosted_vllm/{name}", base) != 0
+            failed += follow_up(args, "answer-accuracy", "evals.art_e.answer_accuracy", "--judge", judge,
+                                "--judge-api-base", base, "--out", str(args.out / "answer-accuracy.json"),
+                                *common) != 0
     finally:
         proc.terminate()
         try:

@@ -7,11 +7,7 @@
 # The fixed arguments are the 2026-12-05 run's (evals/reports/art_e/README.md); later ones override them.
 set -uo pipefail
 root=$PWD; name=$1; budget=$2; shift 2
-if [ ! -d /tmp/site/vllm ]; then
-  cat $(ls /tmp/gpukit/p* | sort -V) | tar xf - -C /tmp || exit 3
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    /tmp/gpukit/wheels/*.whl || exit 4
-fi
+bash "$root/evals/device/join_parts.sh" || exit $?
 bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True
 mkdir -p "$(dirname "$root")/shared/data/enron" && cp -n /tmp/gpukit/enron/* "$(dirname "$root")/shared/data/enron/"

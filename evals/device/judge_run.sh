@@ -1,17 +1,13 @@
 #!/usr/bin/env bash
-# On the GPU host (issue #36 part 1, #33's correctness judge), after every part of evals/device/pack.sh is in
-# /tmp/gpukit/p* and installed (art_e_run.sh or one_gpu_split.sh install): dequantize Qwen2.5-Coder-1.5B to
-# /tmp/models/qwen15, serve it with vLLM, run the judge meta-evaluation (LLMBar's four sets and PandaLM, k=1 and k=3)
-# ART·E's labelled answer pairs with it as the correctness judge, and the injection check over 50 groups; results packed as $OUT/judge.tgz every 20 s.
+# On the GPU host (issue #36 part 1, #33's correctness judge), with every part of evals/device/pack.sh in
+# /tmp/gpukit/p*: join and install them (join_parts.sh, once), dequantize Qwen2.5-Coder-1.5B to /tmp/models/qwen15,
+# serve it with vLLM and run the injection check over 50 groups, the judge meta-evaluation (LLMBar's four sets and
+# PandaLM, k=1 and k=3) and ART·E's labelled answer pairs with it as the correctness judge; results packed as
+# $OUT/judge.tgz every 20 s.
 #   usage: bash evals/device/judge_run.sh [evals.gpu_judge_meta arguments ...]   e.g. --limit 200
 set -uo pipefail
 root=$PWD
-if [ ! -d /tmp/site/vllm ]; then
-  compgen -G '/tmp/gpukit/p*' > /dev/null || { echo 'no parts in /tmp/gpukit' >&2; exit 3; }
-  cat $(ls /tmp/gpukit/p* | sort -V) | tar xf - -C /tmp || exit 3
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    /tmp/gpukit/wheels/*.whl || exit 4
-fi
+bash "$root/evals/device/join_parts.sh" || exit $?
 bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
   PYTHONUNBUFFERED=1 TQDM_DISABLE=1

