@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU host, after every part of evals/device/pack.sh is in /tmp/gpukit/p*: install the wheels into
+# On the GPU host, after every part of evals/device/pack.sh is in /tmp/gpukit/p* (or kit.sh's in p* and
+# `pack.sh --after-kit`'s in d*): install the wheels into
 # /tmp/site, dequantize the GGUF to /tmp/models/qwen15, put the Enron folder beside the checkout, and start one
 # ART·E learning run in the background (its log: /tmp/run-NAME.log, its report: /tmp/report/NAME).
 #   usage: bash evals/device/art_e_run.sh NAME BUDGET_S [examples/email_agent.py arguments ...]
