@@ -1,0 +1,34 @@
+"""evals.gpu_judge_meta's meta-evaluation keeps what it finished: a run cut short after its first dataset still
+leaves that dataset's rows on disk (the device call that runs it has a hard time limit)."""
+
+import argparse
+import json
+
+import pandas as pd
+import pytest
+
+import evals.judge_meta as judge_meta
+from evals.gpu_judge_meta import run_eval
+
+
+def test_each_finished_dataset_is_written_before_the_next_starts(tmp_path, monkeypatch):
+    seen = []
+
+    async def evaluate(datasets, judge, **kwargs):
+        seen.append(list(datasets))
+        if len(seen) == 2:
+            raise RuntimeError("the device call ran out of time")
+        name = datasets[0]
+        return (pd.DataFrame([{"dataset": name, "k": k, "accuracy": 0.5} for k in kwargs["ks"]]),
+                pd.DataFrame([{"dataset": name, "k": 1, "id": "p0"}]))
+
+    monkeypatch.setattr(judge_meta, "evaluate", evaluate)
+    args = argparse.Namespace(limit=3, concurrency=8, out=tmp_path)
+    with pytest.raises(RuntimeError, match="ran out of time"):
+        run_eval(args, "hosted_vllm/judge", {"api_base": "http://127.0.0.1:1/v1"}, 12.0)
+    first = judge_meta.DATASETS[0]
+    assert seen == [[first], [judge_meta.DATASETS[1]]]  # one dataset per evaluation, in order
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary["dataset"].tolist() == [first, first] and summary["k"].tolist() == [1, 3]
+    assert pd.read_csv(tmp_path / "detail.csv")["dataset"].tolist() == [first]
+    assert json.loads((tmp_path / "run.json").read_text())["datasets_done"] == 1
