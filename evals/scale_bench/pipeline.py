@@ -223,8 +223,8 @@ async def pipeline(args) -> dict:
             with GpuUsage(watched) as usage:
                 await train_pipelined(timed, gather, steps=steps, config=train_config(kind), on_step=on_step)
             rows = result["steps"][first:]
-            # a phase gathers steps + 1 times when it overlaps (the last gather of the loop is for no step): count
-            # the gathers that fed a step, and how much of each ran while a step trained (hidden)
+            # a phase gathers once per step (train_pipelined starts no gather after its last step): the gathers that
+            # fed this phase's steps, and how much of each ran while a step trained (hidden)
             hidden = hidden_rollout(gathers[first_gather:first_gather + len(rows)], timed.spans[first:])
             # a phase's first step gathers without overlap (and the run's first warms up): steady = the rest
             steady = [r["wall_step_s"] for r in rows[1:]]
