@@ -41,25 +41,29 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 300) -> float
 
 
 def run_eval(args, judge: str, params: dict | None, ready_s: float) -> None:
-    """The judge meta-evaluation, one dataset at a time: summary.csv, detail.csv and run.json are rewritten after
-    each, so a run cut short (a device call's time limit) keeps every dataset it finished."""
+    """The judge meta-evaluation, one dataset at a time in one event loop (the in-process engine and litellm's
+    clients stay bound to it): summary.csv, detail.csv and run.json are rewritten after each dataset, so a run cut
+    short (a device call's time limit) keeps every dataset it finished."""
     import pandas as pd
 
     from evals.judge_meta import DATASETS, evaluate
 
     started, summaries, details = time.perf_counter(), [], []
-    for dataset in DATASETS:
-        summary, detail = asyncio.run(evaluate(
-            [dataset], judge, params=params, ks=(1, 3), limit=args.limit, concurrency=args.concurrency,
-            progress=False, max_prompt_tokens=7000))
-        summaries.append(summary)
-        details.append(detail)
-        pd.concat(summaries, ignore_index=True).to_csv(args.out / "summary.csv", index=False)
-        pd.concat(details, ignore_index=True).to_csv(args.out / "detail.csv", index=False)
-        wall = time.perf_counter() - started
-        (args.out / "run.json").write_text(json.dumps({"judge": judge, "vllm_ready_s": ready_s, "eval_wall_s": wall,
-                                                       "datasets_done": len(summaries)}))
-        print(summary.to_string(), flush=True)
+
+    async def each_dataset() -> None:
+        for dataset in DATASETS:
+            summary, detail = await evaluate([dataset], judge, params=params, ks=(1, 3), limit=args.limit,
+                                             concurrency=args.concurrency, progress=False, max_prompt_tokens=7000)
+            summaries.append(summary)
+            details.append(detail)
+            pd.concat(summaries, ignore_index=True).to_csv(args.out / "summary.csv", index=False)
+            pd.concat(details, ignore_index=True).to_csv(args.out / "detail.csv", index=False)
+            (args.out / "run.json").write_text(json.dumps({
+                "judge": judge, "vllm_ready_s": ready_s, "eval_wall_s": time.perf_counter() - started,
+                "datasets_done": len(summaries)}))
+            print(summary.to_string(), flush=True)
+
+    asyncio.run(each_dataset())
     print(f"judge {judge}: vLLM ready in {ready_s:.0f} s; evaluation wall {time.perf_counter() - started:.0f} s")
 
 

@@ -2,6 +2,7 @@
 leaves that dataset's rows on disk (the device call that runs it has a hard time limit)."""
 
 import argparse
+import asyncio
 import json
 
 import pandas as pd
@@ -12,10 +13,11 @@ from evals.gpu_judge_meta import run_eval
 
 
 def test_each_finished_dataset_is_written_before_the_next_starts(tmp_path, monkeypatch):
-    seen = []
+    seen, loops = [], set()
 
     async def evaluate(datasets, judge, **kwargs):
         seen.append(list(datasets))
+        loops.add(id(asyncio.get_running_loop()))
         if len(seen) == 2:
             raise RuntimeError("the device call ran out of time")
         name = datasets[0]
@@ -28,7 +30,20 @@ def test_each_finished_dataset_is_written_before_the_next_starts(tmp_path, monke
         run_eval(args, "hosted_vllm/judge", {"api_base": "http://127.0.0.1:1/v1"}, 12.0)
     first = judge_meta.DATASETS[0]
     assert seen == [[first], [judge_meta.DATASETS[1]]]  # one dataset per evaluation, in order
+    assert len(loops) == 1  # one event loop: an in-process engine stays bound to the loop it was made in
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary["dataset"].tolist() == [first, first] and summary["k"].tolist() == [1, 3]
     assert pd.read_csv(tmp_path / "detail.csv")["dataset"].tolist() == [first]
     assert json.loads((tmp_path / "run.json").read_text())["datasets_done"] == 1
+
+
+def test_a_complete_run_writes_every_dataset(tmp_path, monkeypatch):
+    async def evaluate(datasets, judge, **kwargs):
+        return (pd.DataFrame([{"dataset": datasets[0], "k": k} for k in kwargs["ks"]]),
+                pd.DataFrame([{"dataset": datasets[0], "id": "p0"}]))
+
+    monkeypatch.setattr(judge_meta, "evaluate", evaluate)
+    run_eval(argparse.Namespace(limit=None, concurrency=4, out=tmp_path), "hosted_vllm/judge", None, 1.0)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary["dataset"].tolist() == [d for d in judge_meta.DATASETS for _ in (1, 3)]
+    assert json.loads((tmp_path / "run.json").read_text())["datasets_done"] == len(judge_meta.DATASETS)
