@@ -3,10 +3,10 @@
 With `--engine server` (default) it starts `vllm serve` on loopback and judges through `hosted_vllm/<name>`
 (real HTTP); with `--engine in-process` it uses the `vllm-engine/<path>` litellm provider (an AsyncLLM in
 this process). It runs `evals.judge_meta.evaluate` over every dataset with k=1 and k=3 and writes
-summary.csv, detail.csv and run.json (pairs/s, start-up time) to --out. With `--answer-accuracy` the same server
-then grades ART·E's labelled answer pairs as the correctness judge (`evals.art_e.answer_accuracy`, written to
-answer-accuracy.json); with `--injection-groups N` it first runs `evals.judge_injection` over N groups
-(injection.json). A follow-up that fails makes the script exit non-zero.
+summary.csv, detail.csv and run.json (pairs/s, start-up time) to --out after each dataset. Before that, on the
+same server: with `--injection-groups N`, `evals.judge_injection` over N groups (injection.json); then with
+`--answer-accuracy`, ART·E's labelled answer pairs graded with it as the correctness judge
+(`evals.art_e.answer_accuracy`, answer-accuracy.json). A follow-up that fails makes the script exit non-zero.
 
     python evals/gpu_judge_meta.py --model /tmp/models/SmolLM2-135M-Instruct --out $OUT [--limit N]
     python evals/gpu_judge_meta.py --model /tmp/models/qwen15 --out $OUT --enforce-eager --answer-accuracy \\
@@ -107,29 +107,33 @@ def main() -> None:
         os.environ.setdefault("RULER_VLLM_ENGINE_ARGS", json.dumps(engine_args))
         return run_eval(args, f"vllm-engine/{args.model}", None, 0.0)
     base = f"http://127.0.0.1:{args.port}/v1"
-    log = open(args.out / "vllm.log", "w")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
            "--served-model-name", name, "--port", str(args.port), "--max-model-len", "8192",
            "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
-    proc = subprocess.Popen(cmd + (["--enforce-eager"] if args.enforce_eager else []), stdout=log,
-                            stderr=subprocess.STDOUT)
     failed = 0
-    try:
-        ready, judge, common = wait_ready(base, proc), f"hosted_vllm/{name}", ["--concurrency", str(args.concurrency)]
-        if args.injection_groups:  # first: the shortest, and #36's own question
-            failed += follow_up(args, "injection", "evals.judge_injection", "--judge", judge, "--api-base", base,
-                                "--groups", str(args.injection_groups), "--out", str(args.out), *common) != 0
-        run_eval(args, judge, {"api_base": base, "api_key": "none"}, ready)
-        if args.answer_accuracy:
-            failed += follow_up(args, "answer-accuracy", "evals.art_e.answer_accuracy", "--judge", judge,
-                                "--judge-api-base", base, "--out", str(args.out / "answer-accuracy.json"),
-                                *common) != 0
-    finally:
-        proc.terminate()
+    with open(args.out / "vllm.log", "w") as log:
+        proc = subprocess.Popen(cmd + (["--enforce-eager"] if args.enforce_eager else []), stdout=log,
+                                stderr=subprocess.STDOUT)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            ready, judge = wait_ready(base, proc), f"hosted_vllm/{name}"
+            common = ["--concurrency", str(args.concurrency)]
+            # the short checks first (#36's injection, #33's correctness judge), the meta-evaluation (saved per
+            # dataset) last, so that a call cut at its time limit loses the least
+            if args.injection_groups:
+                failed += follow_up(args, "injection", "evals.judge_injection", "--judge", judge, "--api-base",
+                                    base, "--groups", str(args.injection_groups), "--out", str(args.out),
+                                    *common) != 0
+            if args.answer_accuracy:
+                failed += follow_up(args, "answer-accuracy", "evals.art_e.answer_accuracy", "--judge", judge,
+                                    "--judge-api-base", base, "--out", str(args.out / "answer-accuracy.json"),
+                                    *common) != 0
+            run_eval(args, judge, {"api_base": base, "api_key": "none"}, ready)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     if failed:
         raise SystemExit(f"{failed} of the follow-up evaluations failed (see their logs in {args.out})")
 

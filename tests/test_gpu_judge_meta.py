@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-import evals.judge_meta as judge_meta
+from evals import judge_meta
 from evals.gpu_judge_meta import run_eval
 
 

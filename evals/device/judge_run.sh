@@ -2,8 +2,8 @@
 # On the GPU host (issue #36 part 1, #33's correctness judge), with every part of evals/device/pack.sh in
 # /tmp/gpukit/p* (or kit.sh's in p* and `pack.sh --after-kit`'s in d*): join and install them (join_parts.sh,
 # once), dequantize Qwen2.5-Coder-1.5B to /tmp/models/qwen15, serve it with vLLM and run the injection check over
-# 50 groups, the judge meta-evaluation (LLMBar's four sets and PandaLM, k=1 and k=3) and ART·E's labelled answer
-# pairs with it as the correctness judge; results packed as $OUT/judge.tgz every 20 s.
+# 50 groups, ART·E's labelled answer pairs with it as the correctness judge, then the judge meta-evaluation
+# (LLMBar's four sets and PandaLM, k=1 and k=3, saved per set); results packed as $OUT/judge.tgz every 20 s.
 #   usage: bash evals/device/judge_run.sh [evals.gpu_judge_meta arguments ...]   e.g. --limit 200
 set -uo pipefail
 root=$PWD
