@@ -16,10 +16,6 @@ stage="$(mktemp -d)"; trap 'rm -rf "$stage"' EXIT
 cp ../shared/gpu-kit/build.sh ../shared/gpu-kit/install.sh "$stage/"
 grep -vxF -f <(printf '%s\n' $drop) ../shared/gpu-kit/wheels.txt > "$stage/wheels.txt" || true
 grep -qx 'jmespath' "$stage/wheels.txt" || echo jmespath >> "$stage/wheels.txt"
-# what travels with every call besides the part: the tracked tree and untracked files git does not ignore
-tree_mb=$(( ( $( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null \
-           | tail -1 | cut -f1) + 1048575 ) / 1048576 ))
-part_mb=$(( 64 - tree_mb - 2 ))
-[ "$part_mb" -ge 16 ] || { echo "the working tree takes ${tree_mb} MiB: too little room for kit parts" >&2; exit 2; }
+part_mb=$(bash evals/device/part_mb.sh)  # as large as a call can carry beside the working tree
 sed -i "s/split -b 48m/split -b ${part_mb}m/" "$stage/build.sh"
 bash "$stage/build.sh" "$@"

@@ -48,16 +48,13 @@ print(f"qwen.gguf: {size} bytes, sha256 {h.hexdigest()[:16]}...")
 PY
 cp ../shared/data/enron/* "$stage/gpukit/enron/"
 cp -r ../shared/data/judge-meta "$stage/gpukit/judge-meta"  # LLMBar and PandaLM, for evals/gpu_judge_meta.py
-# what travels with every call besides the part: the tracked tree and untracked files git does not ignore
-tree_mb=$(( ( $( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null \
-           | tail -1 | cut -f1) + 1048575 ) / 1048576 ))
-part_mb=$(( 64 - tree_mb - 2 ))
+part_mb=$(bash evals/device/part_mb.sh)  # as large as a call can carry beside the working tree
 if [ $after_kit = 1 ]; then
-  prefix=d; rm -rf .gpukit/d*; mkdir -p .gpukit
-  tar cf - -C "$stage" gpukit/extra gpukit/enron gpukit/judge-meta gpukit/qwen | split -b ${part_mb}m -d -a 2 - "$stage/cpart."
+  prefix=d; what="gpukit/extra gpukit/enron gpukit/judge-meta gpukit/qwen"; rm -rf .gpukit/d*
 else
-  prefix=x; rm -rf .gpukit; mkdir -p .gpukit
-  tar cf - -C "$stage" gpukit | split -b ${part_mb}m -d -a 2 - "$stage/cpart."
+  prefix=x; what=gpukit; rm -rf .gpukit
 fi
+mkdir -p .gpukit
+tar cf - -C "$stage" $what | split -b ${part_mb}m -d -a 2 - "$stage/cpart."
 n=0; for p in $(ls "$stage"/cpart.* | sort -V); do mkdir -p .gpukit/$prefix$n; mv "$p" .gpukit/$prefix$n/part; n=$((n+1)); done
 echo "$n parts of ${part_mb} MiB in .gpukit/${prefix}0 … ${prefix}$((n-1)) ($(du -sh .gpukit | cut -f1))"
