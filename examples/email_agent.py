@@ -19,7 +19,9 @@ for ART's JSON protocol under a JSON schema, which vLLM's server and the CPU ser
 train on the trainer's own logprobs: vLLM's are those of the grammar-masked distribution).
 
 The report folder gets before.parquet and after.parquet (every test run, messages included; `ruler eval art-e
---out DIR/before.parquet --show RUN_ID` prints one),
+--out DIR/before.parquet --show RUN_ID` prints one), eval-stepNNNN.parquet with --eval-every (the same test
+questions after step NNNN; `python -m evals.art_e.learning DIR` pairs the latest with before when after.parquet
+is missing),
 groups.jsonl (each training group: every rollout's reward beside its correctness and ART's reward),
 summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, before and after), compare.csv
 (after minus before per measure, paired bootstrap 95% interval over the same questions), history.jsonl
@@ -103,6 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="test questions: generated ones from the test inboxes, the human-written annotated set, "
                          "or both")
     ap.add_argument("--eval-temperature", type=float, default=0.0)
+    ap.add_argument("--eval-every", type=int, default=0, help="also measure the test questions after every N-th "
+                    "training step (0: only before and after), each written as eval-stepNNNN.parquet in the report "
+                    "folder as it finishes: a run cut before its after-evaluation still has a held-out measure")
     ap.add_argument("--concurrency", type=int, default=16, help="evaluation runs in flight")
     ap.add_argument("--per-inbox", type=int, default=400, help="questions generated per inbox (at most)")
     ap.add_argument("--sender-per-inbox", type=int, default=100, help="'Who emailed me about <subject>?' "
@@ -128,6 +133,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.sender_per_inbox < 0:
         ap.error("--sender-per-inbox must be >= 0")
+    if args.eval_every < 0:
+        ap.error("--eval-every must be >= 0 (0: only before and after)")
     for name in ("steps", "groups_per_step", "group_size", "max_turns", "max_tokens", "eval_questions",
                  "concurrency", "per_inbox", "max_seq_length"):
         if getattr(args, name) < (0 if name == "steps" else 1):
@@ -298,6 +305,12 @@ async def main(argv=None) -> None:
             steps_run += 1
             print(f"step {row['step']}: reward {row['reward_mean']:.3f} ({args.reward}), trained on "
                   f"{row['sequences']} sequences", flush=True)
+            done = step + 1  # training steps taken (a step whose groups all tie leaves the policy as it was)
+            if args.eval_every and done % args.eval_every == 0 and done < args.steps:
+                held_out = await evaluate(model, test, args.db, args, f"after step {done}", correctness)
+                held_out.to_parquet(report_dir / f"eval-step{done:04d}.parquet", index=False)
+                print(f"held-out after step {done}: {int(held_out['correct'].sum())}/{len(held_out)} right",
+                      flush=True)
         after = await evaluate(model, test, args.db, args, "after", correctness)
         after.to_parquet(report_dir / "after.parquet", index=False)
         run_info.update(steps_run=steps_run, policy_step=await model.get_step(),

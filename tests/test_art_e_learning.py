@@ -50,3 +50,47 @@ def test_the_recorded_run_reads_back_and_regrading_uses_todays_matcher():
     assert list(kept.index) == [q]
     with pytest.raises(FileNotFoundError):
         load_run(RUN.parent / "no-such-run")
+
+
+def test_a_run_cut_before_its_after_evaluation_is_read_against_its_latest_held_out_measure(tmp_path, capsys):
+    import shutil
+
+    from evals.art_e.learning import latest_eval, main
+
+    cut = tmp_path / "cut"
+    shutil.copytree(RUN, cut)
+    (cut / "after.parquet").rename(cut / "eval-step0007.parquet")
+    shutil.copy(cut / "before.parquet", cut / "eval-step0003.parquet")  # an earlier measure, not the latest
+    assert latest_eval(cut) == "eval-step0007.parquet"
+    with pytest.raises(FileNotFoundError):  # load_run alone still wants after.parquet
+        load_run(cut)
+    before, after = load_run(cut, after=latest_eval(cut))
+    assert int(before["correct"].sum()) == 5 and int(after["correct"].sum()) == 0
+    main([str(cut)])
+    out = capsys.readouterr().out
+    assert "cut (eval-step0007.parquet, no after.parquet)" in out and "-0.0287" in out
+    (cut / "eval-step0007.parquet").unlink()
+    (cut / "eval-step0003.parquet").unlink()
+    main([str(cut)])
+    assert "no after.parquet, no eval-step*.parquet; before 5/174 right" in capsys.readouterr().out
+
+
+def test_training_curve_reads_right_shares_by_block(tmp_path):
+    from evals.art_e.learning import training_curve
+
+    def group(step, right, n=4):
+        return {"step": step, "scored": True, "rollouts": [{"correct": int(i < right), "art_reward": 0.0, "turns": 2,
+                                                            "reward": 0.5} for i in range(n)]}
+
+    f = tmp_path / "groups.jsonl"
+    f.write_text("\n".join(json.dumps(group(s, r)) for s, r in [(0, 0), (1, 1), (2, 4), (3, 3), (4, 4)]))
+    table, comparison = training_curve(f, block=2)
+    assert table["steps"].tolist() == ["0-1", "2-3", "4-5"] and table["right"].tolist() == [1, 7, 4]
+    assert table["share"].tolist() == pytest.approx([1 / 8, 7 / 8, 1.0])
+    assert comparison["first_share"] == pytest.approx(1 / 8)
+    assert comparison["difference"] == pytest.approx(11 / 12 - 1 / 8) and 0 < comparison["low"] <= comparison["high"]
+    with pytest.raises(ValueError):
+        training_curve(f, block=0)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError):
+        training_curve(tmp_path / "empty.jsonl")

@@ -50,3 +50,22 @@ async def test_a_spent_time_budget_skips_training_and_still_measures(tmp_path):
     assert pd.read_csv(report / "summary.csv")["idk_reward"].tolist() == [-1, -1]  # reported with the run
     assert run["steps_run"] == 0 and run["policy_step"] == 0 and run["time_budget_s"] == 0.001
     assert (report / "before.parquet").is_file() and (report / "after.parquet").is_file()
+
+
+async def test_eval_every_writes_a_held_out_measure_between_steps(tmp_path):
+    from evals.art_e.inbox import ENRON_DIR
+    from evals.art_e.learning import latest_eval, load_run
+
+    example = load_example()
+    with pytest.raises(SystemExit):
+        example.parse_args(["--eval-every", "-1"])
+    report = tmp_path / "report"
+    await example.main(["--steps", "2", "--eval-every", "1", "--groups-per-step", "1", "--group-size", "2",
+                        "--max-turns", "1", "--max-tokens", "16", "--eval-questions", "1", "--per-inbox", "4",
+                        "--engine", "transformers", "--tool-mode", "text", "--mailbox", str(ENRON_DIR / "beck-s.tar.gz"),
+                        str(ENRON_DIR / "farmer-d.tar.gz"), "--db", str(tmp_path / "inbox.db"), "--out",
+                        str(tmp_path / "runs"), "--report", str(report), "--test-inboxes", "daren.farmer@enron.com"])
+    # after step 1 only: step 2 is the last, which after.parquet measures
+    assert sorted(p.name for p in report.glob("eval-step*.parquet")) == ["eval-step0001.parquet"]
+    before, mid = load_run(report, after=latest_eval(report))
+    assert list(before.index) == list(mid.index) and mid["model"].iloc[0].startswith("after step 1")

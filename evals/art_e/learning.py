@@ -12,7 +12,13 @@ after with paired intervals, over one seed or several, and how well the training
 - `--keep-questions`: only the test questions whose (question, reference) are in FILE (a scenarios JSONL, e.g.
   the current generator's), so questions a later generator no longer writes are left out;
 - the reward's signal (`groups.jsonl`): in every training group holding right and wrong rollouts, each
-  (right, wrong) pair counts as a win when the reward ranks the right one higher, a tie, or a loss.
+  (right, wrong) pair counts as a win when the reward ranks the right one higher, a tie, or a loss;
+- the training curve (`groups.jsonl`): the share of training rollouts (sampled at the run's temperature, on
+  training questions: not a held-out measure) answered right, in blocks of `--block` steps, with a bootstrap
+  interval over the block's groups, and the first block against the rest;
+- a folder without after.parquet (a run whose after-evaluation was not brought back) is read against its latest
+  eval-stepNNNN.parquet (`examples/email_agent.py --eval-every`), named so in the table; without either, it gives
+  its before count and its training curve only.
 """
 
 from __future__ import annotations
@@ -37,13 +43,21 @@ def _regraded(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def load_run(folder: str | Path, *, regrade: bool = False, keep: set[tuple[str, str]] | None = None):
-    """(before, after) results tables of one report folder, optionally regraded and filtered to `keep`."""
+def latest_eval(folder: str | Path) -> str | None:
+    """The name of the report folder's latest eval-stepNNNN.parquet (`--eval-every`), or None."""
+    found = sorted(Path(folder).glob("eval-step[0-9][0-9][0-9][0-9].parquet"))
+    return found[-1].name if found else None
+
+
+def load_run(folder: str | Path, *, regrade: bool = False, keep: set[tuple[str, str]] | None = None,
+             after: str = "after.parquet"):
+    """(before, after) results tables of one report folder, optionally regraded and filtered to `keep`; `after`
+    names the table measured after training (e.g. `latest_eval(folder)` for a run cut before its end)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no report folder at {folder}")
     tables = []
-    for name in ("before.parquet", "after.parquet"):
+    for name in ("before.parquet", after):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder} has no {name}: not a finished learning run")
         df = pd.read_parquet(folder / name)
@@ -91,16 +105,87 @@ def reward_signal(groups_jsonl: str | Path) -> dict:
             "pairwise_accuracy": (wins + 0.5 * ties) / pairs if pairs else float("nan")}
 
 
+def _share(groups: list[list[int]], rng, resamples: int = 4000) -> tuple[float, float, float]:
+    """Share of right rollouts over `groups` (each a list of 0/1) and its 95% bootstrap interval, resampling
+    groups (rollouts of one question are not independent)."""
+    right = np.array([sum(g) for g in groups], float)
+    n = np.array([len(g) for g in groups], float)
+    idx = rng.integers(0, len(groups), size=(resamples, len(groups)))
+    boot = right[idx].sum(axis=1) / n[idx].sum(axis=1)
+    return right.sum() / n.sum(), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
+
+
+def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """The training rollouts' correctness by blocks of `block` steps, and the first block against the rest.
+
+    Returns (table, comparison): one row per block (steps, groups, rollouts, right, share and its 95% interval
+    over groups, mean ART reward, mean turns), and the later blocks' share minus the first block's with a 95%
+    bootstrap interval (groups resampled within each side). Every logged group counts, scored or not: the
+    rollouts were sampled either way."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    rows = [json.loads(line) for line in Path(groups_jsonl).read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{groups_jsonl} holds no groups")
+    rng = np.random.default_rng(seed)
+    blocks: dict[int, list[dict]] = {}
+    for g in rows:
+        blocks.setdefault(int(g["step"]) // block, []).append(g)
+
+    def right_of(gs):
+        return [[int(bool(r.get("correct"))) for r in g["rollouts"]] for g in gs if g["rollouts"]]
+
+    table = []
+    for b, gs in sorted(blocks.items()):
+        rs = [r for g in gs for r in g["rollouts"]]
+        share, low, high = _share(right_of(gs), rng)
+        art = [r["art_reward"] for r in rs if r.get("art_reward") is not None]
+        turns = [r["turns"] for r in rs if r.get("turns") is not None]
+        table.append({"steps": f"{b * block}-{b * block + block - 1}", "groups": len(gs), "rollouts": len(rs),
+                      "right": sum(map(sum, right_of(gs))), "share": share, "low": low, "high": high,
+                      "art_reward": float(np.mean(art)) if art else float("nan"),
+                      "turns": float(np.mean(turns)) if turns else float("nan")})
+    first = right_of(blocks[min(blocks)])
+    rest = right_of([g for b, gs in blocks.items() if b != min(blocks) for g in gs])
+    comparison = {"first": table[0]["steps"], "first_share": float(_share(first, rng)[0])}
+    if rest:
+        f, r = np.array([[sum(g), len(g)] for g in first], float), np.array([[sum(g), len(g)] for g in rest], float)
+        bf = f[rng.integers(0, len(f), size=(4000, len(f)))].sum(axis=1)
+        br = r[rng.integers(0, len(r), size=(4000, len(r)))].sum(axis=1)
+        diff = br[:, 0] / br[:, 1] - bf[:, 0] / bf[:, 1]
+        later = r[:, 0].sum() / r[:, 1].sum()
+        comparison.update(later_share=float(later), difference=float(later - comparison["first_share"]),
+                          low=float(np.quantile(diff, 0.025)), high=float(np.quantile(diff, 0.975)))
+    return pd.DataFrame(table), comparison
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--regrade", action="store_true", help="decide correctness again with today's matcher")
     ap.add_argument("--keep-questions", type=Path, default=None, help="a scenarios JSONL: only its questions")
+    ap.add_argument("--block", type=int, default=4, help="steps per block of the training curve")
     args = ap.parse_args(argv)
+    if args.block < 1:
+        ap.error("--block must be >= 1")
     keep = None
     if args.keep_questions:
         keep = {(s["question"], s["answer"]) for s in map(json.loads, args.keep_questions.read_text().splitlines())}
-    runs = {f.name: load_run(f, regrade=args.regrade, keep=keep) for f in args.folders}
+    for f in args.folders:
+        if not f.is_dir():
+            ap.error(f"no report folder at {f}")
+    runs = {}
+    for f in args.folders:
+        if (f / "after.parquet").is_file() or not (f / "before.parquet").is_file():
+            runs[f.name] = load_run(f, regrade=args.regrade, keep=keep)  # (it names what is missing)
+        elif latest_eval(f):  # cut before its after-evaluation: its latest held-out measure instead
+            runs[f"{f.name} ({latest_eval(f)}, no after.parquet)"] = load_run(f, regrade=args.regrade, keep=keep,
+                                                                               after=latest_eval(f))
+        else:  # the before count alone: nothing to pair it with
+            before = pd.read_parquet(f / "before.parquet")
+            before = _regraded(before) if args.regrade else before
+            print(f"{f.name}: no after.parquet, no eval-step*.parquet; before {int(before['correct'].sum())}/"
+                  f"{len(before)} right")
     rows = []
     for name, (before, after) in runs.items():
         common = before.index.intersection(after.index)
@@ -110,10 +195,15 @@ def main(argv=None) -> None:
         before = np.mean([b.loc[common, "correct"].astype(float) for b, _ in runs.values()], axis=0)
         after = np.mean([a.loc[common, "correct"].astype(float) for _, a in runs.values()], axis=0)
         rows.append({"run": "seeds' mean", **paired(before, after)})
-    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    if rows:
+        print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     for f in args.folders:
         if (f / "groups.jsonl").is_file():
             print(f"{f.name}: reward signal {reward_signal(f / 'groups.jsonl')}")
+            table, comparison = training_curve(f / "groups.jsonl", block=args.block)
+            print(f"{f.name}: training rollouts answered right, by {args.block} steps (training questions)")
+            print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+            print(f"{f.name}: later blocks minus the first {comparison}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+"""evals/device/art_e_run.sh builds the arguments of the GPU host's ART·E runs: every combination the reports use
+must pass examples/email_agent.py's own parser. On 2026-12-06 the script passed a RULER-only flag to an ART-rubric
+run, which refused it on the GPU host after 200 s of device time; a dry run here catches that."""
+
+import os
+import subprocess
+
+import pytest
+
+from tests.test_email_agent_example import load_example
+
+RUNS = [["--reward", "art", "--seed", "0", "--gpu-memory-utilization", "0.3"],
+        ["--reward", "ruler", "--judge", "self", "--seed", "1"],
+        ["--reward", "ruler", "--judge", "self", "--judge-sees-reference", "--seed", "0"]]
+
+
+def dry_run(*args: str) -> list[str]:
+    done = subprocess.run(["bash", "evals/device/art_e_run.sh", "run-x", "600", *args], check=False,
+                          capture_output=True, text=True, env={**os.environ, "ART_E_DRY_RUN": "1"}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("extra", RUNS, ids=["art", "ruler", "ruler-reference"])
+def test_each_run_the_reports_use_passes_the_example_parser(extra):
+    argv = dry_run(*extra)
+    args = load_example().parse_args(argv)
+    assert (args.reward, args.name, args.time_budget_s, args.eval_every) == (extra[1], "run-x", 600.0, 4)
+    # the judge's prompt budget goes with RULER only
+    assert (args.judge_max_prompt_tokens is not None) == (extra[1] == "ruler")
+
+
+def test_later_arguments_override_the_fixed_ones():
+    args = load_example().parse_args(dry_run("--reward", "art", "--eval-every", "0", "--max-turns", "4"))
+    assert (args.eval_every, args.max_turns) == (0, 4)
