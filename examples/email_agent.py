@@ -20,8 +20,8 @@ train on the trainer's own logprobs: vLLM's are those of the grammar-masked dist
 
 The report folder gets before.parquet and after.parquet (every test run, messages included; `ruler eval art-e
 --out DIR/before.parquet --show RUN_ID` prints one), eval-stepNNNN.parquet with --eval-every (the same test
-questions after step NNNN; `python -m evals.art_e.learning DIR` pairs the latest with before when after.parquet
-is missing),
+questions measured with the policy at step NNNN; `python -m evals.art_e.learning DIR` pairs the latest with before
+when after.parquet is missing),
 groups.jsonl (each training group: every rollout's reward beside its correctness and ART's reward),
 summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, before and after), compare.csv
 (after minus before per measure, paired bootstrap 95% interval over the same questions), history.jsonl
@@ -105,9 +105,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="test questions: generated ones from the test inboxes, the human-written annotated set, "
                          "or both")
     ap.add_argument("--eval-temperature", type=float, default=0.0)
-    ap.add_argument("--eval-every", type=int, default=0, help="also measure the test questions after every N-th "
-                    "training step (0: only before and after), each written as eval-stepNNNN.parquet in the report "
-                    "folder as it finishes: a run cut before its after-evaluation still has a held-out measure")
+    ap.add_argument("--eval-every", type=int, default=0, help="also measure the test questions whenever the policy "
+                    "reaches a step that is a multiple of N (0: only before and after), each written as "
+                    "eval-stepNNNN.parquet in the report folder as it finishes: a run cut before its after-evaluation "
+                    "still has a held-out measure; skipped where the after-evaluation would measure the same policy")
     ap.add_argument("--concurrency", type=int, default=16, help="evaluation runs in flight")
     ap.add_argument("--per-inbox", type=int, default=400, help="questions generated per inbox (at most)")
     ap.add_argument("--sender-per-inbox", type=int, default=100, help="'Who emailed me about <subject>?' "
@@ -190,6 +191,15 @@ async def evaluate(model: TrainableModel, scenarios, db: Path, args, label: str,
                                        concurrency=args.concurrency, max_turns=args.max_turns,
                                        tool_mode=args.tool_mode, tool_choice=args.tool_choice,
                                        idk_reward=args.idk_reward)
+
+
+def due_for_eval(policy_step: int, evaluated: int, every: int, *, last_pass: bool, budget_spent: bool) -> bool:
+    """Whether --eval-every measures the test questions now: the policy has moved on since the last measure (a
+    step whose groups all tied leaves it where it was) to a multiple of `every`, and the after-evaluation will not
+    measure this same policy next (this is not the loop's last pass, and --time-budget-s is not spent, which ends
+    the loop)."""
+    return bool(every) and policy_step != evaluated and policy_step % every == 0 and not last_pass \
+        and not budget_spent
 
 
 async def main(argv=None) -> None:
@@ -276,6 +286,9 @@ async def main(argv=None) -> None:
 
     current_step = [0]
 
+    def budget_spent() -> bool:
+        return args.time_budget_s is not None and time.monotonic() - launched > args.time_budget_s
+
     by_id = {s.id: s for s in train}
     try:
         start = await model.get_step()
@@ -286,8 +299,9 @@ async def main(argv=None) -> None:
                                  "untrained model can no longer be measured in this run; start a new --name")
             before = await evaluate(model, test, args.db, args, "before", correctness)
             before.to_parquet(report_dir / "before.parquet", index=False)
+        evaluated = start  # the policy step last measured on the test questions (before: the start)
         for step in range(start, args.steps):
-            if args.time_budget_s is not None and time.monotonic() - launched > args.time_budget_s:
+            if budget_spent():
                 print(f"--time-budget-s {args.time_budget_s:g} spent: stopping after {step} of {args.steps} steps",
                       flush=True)
                 break
@@ -305,11 +319,13 @@ async def main(argv=None) -> None:
             steps_run += 1
             print(f"step {row['step']}: reward {row['reward_mean']:.3f} ({args.reward}), trained on "
                   f"{row['sequences']} sequences", flush=True)
-            done = step + 1  # training steps taken (a step whose groups all tie leaves the policy as it was)
-            if args.eval_every and done % args.eval_every == 0 and done < args.steps:
-                held_out = await evaluate(model, test, args.db, args, f"after step {done}", correctness)
-                held_out.to_parquet(report_dir / f"eval-step{done:04d}.parquet", index=False)
-                print(f"held-out after step {done}: {int(held_out['correct'].sum())}/{len(held_out)} right",
+            policy = await model.get_step()  # unchanged when every group tied (no update)
+            if due_for_eval(policy, evaluated, args.eval_every, last_pass=step + 1 >= args.steps,
+                            budget_spent=budget_spent()):
+                held_out = await evaluate(model, test, args.db, args, "during training", correctness)
+                held_out.to_parquet(report_dir / f"eval-step{policy:04d}.parquet", index=False)
+                evaluated = policy
+                print(f"held-out at policy step {policy}: {int(held_out['correct'].sum())}/{len(held_out)} right",
                       flush=True)
         after = await evaluate(model, test, args.db, args, "after", correctness)
         after.to_parquet(report_dir / "after.parquet", index=False)

@@ -85,7 +85,7 @@ def test_training_curve_reads_right_shares_by_block(tmp_path):
     f = tmp_path / "groups.jsonl"
     f.write_text("\n".join(json.dumps(group(s, r)) for s, r in [(0, 0), (1, 1), (2, 4), (3, 3), (4, 4)]))
     table, comparison = training_curve(f, block=2)
-    assert table["steps"].tolist() == ["0-1", "2-3", "4-5"] and table["right"].tolist() == [1, 7, 4]
+    assert table["steps"].tolist() == ["0-1", "2-3", "4-4"] and table["right"].tolist() == [1, 7, 4]
     assert table["share"].tolist() == pytest.approx([1 / 8, 7 / 8, 1.0])
     assert comparison["first_share"] == pytest.approx(1 / 8)
     assert comparison["difference"] == pytest.approx(11 / 12 - 1 / 8) and 0 < comparison["low"] <= comparison["high"]
@@ -94,3 +94,45 @@ def test_training_curve_reads_right_shares_by_block(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError):
         training_curve(tmp_path / "empty.jsonl")
+
+
+def test_kinds_are_read_from_scenario_ids_and_a_curve_can_keep_one(tmp_path):
+    from evals.art_e.learning import scenario_kind, training_curve
+
+    assert [scenario_kind(i) for i in ("daren.farmer-3731-sender", "sally.beck-301-date-20",
+                                       "vince.kaminski-8723-reply", "hub-test-17")] == ["sender", "date", "reply", None]
+    rows = [{"step": 0, "scenario_id": "a-1-sender", "rollouts": [{"correct": 0}, {"correct": 0}]},
+            {"step": 5, "scenario_id": "a-2-sender", "rollouts": [{"correct": 0}, {"correct": 1}]},
+            {"step": 5, "scenario_id": "a-3-phone-1", "rollouts": [{"correct": 1}, {"correct": 1}]}]
+    f = tmp_path / "groups.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    _, every = training_curve(f, block=4)
+    _, sender = training_curve(f, block=4, kind="sender")
+    assert every["difference"] == pytest.approx(0.75) and sender["difference"] == pytest.approx(0.5)
+    table, phone = training_curve(f, block=4, kind="phone")  # one block: nothing to compare it with
+    assert table["steps"].tolist() == ["5-5"] and "difference" not in phone
+    with pytest.raises(ValueError):
+        training_curve(f, kind="date")
+
+
+def test_the_seeds_mean_is_formed_only_over_seeds_of_one_configuration(tmp_path, capsys):
+    import shutil
+
+    from evals.art_e.learning import main
+
+    for name, seed, reward in (("s0", 0, "ruler"), ("s1", 1, "ruler"), ("art", 1, "art")):
+        shutil.copytree(RUN, tmp_path / name)
+        run = json.loads((tmp_path / name / "run.json").read_text())
+        (tmp_path / name / "run.json").write_text(json.dumps({**run, "seed": seed, "reward": reward,
+                                                              "name": name, "out": f"/x/{name}"}))
+    main([str(tmp_path / "s0"), str(tmp_path / "s1")])
+    assert "seeds' mean" in capsys.readouterr().out
+    main([str(tmp_path / "s0"), str(tmp_path / "art")])
+    out = capsys.readouterr().out
+    assert "no seeds' mean" in out and "seeds' mean  " not in out
+    (tmp_path / "s1" / "after.parquet").rename(tmp_path / "s1" / "eval-step0004.parquet")
+    main([str(tmp_path / "s0"), str(tmp_path / "s1")])  # measured at different points
+    assert "no seeds' mean" in capsys.readouterr().out
+    (tmp_path / "s1" / "before.parquet").unlink()
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "s1")])

@@ -11,7 +11,8 @@ from tests.test_email_agent_example import load_example
 
 RUNS = [["--reward", "art", "--seed", "0", "--gpu-memory-utilization", "0.3"],
         ["--reward", "ruler", "--judge", "self", "--seed", "1"],
-        ["--reward", "ruler", "--judge", "self", "--judge-sees-reference", "--seed", "0"]]
+        ["--reward", "ruler", "--judge", "self", "--judge-sees-reference", "--seed", "0"],
+        ["--reward=ruler", "--judge", "self"], ["--reward", "ruler", "--reward", "art"]]
 
 
 def dry_run(*args: str) -> list[str]:
@@ -21,13 +22,14 @@ def dry_run(*args: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-@pytest.mark.parametrize("extra", RUNS, ids=["art", "ruler", "ruler-reference"])
+@pytest.mark.parametrize("extra", RUNS, ids=["art", "ruler", "ruler-reference", "reward=ruler", "last-reward-wins"])
 def test_each_run_the_reports_use_passes_the_example_parser(extra):
     argv = dry_run(*extra)
     args = load_example().parse_args(argv)
-    assert (args.reward, args.name, args.time_budget_s, args.eval_every) == (extra[1], "run-x", 600.0, 4)
+    reward = "ruler" if "--reward=ruler" in extra else [a for a in extra if a in ("art", "ruler")][-1]
+    assert (args.reward, args.name, args.time_budget_s, args.eval_every) == (reward, "run-x", 600.0, 4)
     # the judge's prompt budget goes with RULER only
-    assert (args.judge_max_prompt_tokens is not None) == (extra[1] == "ruler")
+    assert (args.judge_max_prompt_tokens is not None) == (reward == "ruler")
 
 
 def test_later_arguments_override_the_fixed_ones():

@@ -52,7 +52,21 @@ async def test_a_spent_time_budget_skips_training_and_still_measures(tmp_path):
     assert (report / "before.parquet").is_file() and (report / "after.parquet").is_file()
 
 
+def test_eval_every_measures_only_a_policy_the_after_evaluation_will_not():
+    due = load_example().due_for_eval
+    assert due(4, 0, 4, last_pass=False, budget_spent=False)
+    assert not due(4, 4, 4, last_pass=False, budget_spent=False)  # a tied step: the policy did not move since
+    assert not due(3, 0, 4, last_pass=False, budget_spent=False)  # not a multiple
+    assert not due(4, 0, 4, last_pass=True, budget_spent=False)  # the after-evaluation measures it next
+    assert not due(4, 0, 4, last_pass=False, budget_spent=True)  # the loop ends: the same
+    assert not due(4, 0, 0, last_pass=False, budget_spent=False)  # --eval-every 0: off
+
+
 async def test_eval_every_writes_a_held_out_measure_between_steps(tmp_path):
+    import re
+
+    import pandas as pd
+
     from evals.art_e.inbox import ENRON_DIR
     from evals.art_e.learning import latest_eval, load_run
 
@@ -60,12 +74,18 @@ async def test_eval_every_writes_a_held_out_measure_between_steps(tmp_path):
     with pytest.raises(SystemExit):
         example.parse_args(["--eval-every", "-1"])
     report = tmp_path / "report"
-    await example.main(["--steps", "2", "--eval-every", "1", "--groups-per-step", "1", "--group-size", "2",
-                        "--max-turns", "1", "--max-tokens", "16", "--eval-questions", "1", "--per-inbox", "4",
+    await example.main(["--steps", "3", "--eval-every", "1", "--groups-per-step", "1", "--group-size", "3",
+                        "--max-turns", "2", "--max-tokens", "96", "--eval-questions", "1", "--per-inbox", "4",
                         "--engine", "transformers", "--tool-mode", "text", "--mailbox", str(ENRON_DIR / "beck-s.tar.gz"),
                         str(ENRON_DIR / "farmer-d.tar.gz"), "--db", str(tmp_path / "inbox.db"), "--out",
                         str(tmp_path / "runs"), "--report", str(report), "--test-inboxes", "daren.farmer@enron.com"])
-    # after step 1 only: step 2 is the last, which after.parquet measures
-    assert sorted(p.name for p in report.glob("eval-step*.parquet")) == ["eval-step0001.parquet"]
+    files = sorted(p.name for p in report.glob("eval-step*.parquet"))
+    final = json.loads((report / "run.json").read_text())["policy_step"]
+    assert final >= 1, "no training step was taken: the test cannot see where a measure lands"
+    # each measure is named by the policy step it measured, never the final policy (after.parquet measures it)
+    assert files and all(f"eval-step{final:04d}.parquet" != f for f in files)
+    for name in files:
+        step = int(re.search(r"(\d{4})", name).group(1))
+        assert f"(step {step})" in pd.read_parquet(report / name)["model"].iloc[0]
     before, mid = load_run(report, after=latest_eval(report))
-    assert list(before.index) == list(mid.index) and mid["model"].iloc[0].startswith("after step 1")
+    assert list(before.index) == list(mid.index)

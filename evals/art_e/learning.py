@@ -18,7 +18,10 @@ after with paired intervals, over one seed or several, and how well the training
   interval over the block's groups, and the first block against the rest;
 - a folder without after.parquet (a run whose after-evaluation was not brought back) is read against its latest
   eval-stepNNNN.parquet (`examples/email_agent.py --eval-every`), named so in the table; without either, it gives
-  its before count and its training curve only.
+  its before count and its training curve only; the seeds' mean is formed only over folders whose run.json agree
+  beyond seed, names and time budget and that were measured at the same point (after.parquet, or the same step);
+- the training curve is also given within each question kind: the questions drawn differ by step, and kinds
+  differ in how often they are answered right, so a rise over all kinds can be a change of mix.
 """
 
 from __future__ import annotations
@@ -115,18 +118,30 @@ def _share(groups: list[list[int]], rng, resamples: int = 4000) -> tuple[float, 
     return right.sum() / n.sum(), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
 
 
-def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+def scenario_kind(scenario_id: str) -> str | None:
+    """The question kind a generated scenario's id carries (`inbox-email-KIND[-n]`), or None (annotated ids)."""
+    from evals.art_e.questions import KINDS
+
+    return next((part for part in str(scenario_id).split("-")[1:] if part in KINDS), None)
+
+
+def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0,
+                   kind: str | None = None) -> tuple[pd.DataFrame, dict]:
     """The training rollouts' correctness by blocks of `block` steps, and the first block against the rest.
 
-    Returns (table, comparison): one row per block (steps, groups, rollouts, right, share and its 95% interval
-    over groups, mean ART reward, mean turns), and the later blocks' share minus the first block's with a 95%
-    bootstrap interval (groups resampled within each side). Every logged group counts, scored or not: the
-    rollouts were sampled either way."""
+    Returns (table, comparison): one row per block (the steps it holds, groups, rollouts, right, share and its 95%
+    interval over groups, mean ART reward, mean turns), and the later blocks' share minus the first block's with a
+    95% bootstrap interval (groups resampled within each side; no `difference` with one block). Every logged group
+    counts, scored or not: the rollouts were sampled either way. `kind` keeps the groups of one question kind
+    (`scenario_kind`): the questions drawn differ from step to step, and kinds differ in how often they are
+    answered right, so a rise over all kinds can be a change of mix; compare within a kind."""
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     rows = [json.loads(line) for line in Path(groups_jsonl).read_text().splitlines() if line.strip()]
+    if kind is not None:
+        rows = [g for g in rows if scenario_kind(g.get("scenario_id", "")) == kind]
     if not rows:
-        raise ValueError(f"{groups_jsonl} holds no groups")
+        raise ValueError(f"{groups_jsonl} holds no groups" + (f" of kind {kind!r}" if kind else ""))
     rng = np.random.default_rng(seed)
     blocks: dict[int, list[dict]] = {}
     for g in rows:
@@ -136,12 +151,13 @@ def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0) -
         return [[int(bool(r.get("correct"))) for r in g["rollouts"]] for g in gs if g["rollouts"]]
 
     table = []
-    for b, gs in sorted(blocks.items()):
+    for _, gs in sorted(blocks.items()):
         rs = [r for g in gs for r in g["rollouts"]]
         share, low, high = _share(right_of(gs), rng)
         art = [r["art_reward"] for r in rs if r.get("art_reward") is not None]
         turns = [r["turns"] for r in rs if r.get("turns") is not None]
-        table.append({"steps": f"{b * block}-{b * block + block - 1}", "groups": len(gs), "rollouts": len(rs),
+        steps = [int(g["step"]) for g in gs]
+        table.append({"steps": f"{min(steps)}-{max(steps)}", "groups": len(gs), "rollouts": len(rs),
                       "right": sum(map(sum, right_of(gs))), "share": share, "low": low, "high": high,
                       "art_reward": float(np.mean(art)) if art else float("nan"),
                       "turns": float(np.mean(turns)) if turns else float("nan")})
@@ -159,6 +175,17 @@ def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0) -
     return pd.DataFrame(table), comparison
 
 
+# run.json keys that may differ between seeds of one configuration (names, paths, the time budget)
+_PER_RUN = {"seed", "name", "out", "report", "db", "time_budget_s", "steps_run", "policy_step", "seconds"}
+
+
+def _configuration(folder: Path) -> dict | None:
+    path = folder / "run.json"
+    if not path.is_file():
+        return None
+    return {k: v for k, v in json.loads(path.read_text()).items() if k not in _PER_RUN}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
@@ -174,37 +201,48 @@ def main(argv=None) -> None:
     for f in args.folders:
         if not f.is_dir():
             ap.error(f"no report folder at {f}")
-    runs = {}
+        if not (f / "before.parquet").is_file():
+            ap.error(f"{f} has no before.parquet: not a learning run's report folder")
+    runs, measured = {}, {}
     for f in args.folders:
-        if (f / "after.parquet").is_file() or not (f / "before.parquet").is_file():
-            runs[f.name] = load_run(f, regrade=args.regrade, keep=keep)  # (it names what is missing)
-        elif latest_eval(f):  # cut before its after-evaluation: its latest held-out measure instead
-            runs[f"{f.name} ({latest_eval(f)}, no after.parquet)"] = load_run(f, regrade=args.regrade, keep=keep,
-                                                                               after=latest_eval(f))
-        else:  # the before count alone: nothing to pair it with
-            before = pd.read_parquet(f / "before.parquet")
-            before = _regraded(before) if args.regrade else before
+        after = "after.parquet" if (f / "after.parquet").is_file() else latest_eval(f)
+        if after is None:  # the before count alone: nothing to pair it with
+            before, _ = load_run(f, regrade=args.regrade, keep=keep, after="before.parquet")
             print(f"{f.name}: no after.parquet, no eval-step*.parquet; before {int(before['correct'].sum())}/"
                   f"{len(before)} right")
+            continue
+        name = f.name if after == "after.parquet" else f"{f.name} ({after}, no after.parquet)"
+        runs[name] = load_run(f, regrade=args.regrade, keep=keep, after=after)
+        measured[name] = (after, _configuration(f))
     rows = []
     for name, (before, after) in runs.items():
         common = before.index.intersection(after.index)
         rows.append({"run": name, **paired(before.loc[common, "correct"], after.loc[common, "correct"])})
     if len(runs) > 1:
-        common = sorted(set.intersection(*(set(b.index) & set(a.index) for b, a in runs.values())))
-        before = np.mean([b.loc[common, "correct"].astype(float) for b, _ in runs.values()], axis=0)
-        after = np.mean([a.loc[common, "correct"].astype(float) for _, a in runs.values()], axis=0)
-        rows.append({"run": "seeds' mean", **paired(before, after)})
+        afters, configurations = zip(*measured.values())
+        if len(set(afters)) > 1 or None in configurations or any(c != configurations[0] for c in configurations):
+            print("no seeds' mean: the folders are not seeds of one configuration measured at the same point "
+                  "(their run.json differ beyond seed, names and time budget, or their after-tables differ)")
+        else:
+            common = sorted(set.intersection(*(set(b.index) & set(a.index) for b, a in runs.values())))
+            before = np.mean([b.loc[common, "correct"].astype(float) for b, _ in runs.values()], axis=0)
+            after = np.mean([a.loc[common, "correct"].astype(float) for _, a in runs.values()], axis=0)
+            rows.append({"run": "seeds' mean", **paired(before, after)})
     if rows:
         print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     for f in args.folders:
         if (f / "groups.jsonl").is_file():
             print(f"{f.name}: reward signal {reward_signal(f / 'groups.jsonl')}")
             table, comparison = training_curve(f / "groups.jsonl", block=args.block)
-            print(f"{f.name}: training rollouts answered right, by {args.block} steps (training questions)")
+            print(f"{f.name}: training rollouts answered right, by {args.block} steps (training questions; the "
+                  "questions drawn differ by step: compare within a kind)")
             print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
             print(f"{f.name}: later blocks minus the first {comparison}")
-
+            kinds = sorted({k for line in (f / "groups.jsonl").read_text().splitlines() if line.strip()
+                            if (k := scenario_kind(json.loads(line).get("scenario_id", ""))) is not None})
+            for kind in kinds:
+                print(f"{f.name}: {kind} questions only, later blocks minus the first "
+                      f"{training_curve(f / 'groups.jsonl', block=args.block, kind=kind)[1]}")
 
 if __name__ == "__main__":
     main()

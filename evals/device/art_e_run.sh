@@ -6,13 +6,18 @@
 #   usage: bash evals/device/art_e_run.sh NAME BUDGET_S [examples/email_agent.py arguments ...]
 #   e.g.   bash evals/device/art_e_run.sh ruler-seed0 720 --reward ruler --judge self --seed 0
 # The fixed arguments are the 2026-12-05 run's (evals/reports/art_e/README.md) with a held-out measure every 4
-# steps (eval-stepNNNN.parquet: a run the machine is taken from before its end still has one, about 20 s each);
+# policy steps (eval-stepNNNN.parquet: a run the machine is taken from before its end still has one; the untrained
+# model's 108 questions took 19-27 s on the H100 on 2026-12-06);
 # later ones override them.
 set -uo pipefail
 root=$PWD; name=$1; budget=$2; shift 2
-ruler_only=(); [[ " $* " == *" --reward ruler "* ]] && ruler_only=(--judge-max-prompt-tokens 24000)  # ruler's flag only
+reward=art; prev=""  # the run's reward: the last --reward given (argparse's rule), as `--reward X` or `--reward=X`
+for a in "$@"; do
+  case "$a" in --reward=*) reward=${a#--reward=} ;; *) [ "$prev" = --reward ] && reward=$a ;; esac; prev=$a
+done
+ruler_only=(); [ "$reward" = ruler ] && ruler_only=(--judge-max-prompt-tokens 24000)  # a flag of RULER runs only
 cmd=(examples/email_agent.py --engine vllm --base-model /tmp/models/qwen15 --tool-mode native \
-  --tool-choice required --eval-set both "${ruler_only[@]}" --max-turns 10 --max-tokens 1024 \
+  --tool-choice required --eval-set both ${ruler_only[@]+"${ruler_only[@]}"} --max-turns 10 --max-tokens 1024 \
   --max-seq-length 32768 --steps 200 --groups-per-step 6 --group-size 6 --eval-questions 400 --concurrency 64 \
   --lr 1e-4 --gpu-memory-utilization 0.35 --no-sleep --eval-every 4 --time-budget-s "$budget" --name "$name" \
   --db "/tmp/runs/inbox-$name.db" --out "/tmp/runs/$name" --report "/tmp/report/$name" "$@")
