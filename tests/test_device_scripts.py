@@ -35,3 +35,18 @@ def test_each_run_the_reports_use_passes_the_example_parser(extra):
 def test_later_arguments_override_the_fixed_ones():
     args = load_example().parse_args(dry_run("--reward", "art", "--eval-every", "0", "--max-turns", "4"))
     assert (args.eval_every, args.max_turns) == (0, 4)
+
+
+def test_the_seeds_script_starts_each_seed_with_its_own_name_and_seed():
+    run = ["bash", "evals/device/art_e_seeds.sh", "ruler-ref", "900", "560", "0", "1", "--", "--reward", "ruler",
+           "--judge", "self", "--judge-sees-reference"]
+    done = subprocess.run(run, check=False, capture_output=True, text=True, env={**os.environ, "ART_E_DRY_RUN": "1"},
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    example = load_example()
+    parsed = [example.parse_args(line.split()) for line in done.stdout.splitlines()]
+    assert [(a.name, a.seed, a.report.name, a.judge_sees_reference) for a in parsed] == [
+        ("ruler-ref-seed0", 0, "ruler-ref-seed0", True), ("ruler-ref-seed1", 1, "ruler-ref-seed1", True)]
+    bad = subprocess.run(["bash", "evals/device/art_e_seeds.sh", "x", "900", "560", "one", "--"], check=False,
+                         capture_output=True, text=True, env={**os.environ, "ART_E_DRY_RUN": "1"}, timeout=30)
+    assert bad.returncode == 2 and "not a non-negative integer" in bad.stderr
