@@ -108,14 +108,19 @@ def reward_signal(groups_jsonl: str | Path) -> dict:
             "pairwise_accuracy": (wins + 0.5 * ties) / pairs if pairs else float("nan")}
 
 
-def _share(groups: list[list[int]], rng, resamples: int = 4000) -> tuple[float, float, float]:
-    """Share of right rollouts over `groups` (each a list of 0/1) and its 95% bootstrap interval, resampling
+def _resampled(groups: list[list[int]], rng, resamples: int = 4000) -> np.ndarray:
+    """Bootstrap totals over `groups` (each a list of 0/1): a (resamples, 2) array of (right, rollouts), resampling
     groups (rollouts of one question are not independent)."""
-    right = np.array([sum(g) for g in groups], float)
-    n = np.array([len(g) for g in groups], float)
-    idx = rng.integers(0, len(groups), size=(resamples, len(groups)))
-    boot = right[idx].sum(axis=1) / n[idx].sum(axis=1)
-    return right.sum() / n.sum(), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
+    totals = np.array([[sum(g), len(g)] for g in groups], float)
+    return totals[rng.integers(0, len(groups), size=(resamples, len(groups)))].sum(axis=1)
+
+
+def _share(groups: list[list[int]], rng, resamples: int = 4000) -> tuple[float, float, float]:
+    """Share of right rollouts over `groups` (each a list of 0/1) and its 95% bootstrap interval over groups."""
+    boot = _resampled(groups, rng, resamples)
+    boot = boot[:, 0] / boot[:, 1]
+    return sum(map(sum, groups)) / sum(map(len, groups)), float(np.quantile(boot, 0.025)), \
+        float(np.quantile(boot, 0.975))
 
 
 def scenario_kind(scenario_id: str) -> str | None:
@@ -163,13 +168,11 @@ def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0,
                       "turns": float(np.mean(turns)) if turns else float("nan")})
     first = right_of(blocks[min(blocks)])
     rest = right_of([g for b, gs in blocks.items() if b != min(blocks) for g in gs])
-    comparison = {"first": table[0]["steps"], "first_share": float(_share(first, rng)[0])}
+    comparison = {"first": table[0]["steps"], "first_share": sum(map(sum, first)) / sum(map(len, first))}
     if rest:
-        f, r = np.array([[sum(g), len(g)] for g in first], float), np.array([[sum(g), len(g)] for g in rest], float)
-        bf = f[rng.integers(0, len(f), size=(4000, len(f)))].sum(axis=1)
-        br = r[rng.integers(0, len(r), size=(4000, len(r)))].sum(axis=1)
+        bf, br = _resampled(first, rng), _resampled(rest, rng)
         diff = br[:, 0] / br[:, 1] - bf[:, 0] / bf[:, 1]
-        later = r[:, 0].sum() / r[:, 1].sum()
+        later = sum(map(sum, rest)) / sum(map(len, rest))
         comparison.update(later_share=float(later), difference=float(later - comparison["first_share"]),
                           low=float(np.quantile(diff, 0.025)), high=float(np.quantile(diff, 0.975)))
     return pd.DataFrame(table), comparison
