@@ -227,9 +227,10 @@ async def test_a_rollout_during_a_failing_step_is_sampled_by_the_weights_its_lab
         with pytest.raises(StepFailedError):
             await training
         # step 0's weights, as labelled: the same tokens, and the same log-probabilities up to float rounding (a
-        # CPU matmul may sum in another order from one call to the next; a step at lr 5e-2 moves them far more)
+        # CPU matmul may sum in another order from one call to the next, seen up to 1.6e-5 apart on a loaded
+        # 2-core machine; a step at lr 5e-2 moves them by far more than the 1e-4 allowed here)
         assert during[0] == [0, 0] and during[1] == before[1]
         for now, then in zip(during[2], before[2]):
-            assert now == pytest.approx(then, abs=1e-5)
+            assert now == pytest.approx(then, abs=1e-4)
     finally:
         await backend.close()
