@@ -74,7 +74,9 @@ async def test_eval_every_writes_a_held_out_measure_between_steps(tmp_path):
     with pytest.raises(SystemExit):
         example.parse_args(["--eval-every", "-1"])
     report = tmp_path / "report"
-    await example.main(["--steps", "3", "--eval-every", "1", "--groups-per-step", "1", "--group-size", "3",
+    # two steps: the fewest in which a measure can fall between steps (after step 1; step 2 is the last pass, which
+    # after.parquet measures)
+    await example.main(["--steps", "2", "--eval-every", "1", "--groups-per-step", "1", "--group-size", "3",
                         "--max-turns", "2", "--max-tokens", "96", "--eval-questions", "1", "--per-inbox", "4",
                         "--engine", "transformers", "--tool-mode", "text", "--mailbox", str(ENRON_DIR / "beck-s.tar.gz"),
                         str(ENRON_DIR / "farmer-d.tar.gz"), "--db", str(tmp_path / "inbox.db"), "--out",
