@@ -136,3 +136,31 @@ def test_the_seeds_mean_is_formed_only_over_seeds_of_one_configuration(tmp_path,
     (tmp_path / "s1" / "before.parquet").unlink()
     with pytest.raises(SystemExit):
         main([str(tmp_path / "s1")])
+
+
+def test_held_out_accuracy_is_split_by_question_kind(capsys):
+    import pandas as pd
+
+    from evals.art_e.learning import main, paired_by_kind
+
+    before, after = load_run(RUN)
+    table = paired_by_kind(before, after).set_index("kind")
+    # the recorded run lost all five of its right answers: four reply questions and one date question
+    assert table.loc["reply", ["right_before", "right_after", "questions"]].tolist() == [4, 0, 30]
+    assert table.loc["date", ["right_before", "right_after"]].tolist() == [1, 0]
+    assert table["questions"].sum() == 174 and table["right_before"].sum() == 5
+    assert table.loc["reply", "high"] < 0  # four of 30 lost: the reply interval excludes 0 on its own
+    # one kind moving while another stays: only the moved kind's interval leaves 0
+    idx = [f"q{i}" for i in range(40)]
+    b = pd.DataFrame({"kind": ["phone"] * 20 + ["date"] * 20, "correct": [False] * 40}, index=idx)
+    a = b.assign(correct=[i < 12 for i in range(20)] + [False] * 20)
+    moved = paired_by_kind(b, a).set_index("kind")
+    assert moved.loc["phone", "right_after"] == 12 and moved.loc["phone", "low"] > 0
+    assert moved.loc["date", "difference"] == 0 and moved.loc["date", "high"] == 0
+    with pytest.raises(ValueError, match="'kind' and 'correct'"):
+        paired_by_kind(b.drop(columns="kind"), a)
+    with pytest.raises(ValueError, match="no question in common"):
+        paired_by_kind(b, a.rename(index=lambda q: q + "x"))
+    main([str(RUN)])
+    out = capsys.readouterr().out
+    assert "ruler-seed0: held out, by question kind" in out and " reply             4            0" in out

@@ -20,6 +20,7 @@ after with paired intervals, over one seed or several, and how well the training
   eval-stepNNNN.parquet (`examples/email_agent.py --eval-every`), named so in the table; without either, it gives
   its before count and its training curve only; the seeds' mean is formed only over folders whose run.json agree
   beyond seed, names and time budget and that were measured at the same point (after.parquet, or the same step);
+- held-out accuracy is also given within each question kind (`paired_by_kind`), to show where a change came from;
 - the training curve is also given within each question kind: the questions drawn differ by step, and kinds
   differ in how often they are answered right, so a rise over all kinds can be a change of mix.
 """
@@ -81,6 +82,28 @@ def paired(before: np.ndarray, after: np.ndarray, *, resamples: int = 4000, seed
     boot = d[np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
     return {"questions": len(d), "before": before.mean(), "after": after.mean(), "difference": d.mean(),
             "low": float(np.quantile(boot, 0.025)), "high": float(np.quantile(boot, 0.975))}
+
+
+def paired_by_kind(before: pd.DataFrame, after: pd.DataFrame, *, resamples: int = 4000,
+                   seed: int = 0) -> pd.DataFrame:
+    """`paired` within each question kind (the tables' `kind` column: phone, date, ..., human for the annotated
+    set) over the questions both tables hold, one row per kind: the kinds a run trained on can move while the
+    others do not, which the overall interval blurs. Not a second test of the overall result: read it as where a
+    change came from."""
+    for name, df in (("before", before), ("after", after)):
+        if not isinstance(df, pd.DataFrame) or "kind" not in df.columns or "correct" not in df.columns:
+            raise ValueError(f"{name} must be a results table with 'kind' and 'correct' columns (load_run's)")
+    common = before.index.intersection(after.index)
+    if not len(common):
+        raise ValueError("before and after hold no question in common")
+    kinds = before.loc[common, "kind"].fillna("?")
+    rows = []
+    for kind in sorted(set(kinds)):
+        idx = common[(kinds == kind).to_numpy()]
+        b, a = before.loc[idx, "correct"].astype(float), after.loc[idx, "correct"].astype(float)
+        rows.append({"kind": kind, "right_before": int(b.sum()), "right_after": int(a.sum()),
+                     **paired(b, a, resamples=resamples, seed=seed)})
+    return pd.DataFrame(rows)
 
 
 def reward_signal(groups_jsonl: str | Path) -> dict:
@@ -233,6 +256,9 @@ def main(argv=None) -> None:
             rows.append({"run": "seeds' mean", **paired(before, after)})
     if rows:
         print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    for name, (before, after) in runs.items():
+        print(f"{name}: held out, by question kind (where a change came from; the overall row above is the test)")
+        print(paired_by_kind(before, after).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     for f in args.folders:
         if (f / "groups.jsonl").is_file():
             print(f"{f.name}: reward signal {reward_signal(f / 'groups.jsonl')}")
