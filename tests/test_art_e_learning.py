@@ -157,6 +157,20 @@ def test_held_out_accuracy_is_split_by_question_kind(capsys):
     moved = paired_by_kind(b, a).set_index("kind")
     assert moved.loc["phone", "right_after"] == 12 and moved.loc["phone", "low"] > 0
     assert moved.loc["date", "difference"] == 0 and moved.loc["date", "high"] == 0
+    # both sides vary within a kind, after in another row order and holding a question before lacks: rows are
+    # paired by question, not by position
+    b2 = pd.DataFrame({"kind": ["phone"] * 4 + ["date"] * 2, "correct": [True, False, False, False, True, False]},
+                      index=["p1", "p2", "p3", "p4", "d1", "d2"])
+    a2 = pd.DataFrame({"kind": ["date", "phone", "phone", "phone", "date", "phone", "phone"],
+                       "correct": [True, True, True, False, False, True, True]},
+                      index=["d2", "p4", "p3", "p2", "d1", "p1", "extra"])
+    t2 = paired_by_kind(b2, a2).set_index("kind")
+    # phone: p1 1->1, p2 0->0, p3 0->1, p4 0->1; date: d1 1->0, d2 0->1
+    assert t2.loc["phone", ["right_before", "right_after", "questions"]].tolist() == [1, 3, 4]
+    assert t2.loc["phone", "difference"] == pytest.approx(0.5)
+    assert t2.loc["phone", "low"] == 0  # no question lost: a mispairing would put a -1 among the differences
+    assert t2.loc["date", ["right_before", "right_after", "difference"]].tolist() == [1, 1, 0]
+    assert t2.loc["date", "low"] == pytest.approx(-1) and t2.loc["date", "high"] == pytest.approx(1)
     with pytest.raises(ValueError, match="'kind' and 'correct'"):
         paired_by_kind(b.drop(columns="kind"), a)
     with pytest.raises(ValueError, match="no question in common"):
