@@ -87,9 +87,9 @@ def paired(before: np.ndarray, after: np.ndarray, *, resamples: int = 4000, seed
 def paired_by_kind(before: pd.DataFrame, after: pd.DataFrame, *, resamples: int = 4000,
                    seed: int = 0) -> pd.DataFrame:
     """`paired` within each question kind (`before`'s `kind` column: phone, date, ..., human for the annotated
-    set; "?" where missing) over the questions both tables hold, matched by index, one row per kind: the kinds a run trained on can move while the
-    others do not, which the overall interval blurs. Not a second test of the overall result: read it as where a
-    change came from."""
+    set; "?" where missing) over the questions both tables hold, matched by index, one row per kind: the kinds a
+    run trained on can move while the others do not, which the overall interval blurs. Not a second test of the
+    overall result: read it as where a change came from."""
     for name, df in (("before", before), ("after", after)):
         if not isinstance(df, pd.DataFrame) or "kind" not in df.columns or "correct" not in df.columns:
             raise ValueError(f"{name} must be a results table with 'kind' and 'correct' columns (load_run's)")
