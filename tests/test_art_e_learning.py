@@ -178,3 +178,18 @@ def test_held_out_accuracy_is_split_by_question_kind(capsys):
     main([str(RUN)])
     out = capsys.readouterr().out
     assert "ruler-seed0: held out, by question kind" in out and " reply             4            0" in out
+
+
+def test_a_table_holding_a_question_twice_is_refused_not_mispaired(tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    after = pd.read_parquet(run / "after.parquet")
+    pd.concat([after, after.iloc[[3]]]).to_parquet(run / "after.parquet")
+    with pytest.raises(ValueError, match="1 question\\(s\\) more than once"):
+        load_run(run)
+    before, _ = load_run(run, after="before.parquet")  # the untouched table still reads
+    assert len(before) == 174

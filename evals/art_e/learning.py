@@ -69,6 +69,10 @@ def load_run(folder: str | Path, *, regrade: bool = False, keep: set[tuple[str, 
             df = _regraded(df)
         if keep is not None:
             df = df[[(q, r) in keep for q, r in zip(df["question"], df["reference"])]]
+        twice = df["question"][df["question"].duplicated()]
+        if len(twice):  # pairing is by question text: a question held twice would pair ambiguously
+            raise ValueError(f"{folder / name} holds {len(twice)} question(s) more than once (first: "
+                             f"{twice.iloc[0]!r}); before/after pairing is by question text")
         tables.append(df.set_index("question").sort_index())
     return tables[0], tables[1]
 
