@@ -4,9 +4,11 @@
 # once), dequantize Qwen2.5-Coder-1.5B to /tmp/models/qwen15, serve it with vLLM and run the injection check over
 # 50 groups, ART·E's labelled answer pairs with it as the correctness judge, then the judge meta-evaluation
 # (LLMBar's four sets and PandaLM, k=1 and k=3, saved per set); results packed as $OUT/judge.tgz every 20 s.
-#   usage: bash evals/device/judge_run.sh [evals.gpu_judge_meta arguments ...]   e.g. --limit 200
+#   usage: bash evals/device/judge_run.sh [--meta-only] [evals.gpu_judge_meta arguments ...]   e.g. --limit 200
+# --meta-only: the meta-evaluation alone (no injection check, no answer pairs), for a call too short for all three.
 set -uo pipefail
 root=$PWD
+checks=(--answer-accuracy --injection-groups 50); [ "${1:-}" = --meta-only ] && { checks=(); shift; }
 bash "$root/evals/device/join_parts.sh" || exit $?
 bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
@@ -18,8 +20,8 @@ res=/tmp/judge/qwen15; mkdir -p $res
 pack() { (cd /tmp/judge && tar czf "$OUT/judge.part" --exclude judge-cache qwen15 && mv "$OUT/judge.part" "$OUT/judge.tgz") 2>/dev/null; }
 (while sleep 20; do pack; done) &
 packer=$!
-python3 -m evals.gpu_judge_meta --model /tmp/models/qwen15 --out $res --enforce-eager --answer-accuracy \
-  --injection-groups 50 --gpu-memory-utilization 0.85 --concurrency 256 "$@" 2>&1 | tee $res/run.log
+python3 -m evals.gpu_judge_meta --model /tmp/models/qwen15 --out $res --enforce-eager ${checks[@]+"${checks[@]}"} \
+  --gpu-memory-utilization 0.85 --concurrency 256 "$@" 2>&1 | tee $res/run.log
 rc=${PIPESTATUS[0]}
 kill $packer 2>/dev/null; pack
 exit $rc
