@@ -76,7 +76,8 @@ def follow_up(args, what: str, module: str, *argv: str) -> int:
     return rc
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (argparse's exit 2 with a message on a bad combination)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
@@ -92,13 +93,18 @@ def main() -> None:
                     "answer pairs with the same server as the correctness judge")
     ap.add_argument("--injection-groups", type=int, default=0, help="--engine server: then the prompt-injection "
                     "check (evals.judge_injection) over this many groups")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.injection_groups < 0 or (args.limit is not None and args.limit < 1) or args.concurrency < 1:
         ap.error("--injection-groups must be >= 0, --limit and --concurrency >= 1")
     if not 0 < args.gpu_memory_utilization <= 1:
         ap.error("--gpu-memory-utilization must be in (0, 1]")
     if args.engine == "in-process" and (args.answer_accuracy or args.injection_groups or args.enforce_eager):
         ap.error("--answer-accuracy, --injection-groups and --enforce-eager need --engine server")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     name = args.served_name or Path(args.model.rstrip("/")).name
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RULER_CACHE_DIR", str(args.out / "judge-cache"))

@@ -50,3 +50,19 @@ def test_the_seeds_script_starts_each_seed_with_its_own_name_and_seed():
     bad = subprocess.run(["bash", "evals/device/art_e_seeds.sh", "x", "900", "560", "one", "--"], check=False,
                          capture_output=True, text=True, env={**os.environ, "ART_E_DRY_RUN": "1"}, timeout=30)
     assert bad.returncode == 2 and "not a non-negative integer" in bad.stderr
+
+
+def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks():
+    from evals.gpu_judge_meta import parse_args
+
+    def judge_dry_run(*args: str):
+        done = subprocess.run(["bash", "evals/device/judge_run.sh", *args], check=False, capture_output=True,
+                              text=True, env={**os.environ, "JUDGE_RUN_DRY_RUN": "1"}, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return parse_args(done.stdout.splitlines())
+
+    full = judge_dry_run("--limit", "200")
+    assert (full.limit, full.answer_accuracy, full.injection_groups, full.enforce_eager) == (200, True, 50, True)
+    short = judge_dry_run("--meta-only", "--limit", "100")
+    assert (short.limit, short.answer_accuracy, short.injection_groups) == (100, False, 0)
+    assert (short.model, short.concurrency) == (full.model, full.concurrency) == ("/tmp/models/qwen15", 256)

@@ -9,6 +9,12 @@
 set -uo pipefail
 root=$PWD
 checks=(--answer-accuracy --injection-groups 50); [ "${1:-}" = --meta-only ] && { checks=(); shift; }
+res=/tmp/judge/qwen15
+cmd=(evals.gpu_judge_meta --model /tmp/models/qwen15 --out $res --enforce-eager ${checks[@]+"${checks[@]}"} \
+  --gpu-memory-utilization 0.85 --concurrency 256 "$@")
+# JUDGE_RUN_DRY_RUN=1: print gpu_judge_meta's arguments, one a line, and stop (tests/test_device_scripts.py parses
+# them with its own parser)
+[ "${JUDGE_RUN_DRY_RUN:-0}" = 1 ] && { printf '%s\n' "${cmd[@]:1}"; exit 0; }
 bash "$root/evals/device/join_parts.sh" || exit $?
 bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
@@ -16,12 +22,11 @@ export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LI
 mkdir -p "$(dirname "$root")/shared/data" && cp -rn /tmp/gpukit/judge-meta "$(dirname "$root")/shared/data/"
 [ -f /tmp/models/qwen15/config.json ] || python3 -m evals.gguf_to_hf /tmp/gpukit/qwen/qwen.gguf /tmp/models/qwen15 \
   > /tmp/convert.log 2>&1 || { tail -20 /tmp/convert.log; exit 5; }
-res=/tmp/judge/qwen15; mkdir -p $res
+mkdir -p $res
 pack() { (cd /tmp/judge && tar czf "$OUT/judge.part" --exclude judge-cache qwen15 && mv "$OUT/judge.part" "$OUT/judge.tgz") 2>/dev/null; }
 (while sleep 20; do pack; done) &
 packer=$!
-python3 -m evals.gpu_judge_meta --model /tmp/models/qwen15 --out $res --enforce-eager ${checks[@]+"${checks[@]}"} \
-  --gpu-memory-utilization 0.85 --concurrency 256 "$@" 2>&1 | tee $res/run.log
+python3 -m "${cmd[@]}" 2>&1 | tee $res/run.log
 rc=${PIPESTATUS[0]}
 kill $packer 2>/dev/null; pack
 exit $rc
