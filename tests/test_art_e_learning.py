@@ -193,3 +193,8 @@ def test_a_table_holding_a_question_twice_is_refused_not_mispaired(tmp_path):
         load_run(run)
     before, _ = load_run(run, after="before.parquet")  # the untouched table still reads
     assert len(before) == 174
+    from evals.art_e.learning import main
+
+    with pytest.raises(SystemExit) as exit_:  # the command line says so and exits 2, without a traceback
+        main([str(run)])
+    assert exit_.value.code == 2

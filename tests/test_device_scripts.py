@@ -66,3 +66,5 @@ def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks(
     short = judge_dry_run("--meta-only", "--limit", "100")
     assert (short.limit, short.answer_accuracy, short.injection_groups) == (100, False, 0)
     assert (short.model, short.concurrency) == (full.model, full.concurrency) == ("/tmp/models/qwen15", 256)
+    late = judge_dry_run("--limit", "100", "--meta-only")  # recognised wherever it stands
+    assert (late.limit, late.answer_accuracy, late.injection_groups) == (100, False, 0)

@@ -71,7 +71,7 @@ def load_run(folder: str | Path, *, regrade: bool = False, keep: set[tuple[str, 
             df = df[[(q, r) in keep for q, r in zip(df["question"], df["reference"])]]
         twice = df["question"][df["question"].duplicated()]
         if len(twice):  # pairing is by question text: a question held twice would pair ambiguously
-            raise ValueError(f"{folder / name} holds {len(twice)} question(s) more than once (first: "
+            raise ValueError(f"{folder / name} holds {twice.nunique()} question(s) more than once (first: "
                              f"{twice.iloc[0]!r}); before/after pairing is by question text")
         tables.append(df.set_index("question").sort_index())
     return tables[0], tables[1]
@@ -233,16 +233,22 @@ def main(argv=None) -> None:
             ap.error(f"no report folder at {f}")
         if not (f / "before.parquet").is_file():
             ap.error(f"{f} has no before.parquet: not a learning run's report folder")
+    def read(folder: Path, after: str):
+        try:
+            return load_run(folder, regrade=args.regrade, keep=keep, after=after)
+        except ValueError as e:  # a table that cannot be paired: a message, not a traceback
+            ap.error(str(e))
+
     runs, measured = {}, {}
     for f in args.folders:
         after = "after.parquet" if (f / "after.parquet").is_file() else latest_eval(f)
         if after is None:  # the before count alone: nothing to pair it with
-            before, _ = load_run(f, regrade=args.regrade, keep=keep, after="before.parquet")
+            before, _ = read(f, "before.parquet")
             print(f"{f.name}: no after.parquet, no eval-step*.parquet; before {int(before['correct'].sum())}/"
                   f"{len(before)} right")
             continue
         name = f.name if after == "after.parquet" else f"{f.name} ({after}, no after.parquet)"
-        runs[name] = load_run(f, regrade=args.regrade, keep=keep, after=after)
+        runs[name] = read(f, after)
         measured[name] = (after, _configuration(f))
     rows = []
     for name, (before, after) in runs.items():

@@ -8,7 +8,9 @@
 # --meta-only: the meta-evaluation alone (no injection check, no answer pairs), for a call too short for all three.
 set -uo pipefail
 root=$PWD
-checks=(--answer-accuracy --injection-groups 50); [ "${1:-}" = --meta-only ] && { checks=(); shift; }
+checks=(--answer-accuracy --injection-groups 50); rest=()
+for a in "$@"; do [ "$a" = --meta-only ] && checks=() || rest+=("$a"); done  # --meta-only anywhere
+set -- ${rest[@]+"${rest[@]}"}
 res=/tmp/judge/qwen15
 cmd=(evals.gpu_judge_meta --model /tmp/models/qwen15 --out $res --enforce-eager ${checks[@]+"${checks[@]}"} \
   --gpu-memory-utilization 0.85 --concurrency 256 "$@")
