@@ -1,6 +1,7 @@
 """evals/device/art_e_run.sh builds the arguments of the GPU host's ART·E runs: every combination the reports use
 must pass examples/email_agent.py's own parser. On 2026-12-06 the script passed a RULER-only flag to an ART-rubric
-run, which refused it on the GPU host after 200 s of device time; a dry run here catches that."""
+run, which refused it on the GPU host after 200 s of device time; a dry run here catches that. The same holds for
+evals/device/judge_run.sh's arguments against evals.gpu_judge_meta's parser."""
 
 import os
 import subprocess
@@ -15,9 +16,14 @@ RUNS = [["--reward", "art", "--seed", "0", "--gpu-memory-utilization", "0.3"],
         ["--reward=ruler", "--judge", "self"], ["--reward", "ruler", "--reward", "art"]]
 
 
+def dry(script: str, *argv: str, var: str = "ART_E_DRY_RUN") -> subprocess.CompletedProcess:
+    """evals/device/SCRIPT run with its dry-run variable set: it prints its arguments and starts nothing."""
+    return subprocess.run(["bash", f"evals/device/{script}", *argv], check=False, capture_output=True, text=True,
+                          env={**os.environ, var: "1"}, timeout=60)
+
+
 def dry_run(*args: str) -> list[str]:
-    done = subprocess.run(["bash", "evals/device/art_e_run.sh", "run-x", "600", *args], check=False,
-                          capture_output=True, text=True, env={**os.environ, "ART_E_DRY_RUN": "1"}, timeout=30)
+    done = dry("art_e_run.sh", "run-x", "600", *args)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
@@ -38,17 +44,14 @@ def test_later_arguments_override_the_fixed_ones():
 
 
 def test_the_seeds_script_starts_each_seed_with_its_own_name_and_seed():
-    run = ["bash", "evals/device/art_e_seeds.sh", "ruler-ref", "900", "560", "0", "1", "--", "--reward", "ruler",
-           "--judge", "self", "--judge-sees-reference"]
-    done = subprocess.run(run, check=False, capture_output=True, text=True, env={**os.environ, "ART_E_DRY_RUN": "1"},
-                          timeout=60)
+    done = dry("art_e_seeds.sh", "ruler-ref", "900", "560", "0", "1", "--", "--reward", "ruler", "--judge", "self",
+               "--judge-sees-reference")
     assert done.returncode == 0, done.stderr
     example = load_example()
     parsed = [example.parse_args(line.split()) for line in done.stdout.splitlines()]
     assert [(a.name, a.seed, a.report.name, a.judge_sees_reference) for a in parsed] == [
         ("ruler-ref-seed0", 0, "ruler-ref-seed0", True), ("ruler-ref-seed1", 1, "ruler-ref-seed1", True)]
-    bad = subprocess.run(["bash", "evals/device/art_e_seeds.sh", "x", "900", "560", "one", "--"], check=False,
-                         capture_output=True, text=True, env={**os.environ, "ART_E_DRY_RUN": "1"}, timeout=30)
+    bad = dry("art_e_seeds.sh", "x", "900", "560", "one", "--")
     assert bad.returncode == 2 and "not a non-negative integer" in bad.stderr
 
 
@@ -56,8 +59,7 @@ def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks(
     from evals.gpu_judge_meta import parse_args
 
     def judge_dry_run(*args: str):
-        done = subprocess.run(["bash", "evals/device/judge_run.sh", *args], check=False, capture_output=True,
-                              text=True, env={**os.environ, "JUDGE_RUN_DRY_RUN": "1"}, timeout=30)
+        done = dry("judge_run.sh", *args, var="JUDGE_RUN_DRY_RUN")
         assert done.returncode == 0, done.stderr
         return parse_args(done.stdout.splitlines())
 

@@ -233,6 +233,7 @@ def main(argv=None) -> None:
             ap.error(f"no report folder at {f}")
         if not (f / "before.parquet").is_file():
             ap.error(f"{f} has no before.parquet: not a learning run's report folder")
+
     def read(folder: Path, after: str):
         try:
             return load_run(folder, regrade=args.regrade, keep=keep, after=after)
