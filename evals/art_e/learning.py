@@ -56,7 +56,8 @@ def latest_eval(folder: str | Path) -> str | None:
 def load_run(folder: str | Path, *, regrade: bool = False, keep: set[tuple[str, str]] | None = None,
              after: str = "after.parquet"):
     """(before, after) results tables of one report folder, optionally regraded and filtered to `keep`; `after`
-    names the table measured after training (e.g. `latest_eval(folder)` for a run cut before its end)."""
+    names the table measured after training (e.g. `latest_eval(folder)` for a run cut before its end). Tables are
+    indexed by question text, which pairs before with after: a table holding a question twice raises ValueError."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no report folder at {folder}")
