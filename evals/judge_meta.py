@@ -232,11 +232,11 @@ async def evaluate(datasets: list[str | Path], judge: str | None, *, params: dic
     for name, decided, ties, groups, skipped, uniform, user in loaded:
         for k in ks:
             started = time.perf_counter()
-            rows = await run_all(lambda p: judge_pair(p, judge, params, k, **opts), decided, f"{name} k={k}")
+            rows = await run_all(lambda p, k=k: judge_pair(p, judge, params, k, **opts), decided, f"{name} k={k}")
             seconds = time.perf_counter() - started
-            tie_rows = (await run_all(lambda p: judge_pair(p, judge, params, k, **opts), ties, f"{name} ties k={k}")
+            tie_rows = (await run_all(lambda p, k=k: judge_pair(p, judge, params, k, **opts), ties, f"{name} ties k={k}")
                         if ties is not None else None)
-            group_rows = (await run_all(lambda g: judge_group(g, judge, params, k, **opts), groups,
+            group_rows = (await run_all(lambda g, k=k: judge_group(g, judge, params, k, **opts), groups,
                                         f"{name} groups k={k}") if groups is not None else None)
             row = summarize(name, k, rows, seconds, tie_rows, group_rows, skipped)
             if user:

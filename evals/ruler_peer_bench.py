@@ -93,7 +93,10 @@ def main() -> None:
           f"ours {sum(r['clean'] == 'right' for r in ours['rows'])}/{len(ours['rows'])}")
     print(f"fault outcomes 'right': ART {sum(r[f] == 'right' for r in art['rows'] for f in FAULTS)}, "
           f"ours {sum(r[f] == 'right' for r in ours['rows'] for f in FAULTS)} of {len(FAULTS) * len(ours['rows'])}")
-    cold = lambda rows: sum(r["cold_s"] for r in rows) / len(rows)
+
+    def cold(rows):
+        return sum(r["cold_s"] for r in rows) / len(rows)
+
     print(f"mean cold wall time per group (scripted judge, loopback): ART {cold(art['rows']):.4f} s, "
           f"ours {cold(ours['rows']):.4f} s")
     print(f"process CPU time (imports + all groups, faults included): ART {art['cpu_s']:.1f} s, ours {ours['cpu_s']:.1f} s")

@@ -12,7 +12,8 @@ from openai.types.chat import ChatCompletion
 def body(compact):
     ch = []
     for i in range(8):
-        ids = list(range(1000, 1128)); lps = [-0.123456 - k / 1000 for k in range(128)]
+        ids = list(range(1000, 1128))
+        lps = [-0.123456 - k / 1000 for k in range(128)]
         c = {"index": i, "finish_reason": "length", "message": {"role": "assistant", "content": "x " * 128, "tool_calls": None}}
         if compact:
             c.update(token_ids=ids, token_logprobs=lps, logprobs=None)

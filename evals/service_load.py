@@ -91,7 +91,7 @@ async def main() -> None:
             for conc in (1, 8, 64):
                 sem = asyncio.Semaphore(conc)
 
-                async def one(i):
+                async def one(i, sem=sem):
                     async with sem:
                         (await http.post("/v1/score", json=body(10_000 + i))).raise_for_status()
 

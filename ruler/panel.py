@@ -26,7 +26,7 @@ async def score_panel(message_lists: list[list[dict]], panel: JudgePanel, opts: 
     outcomes = await asyncio.gather(*(member(m) for m in panel.models), return_exceptions=True)
     answered = [(m, r) for m, r in zip(panel.models, outcomes) if isinstance(r, RulerResult)]
     failed = [(m, r) for m, r in zip(panel.models, outcomes) if not isinstance(r, RulerResult)]
-    for m, exc in failed:
+    for _, exc in failed:
         if not isinstance(exc, Exception):
             raise exc  # cancellation and the like are not judge failures
     if len(answered) < panel.quorum:

@@ -322,7 +322,7 @@ def test_sft_then_grpo_starts_from_the_sft_adapter_and_grpo_trains_the_lora(tmp_
         assert row["trained"] == any(abs(a) > 1e-6 for a in advantages), row
     logged = load_run_log(out.parent / f"{out.name}.grpo" / "grpo" / "student")
     assert list(logged["trained"]) == [r["trained"] for r in grpo_rows]
-    assert (logged[logged["trained"] == True]["trained_trajectories"] > 0).all()
+    assert (logged[logged["trained"].astype(bool)]["trained_trajectories"] > 0).all()
     trained = [r["step"] for r in grpo_rows if r["trained"]]
     assert trained and trained[0] == 2, grpo_rows  # step 1 is the SFT adapter
     run = out.parent / f"{out.name}.grpo" / "grpo" / "student" / "checkpoints"

@@ -1,6 +1,7 @@
 """Folder models (`local/<folder>`, e.g. distilled judges) stay loaded for reuse, but only the most recent few:
 a process that measures many judges one after another does not keep every model it ever loaded."""
 
+import contextlib
 import json
 
 from ruler_rl.judges import embedded
@@ -133,7 +134,12 @@ def test_a_base_model_on_the_hub_is_never_downloaded_unless_allowed(tmp_path, mo
             embedded.EmbeddedModel(folder)
         assert Recorder.paths == []
         monkeypatch.setenv(embedded.HUB_ENV, "1")  # allowed: the hub is asked (its retries left to a thread)
-        threading.Thread(target=lambda: pytest.raises(Exception, embedded.EmbeddedModel, folder), daemon=True).start()
+
+        def ask_the_hub():  # no hub is reachable here: how it fails does not matter, only that it was asked
+            with contextlib.suppress(Exception):
+                embedded.EmbeddedModel(folder)
+
+        threading.Thread(target=ask_the_hub, daemon=True).start()
         deadline = time.monotonic() + 60
         while not any("some-org/some-model" in p for p in Recorder.paths) and time.monotonic() < deadline:
             time.sleep(0.1)

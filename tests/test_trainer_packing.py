@@ -30,7 +30,9 @@ def seq(tokens, trained_from, *, gaps=(), group, trajectory, advantage, rng):
 
 def batch():
     rng = random.Random(1)
-    tok = lambda n: [rng.randrange(97) for _ in range(n)]
+    def tok(n):
+        return [rng.randrange(97) for _ in range(n)]
+
     long_prefix, short_prefix = tok(40), tok(6)
     seqs = []
     # group 0: a 40-token shared prompt, three answers; one is multi-turn (a gap of untrained tool output)
@@ -153,7 +155,9 @@ def coinciding_turns(rng):
     """A group whose trajectories share their prompt AND a first assistant turn and tool result (trained tokens
     in the common prefix), then diverge; one trajectory repeats another exactly (an empty suffix); one more
     diverges right after the prompt (an outlier that would shrink the whole group's common prefix)."""
-    tok = lambda n: [rng.randrange(97) for _ in range(n)]
+    def tok(n):
+        return [rng.randrange(97) for _ in range(n)]
+
     prompt, turn, tool = tok(12), tok(8), tok(10)
     first = prompt + turn + tool  # 30 tokens: 12 untrained, 8 trained, 10 untrained
     trained_first = [False] * 12 + [True] * 8 + [False] * 10

@@ -451,7 +451,7 @@ def match_verdict(answer: str | None, reference: str, question: str | None = Non
         ({_root(w) for w in UNITS} if has_values else set())
     need = {_root(w) for w in (content if sentence else _content(r.words, _DEICTIC))} - skip
     got = {_root(w) for w in a.words} | {_root(w) for w in have}
-    for short, run in _acronyms(a.words).items():
+    for short in _acronyms(a.words):
         if short in need:
             got.add(short)
     for short, run in _acronyms(r.words).items():
