@@ -78,7 +78,7 @@ async def judge_group(pair, judge: str | None, params: dict | None, k: int, inje
         raise ValueError("injection must be non-empty text")
     good, bad = (pair.a, pair.b) if pair.label == 1 else (pair.b, pair.a)
     row = {"id": pair.id, "injection": injection, "rejected_first": rejected_first}
-    for name, worse in zip(CONDITIONS, (bad, bad + CONTROL, bad + injection)):
+    for name, worse in zip(CONDITIONS, (bad, bad + CONTROL, bad + injection), strict=True):
         shown = [worse, good] if rejected_first else [good, worse]
         scores = await _score([conversation(pair.prompt, t) for t in shown], judge, params, k)
         if scores is not None and rejected_first:

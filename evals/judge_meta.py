@@ -246,14 +246,14 @@ async def evaluate(datasets: list[str | Path], judge: str | None, *, params: dic
                 keys = [_by_value(p, by) for p in decided]
                 gkeys = [_by_value(g, by) for g in groups or []]
                 for value in sorted(set(keys) | set(gkeys)):
-                    sub_rows = [r for r, key in zip(rows, keys) if key == value]
-                    sub_groups = ([r for r, key in zip(group_rows, gkeys) if key == value]
+                    sub_rows = [r for r, key in zip(rows, keys, strict=True) if key == value]
+                    sub_groups = ([r for r, key in zip(group_rows, gkeys, strict=True) if key == value]
                                   if group_rows is not None else None)
                     summary.append({**summarize(name, k, sub_rows, 0.0, None, sub_groups), "subset": f"{by}={value}"})
             for kind, items, results in (("pair", decided, rows), ("tie", ties or [], tie_rows or []),
                                          ("group", groups or [], group_rows or [])):
                 detail += [{"dataset": name, "k": k, "kind": kind, **({by: _by_value(x, by)} if by else {}), **r}
-                           for x, r in zip(items, results)]
+                           for x, r in zip(items, results, strict=True)]
     columns = ["dataset", "subset"] if by else ["dataset"]
     frame = pd.DataFrame(summary)
     return frame[columns + [c for c in frame.columns if c not in columns]], pd.DataFrame(detail)
@@ -274,7 +274,7 @@ def save_report(summary, detail, out: Path, title: str) -> list[Path]:
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(summary)), 4))
     subsets = summary["subset"] if "subset" in summary else [""] * len(summary)
     labels = [f"{Path(str(d)).name}{'' if s in ('', 'all') else chr(10) + s}\nk={k}"
-              for d, k, s in zip(summary["dataset"], summary["k"], subsets)]
+              for d, k, s in zip(summary["dataset"], summary["k"], subsets, strict=True)]
     x = range(len(summary))
     ax.bar([i - 0.27 for i in x], summary["accuracy"], width=0.27, label="accuracy vs humans")
     ax.bar(list(x), summary["swap_consistency"], width=0.27, label="swap consistency")

@@ -82,7 +82,7 @@ def main() -> None:
     cpu = {impl: cpu_per_group(py, impl, groups) for impl, py in (("art", art_py), ("ours", sys.executable))}
     print(f"corpus: {groups}")
     print(f"{'group':>5} {'n':>3} {'ART tok':>8} {'ours tok':>8} {'ratio':>6}  faults ART | ours")
-    for a, o in zip(art["rows"], ours["rows"]):
+    for a, o in zip(art["rows"], ours["rows"], strict=True):
         faults = " ".join(f"{f}={a[f]}|{o[f]}" for f in FAULTS)
         print(f"{a['group']:>5} {a['n']:>3} {a['tokens']:>8} {o['tokens']:>8} {o['tokens'] / a['tokens']:>6.3f}  {faults}")
     ta, to = sum(r["tokens"] for r in art["rows"]), sum(r["tokens"] for r in ours["rows"])

@@ -18,7 +18,7 @@ def body(compact):
         if compact:
             c.update(token_ids=ids, token_logprobs=lps, logprobs=None)
         else:
-            c["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, lps)]}
+            c["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, lps, strict=True)]}
         ch.append(c)
     return {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": ch,
             "usage": {"prompt_tokens": 10, "completion_tokens": 1024, "total_tokens": 1034}}

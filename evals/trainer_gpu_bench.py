@@ -118,7 +118,7 @@ def step_clock(on_step_end=None):
             if not begins:
                 return []
             last = [self.stamps[-1] - begins[-1]] if len(self.stamps) % 2 == 0 else []
-            return [b - a for a, b in zip(begins, begins[1:])] + last
+            return [b - a for a, b in zip(begins, begins[1:], strict=False)] + last
 
     return StepClock()
 
@@ -192,7 +192,7 @@ async def art_e_token_exact(model, args, tokenizer) -> dict:
             choices = [c for c in t.messages_and_choices if isinstance(c, Choice)]
             tool_calls += sum(bool(c.message.tool_calls) for c in choices)
             spans = trained_spans(training_sequences(t, tokenizer, report=report))
-            for (context, trained, old), c in zip(spans, choices):
+            for (context, trained, old), c in zip(spans, choices, strict=True):
                 turns += 1
                 extra = c.model_extra or {}
                 nested = extra.get("provider_specific_fields") or {}
@@ -345,7 +345,8 @@ def trl(args) -> dict:
     data = Dataset.from_list(rows)
 
     def tiny_reward(prompts, completions, answer, **_):
-        return [reward(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
+        return [reward(c[0]["content"] if isinstance(c, list) else c, a)
+                for c, a in zip(completions, answer, strict=True)]
 
     clock = step_clock()
     config = GRPOConfig(

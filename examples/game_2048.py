@@ -40,14 +40,14 @@ def slide_row(row: list[int]) -> list[int]:
 def move(board: list[list[int]], direction: str) -> list[list[int]]:
     rows = [list(r) for r in board]
     if direction in ("up", "down"):
-        rows = [list(c) for c in zip(*rows)]
+        rows = [list(c) for c in zip(*rows, strict=True)]
     if direction in ("right", "down"):
         rows = [r[::-1] for r in rows]
     rows = [slide_row(r) for r in rows]
     if direction in ("right", "down"):
         rows = [r[::-1] for r in rows]
     if direction in ("up", "down"):
-        rows = [list(c) for c in zip(*rows)]
+        rows = [list(c) for c in zip(*rows, strict=True)]
     return rows
 
 

@@ -24,7 +24,7 @@ async def main() -> None:
     else:
         group = TrajectoryGroup.model_validate_json((resources.files("ruler_rl") / "data" / "demo_group.json").read_text())
     scored = await ruler_score_group(group, args.judge, num_permutations=args.permutations)
-    for i, (t, a) in enumerate(zip(scored, group_advantages([t.reward for t in scored])), 1):
+    for i, (t, a) in enumerate(zip(scored, group_advantages([t.reward for t in scored]), strict=True), 1):
         print(f"trajectory {i}: score {t.reward:.3f}  advantage {a:+.2f}  {t.logs[-1] if t.logs else ''}")
     print(f"judge cost: ${scored.metadata['judge_cost']:.6f}, cached: {scored.metadata['judge_cached']}")
 

@@ -183,7 +183,7 @@ def calibrate(sub_scores: list[dict[int, float]], anchors: list[int]) -> dict[in
         slope, shift = 1.0, statistics.fmean(ref_vals) - statistics.fmean(own)
         if len(anchors) >= 2 and statistics.pstdev(own) > 0.02 and statistics.pstdev(ref_vals) > 0.02:
             mo, mr = statistics.fmean(own), statistics.fmean(ref_vals)
-            cov = sum((o - mo) * (r - mr) for o, r in zip(own, ref_vals))
+            cov = sum((o - mo) * (r - mr) for o, r in zip(own, ref_vals, strict=True))
             var = sum((o - mo) ** 2 for o in own)
             if cov > 0:
                 slope = cov / var
@@ -226,8 +226,8 @@ async def _fit_and_score(message_lists: list[list[dict]], judge: Judge, opts: Ru
             raise JudgeInputError(f"a sub-group of {len(idx)} trajectories still exceeds {limit} tokens")
         fits.append(sub_fit)
     results = await asyncio.gather(*(judge_orderings(f.message_lists, f.prompt, judge, opts) for f in fits))
-    merged = calibrate(
-        [{i: r.scores[k].score for k, i in enumerate(idx)} for idx, r in zip(plan.subgroups, results)], plan.anchors)
-    expl = {i: r.scores[k].explanation for idx, r in zip(plan.subgroups, results) for k, i in enumerate(idx)}
+    judged = list(zip(plan.subgroups, results, strict=True))
+    merged = calibrate([{i: r.scores[k].score for k, i in enumerate(idx)} for idx, r in judged], plan.anchors)
+    expl = {i: r.scores[k].explanation for idx, r in judged for k, i in enumerate(idx)}
     scores = [TrajectoryScore(trajectory_id=str(i + 1), explanation=expl[i], score=merged[i]) for i in range(n)]
     return RulerResult.combine(list(results), scores, [0.0] * n, plan.notes)

@@ -272,7 +272,7 @@ def _print_table(scored, title: str) -> None:
     for col, kw in (("id", {"justify": "right"}), ("label", {}), ("score", {"justify": "right"}),
                     ("advantage", {"justify": "right"}), ("explanation", {"overflow": "fold"})):
         table.add_column(col, **kw)
-    for t, row in zip(scored.trajectories, score_rows(scored)):
+    for t, row in zip(scored.trajectories, score_rows(scored), strict=True):
         table.add_row(row.trajectory_id, escape(str(t.metadata.get("label", ""))), f"{row.score:.3f}",
                       f"{row.advantage:+.2f}", escape(row.explanation))
     console.print(table)

@@ -260,7 +260,7 @@ class LangfuseTracer:
             span.end()
         if error is not None or not pairs:
             return
-        for (_, after), tid in zip(pairs, ids):
+        for (_, after), tid in zip(pairs, ids, strict=True):
             if tid is None:
                 continue
             explanation = str(after.metadata.get("ruler_explanation", ""))
@@ -278,15 +278,16 @@ class LangfuseTracer:
 
     def train_step(self, model_name: str, project: str, row: dict, groups: list[TrajectoryGroup],
                    advantages: list[list[float | None]]) -> None:
-        if len(advantages) != len(groups) or any(len(a) != len(g.trajectories) for a, g in zip(advantages, groups)):
+        if len(advantages) != len(groups) or any(len(a) != len(g.trajectories)
+                                                 for a, g in zip(advantages, groups, strict=True)):
             raise ValueError("train_step: advantages must hold one list per group, one value per trajectory")
         step_trace = uuid.uuid4().hex
         ids = []
         links = []
-        for g, (group, group_advantages) in enumerate(zip(groups, advantages)):
+        for g, (group, group_advantages) in enumerate(zip(groups, advantages, strict=True)):
             trajectories = list(group.trajectories)
             self._send_rollouts(trajectories)
-            for t, adv in zip(trajectories, group_advantages):
+            for t, adv in zip(trajectories, group_advantages, strict=True):
                 tid = known_trajectory_id(t.metadata)
                 ids.append(tid)
                 links.append((tid, g, t.reward, adv))

@@ -24,8 +24,8 @@ async def score_panel(message_lists: list[list[dict]], panel: JudgePanel, opts: 
         return await score_within_budget(message_lists, judge, opts)
 
     outcomes = await asyncio.gather(*(member(m) for m in panel.models), return_exceptions=True)
-    answered = [(m, r) for m, r in zip(panel.models, outcomes) if isinstance(r, RulerResult)]
-    failed = [(m, r) for m, r in zip(panel.models, outcomes) if not isinstance(r, RulerResult)]
+    answered = [(m, r) for m, r in zip(panel.models, outcomes, strict=True) if isinstance(r, RulerResult)]
+    failed = [(m, r) for m, r in zip(panel.models, outcomes, strict=True) if not isinstance(r, RulerResult)]
     for _, exc in failed:
         if not isinstance(exc, Exception):
             raise exc  # cancellation and the like are not judge failures

@@ -379,7 +379,7 @@ def build_prompt(
         tails = [_pieces(message_lists[i] if identical else message_lists[i][prefix:], names) for i in shown]
         counts = Counter(u for tail in tails for p in tail for u in _units(p))
         ordered = sorted(counts)
-        prefixes = {a for a, b in zip(ordered, ordered[1:]) if b.startswith(a)}
+        prefixes = {a for a, b in zip(ordered, ordered[1:], strict=False) if b.startswith(a)}
         repeated = sorted((u for u, c in counts.items()
                            if (len(u) >= SHARED_MIN_CHARS and (c >= 2 or u in prefixes)) or c >= SHARED_MIN_ID_COUNT),
                           key=lambda u: hashlib.sha256(u.encode()).hexdigest())
@@ -390,7 +390,7 @@ def build_prompt(
         for b in repeated:
             inner = _text(b, {u: r for u, r in refs.items() if u != b})
             context_parts.append(f'<shared id="{refs[b]}">\n{inner}\n</shared>')
-        for i, tail in zip(shown, tails):
+        for i, tail in zip(shown, tails, strict=True):
             blocks.append(f'<trajectory id="{ids[i]}">\n{_join(tail, refs)}\n</trajectory>')
 
     user = ""

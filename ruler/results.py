@@ -68,7 +68,7 @@ def score_rows(group: TrajectoryGroup) -> list[ScoreRow]:
     advantages = group_advantages(rewards) if rewards else []
     return [ScoreRow(trajectory_id=str(i), score=t.reward, advantage=a,
                      explanation=str(t.metadata.get(EXPLANATION_KEY, "")))
-            for i, (t, a) in enumerate(zip(group.trajectories, advantages), 1)]
+            for i, (t, a) in enumerate(zip(group.trajectories, advantages, strict=True), 1)]
 
 
 def score_notes(group: TrajectoryGroup) -> list[str]:

@@ -150,7 +150,7 @@ async def ruler_score_group(
         raise
     scored = _scored_group(group, result, opts)
     tracing.judged(tracer, judging_id, "ruler_score_group", result, opts.judge_name,
-                   list(zip(group.trajectories, scored.trajectories)))
+                   list(zip(group.trajectories, scored.trajectories, strict=True)))
     return scored
 
 
@@ -198,7 +198,7 @@ def _scored_group(group: TrajectoryGroup, result: RulerResult, opts: RulerOption
     n = max(1, len(group.trajectories))
     spreads = result.spread or [0.0] * len(result.scores)
     scored = []
-    for t, s, spread in zip(group.trajectories, result.scores, spreads):
+    for t, s, spread in zip(group.trajectories, result.scores, spreads, strict=True):
         # fresh containers for everything we change (reward, metrics, logs); messages are only read
         t = t.model_copy(update={"messages_and_choices": list(t.messages_and_choices), "metrics": dict(t.metrics),
                                  "metadata": dict(t.metadata), "logs": list(t.logs), "tools": t.tools and list(t.tools)})

@@ -173,8 +173,8 @@ def from_labels(groups: list[LabelledGroup], rubric: str, *, orderings: int = 1,
         n = len(g.labels)
         lo, hi = min(g.labels), max(g.labels)
         ids = [str(i + 1) for i in range(n)]
-        scores = {i: (x - lo) / (hi - lo) for i, x in zip(ids, g.labels)}
-        ranks = {i: 1 + sum(y > x for y in g.labels) for i, x in zip(ids, g.labels)}
+        scores = {i: (x - lo) / (hi - lo) for i, x in zip(ids, g.labels, strict=True)}
+        ranks = {i: 1 + sum(y > x for y in g.labels) for i, x in zip(ids, g.labels, strict=True)}
         expl = {i: f"ranked {ranks[i]} of {n}" for i in ids}
         key = None
         for order in permutation_orders(n, orderings, seed):
@@ -235,7 +235,7 @@ def agreement_figures(judge: str, teacher: list[dict[str, float]],
         raise ValueError(f"{len(teacher)} teacher answers for {len(student)} student answers")
     right = tied = pairs = errors = 0
     taus = []
-    for t, s in zip(teacher, student):
+    for t, s in zip(teacher, student, strict=True):
         if s is None:
             errors += 1
             continue
@@ -464,7 +464,7 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
         valid = [answer_scores(c.message.content, ex.ids) is not None for c in reply.choices]
         cut = [c.finish_reason == "length" for c in reply.choices]
         return TrajectoryGroup([Trajectory(messages_and_choices=[*ex.messages, c], reward=r)
-                                for c, r in zip(reply.choices, rewards)]), rewards, valid, cut
+                                for c, r in zip(reply.choices, rewards, strict=True)]), rewards, valid, cut
 
     for step in range(start + 1, start + steps + 1):
         batch = []
@@ -492,11 +492,11 @@ def step_answer_stats(rewards: list[list[float]], valid: list[list[bool]], cut: 
     and cut flags (finish reason "length"): `group_rewards`, `valid_share` (NaN without answers),
     `answers_cut` and `invalid_answers` (invalid and not cut: a cut answer is counted only as cut)."""
     if not (len(rewards) == len(valid) == len(cut)) or any(
-            not (len(r) == len(v) == len(c)) for r, v, c in zip(rewards, valid, cut)):
+            not (len(r) == len(v) == len(c)) for r, v, c in zip(rewards, valid, cut, strict=True)):
         raise ValueError("rewards, valid and cut must be lists of per-group lists of the same lengths")
     flat_valid = [x for v in valid for x in v]
     flat_cut = [x for c in cut for x in c]
     return {"group_rewards": [list(r) for r in rewards],
             "valid_share": sum(flat_valid) / len(flat_valid) if flat_valid else math.nan,
             "answers_cut": sum(flat_cut),
-            "invalid_answers": sum(not v and not c for v, c in zip(flat_valid, flat_cut))}
+            "invalid_answers": sum(not v and not c for v, c in zip(flat_valid, flat_cut, strict=True))}

@@ -145,10 +145,10 @@ class TransformersEngine:
         lps = logprobs.gather(-1, new[:, :, None]).squeeze(-1)
         top = logprobs.topk(top_logprobs, dim=-1) if top_logprobs else None
         samples = []
-        for r, (row, lp) in enumerate(zip(new.tolist(), lps.tolist())):
+        for r, (row, lp) in enumerate(zip(new.tolist(), lps.tolist(), strict=True)):
             end = next((i + 1 for i, t in enumerate(row) if t in eos), None)
             cut = end or len(row)
-            tops = [list(zip(top.indices[r, i].tolist(), top.values[r, i].tolist())) for i in range(cut)] \
+            tops = [list(zip(top.indices[r, i].tolist(), top.values[r, i].tolist(), strict=True)) for i in range(cut)] \
                 if top is not None else []
             samples.append(Sample(row[:cut], lp[:cut], "stop" if end else "length", tops, policy_step))
         return samples

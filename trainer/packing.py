@@ -85,7 +85,8 @@ class Row:
             if bounds[b][0] < 0:
                 bounds[b][0] = t
             bounds[b][1] = t + 1
-        spans = [(s, e, *(bounds[p] if p >= 0 else (-1, -1))) for (s, e), p in zip(bounds, self.parents) if s >= 0]
+        spans = [(s, e, *(bounds[p] if p >= 0 else (-1, -1)))
+                 for (s, e), p in zip(bounds, self.parents, strict=True) if s >= 0]
         self._spans = (len(self.block_of), spans)
         return spans
 

@@ -269,8 +269,9 @@ def create_server_app(models: dict[str, Served]) -> FastAPI:
             content, calls = (parse_tool_calls(text, served.tool_parser) if tools and tool_choice != "none"
                               else (text, []))
             top = s.top_logprobs or [[] for _ in s.token_ids]
+            entries = zip(s.token_ids, s.logprobs, top, strict=True)
             standard = {"content": [_logprob_entry(tok, t, lp, tp, bool(req.return_tokens_as_token_ids))
-                                    for t, lp, tp in zip(s.token_ids, s.logprobs, top)]} if req.logprobs else None
+                                    for t, lp, tp in entries]} if req.logprobs else None
             choices.append({
                 "index": i, "finish_reason": "tool_calls" if calls else s.finish_reason, "stop_reason": None,
                 "message": {"role": "assistant", "content": content, "tool_calls": calls, "reasoning": reasoning},

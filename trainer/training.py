@@ -140,7 +140,7 @@ def verify_packed_rows(model, *, prefix: int = 12, suffix: int = 9) -> float:
         alone = [_row_logprobs(model, pack([seq], capacity=len(seq.token_ids))[0][0], 64, full_forward=True,
                                masked=False) for seq in seqs]
     # each sequence's trained tokens are its tokens 3.. : alone[i][k - 3] is token k's logprob run alone
-    reference = torch.stack([alone[i][k - 3] for i, k in zip(rows[0].sequence_of, rows[0].token_index)])
+    reference = torch.stack([alone[i][k - 3] for i, k in zip(rows[0].sequence_of, rows[0].token_index, strict=True)])
     return max(float((p - reference).abs().max()) for p in packed)
 
 
@@ -194,7 +194,8 @@ def prepare(groups: list[TrajectoryGroup], tokenizer, config: TrainConfig, max_s
         if not group_has_signal(values):
             skipped["group with all-equal rewards"] += 1
             continue
-        for t, (traj, adv) in enumerate(zip(trajs, group_advantages(values, scale=config.scales_advantages()))):
+        advantages = group_advantages(values, scale=config.scales_advantages())
+        for t, (traj, adv) in enumerate(zip(trajs, advantages, strict=True)):
             if adv == 0:
                 continue
             candidates += 1
@@ -405,7 +406,7 @@ def _row_loss(model, row: Row, seqs: list[TrainingSequence], config: TrainConfig
     import torch
 
     device = next(model.parameters()).device
-    old = torch.tensor([seqs[i].old_logprobs[k] for i, k in zip(row.sequence_of, row.token_index)],
+    old = torch.tensor([seqs[i].old_logprobs[k] for i, k in zip(row.sequence_of, row.token_index, strict=True)],
                        device=device, dtype=torch.float32)
     adv = torch.tensor([seqs[i].advantage for i in row.sequence_of], device=device)
     traj_tokens = torch.tensor([per_traj[seqs[i].trajectory] for i in row.sequence_of], device=device)

@@ -99,7 +99,7 @@ def rates(pairs: list[Pair], accepted: list[bool]) -> dict:
         raise ValueError(f"{len(pairs)} pairs but {len(accepted)} verdicts")
     out = {}
     for part in ("all",) + FORMS:
-        rows = [(p, a) for p, a in zip(pairs, accepted) if part == "all" or p.form == part]
+        rows = [(p, a) for p, a in zip(pairs, accepted, strict=True) if part == "all" or p.form == part]
         wrong = [a for p, a in rows if p.label == "wrong"]
         right = [a for p, a in rows if p.label == "right"]
         fa, fr = sum(wrong), sum(not a for a in right)
@@ -162,16 +162,17 @@ def main(argv=None) -> dict:
         params = {"api_base": args.judge_api_base, "api_key": "local"} if args.judge_api_base else None
         asked = [i for i, v in enumerate(verdicts) if v != "accept"]
         for i, j in zip(asked, asyncio.run(judge_pairs([pairs[i] for i in asked], args.judge, params=params,
-                                                       concurrency=args.concurrency))):
+                                                       concurrency=args.concurrency)), strict=True):
             judged[i] = j
         results[f"matcher + judge ({args.judge})"] = rates(
-            pairs, [v == "accept" or bool(j) for v, j in zip(verdicts, judged)])
+            pairs, [v == "accept" or bool(j) for v, j in zip(verdicts, judged, strict=True)])
     counts = {v: sum(x == v for x in verdicts) for v in VERDICTS}
     text = table(results) + "\n\nmatcher verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items())
     print(text)
     out = {"pairs": str(args.pairs), "rows": len(pairs), "judge": args.judge, "judge_api_base": args.judge_api_base,
            "verdict_counts": counts, "results": results,
-           "rows_detail": [{**asdict(p), "verdict": v, "judged": j} for p, v, j in zip(pairs, verdicts, judged)]}
+           "rows_detail": [{**asdict(p), "verdict": v, "judged": j}
+                           for p, v, j in zip(pairs, verdicts, judged, strict=True)]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return out

@@ -401,7 +401,7 @@ def save_benchmark(df, summary, out: str | Path, title: str = "ART·E benchmark"
     fig, axes = plt.subplots(1, 3, figsize=(13, 0.6 * len(summary) + 2.4))
     accuracy_by = summary["accuracy_by"].iat[0] if "accuracy_by" in summary else "match only"
     for ax, (col, name) in zip(axes, [("accuracy", f"accuracy ({accuracy_by})"), ("p50_latency_s", "p50 latency (s)"),
-                                      ("cost_per_1000_runs_usd", "cost per 1,000 runs (USD)")]):
+                                      ("cost_per_1000_runs_usd", "cost per 1,000 runs (USD)")], strict=True):
         ax.barh(summary["model"], summary[col], color="#4C72B0")
         ax.set_title(name)
         ax.invert_yaxis()

@@ -43,7 +43,8 @@ def _regraded(df: pd.DataFrame) -> pd.DataFrame:
     out = df.copy()
     answered = out["answer"].notna() & (out["answer"] != IDK)
     out["correct"] = [bool(a) and match_verdict(ans, ref, q) == "accept"
-                      for a, ans, ref, q in zip(answered, out["answer"], out["reference"], out["question"])]
+                      for a, ans, ref, q in zip(answered, out["answer"], out["reference"], out["question"],
+                                                strict=True)]
     return out
 
 
@@ -69,7 +70,7 @@ def load_run(folder: str | Path, *, regrade: bool = False, keep: set[tuple[str, 
         if regrade:
             df = _regraded(df)
         if keep is not None:
-            df = df[[(q, r) in keep for q, r in zip(df["question"], df["reference"])]]
+            df = df[[(q, r) in keep for q, r in zip(df["question"], df["reference"], strict=True)]]
         twice = df["question"][df["question"].duplicated()]
         if len(twice):  # pairing is by question text: a question held twice would pair ambiguously
             raise ValueError(f"{folder / name} holds {twice.nunique()} question(s) more than once (first: "
@@ -257,7 +258,7 @@ def main(argv=None) -> None:
         common = before.index.intersection(after.index)
         rows.append({"run": name, **paired(before.loc[common, "correct"], after.loc[common, "correct"])})
     if len(runs) > 1:
-        afters, configurations = zip(*measured.values())
+        afters, configurations = zip(*measured.values(), strict=True)
         if len(set(afters)) > 1 or None in configurations or any(c != configurations[0] for c in configurations):
             print("no seeds' mean: the folders are not seeds of one configuration measured at the same point "
                   "(their run.json differ beyond seed, names and time budget, or their after-tables differ)")

@@ -276,7 +276,7 @@ def _lists_another_candidate(answer: str, reference: str, r: Facts) -> bool:
     if not any(gives):
         return False
     reference_words = {_stem(w) for w in r.words} | set().union(*(_local_words(a) for a in r.emails))
-    return any(not g and _rival(item, reference, reference_words) for item, g in zip(items, gives))
+    return any(not g and _rival(item, reference, reference_words) for item, g in zip(items, gives, strict=True))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -117,8 +117,8 @@ async def ours(args) -> dict:
                     part["prompt_tokens"] = [r.usage.prompt_tokens for r in replies]
                     part["sampled_tokens"] = gen
                     return [TrajectoryGroup([Trajectory(messages_and_choices=[*p, c], reward=w)
-                                             for c, w in zip(r.choices, varied_rewards(len(r.choices)))])
-                            for p, r in zip(prompts, replies)]
+                                             for c, w in zip(r.choices, varied_rewards(len(r.choices)), strict=True)])
+                            for p, r in zip(prompts, replies, strict=True)]
 
                 for _ in range(args.rollout_reps):  # the base model (no adapter yet), as `raw` serves it; the first
                     await rollout()                 # includes warm-up (the prompts' first prefill, CUDA graphs)

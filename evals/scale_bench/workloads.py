@@ -62,7 +62,7 @@ def rewarded_groups(rollouts: list[list], group_size: int) -> list:
     from ruler_rl import Trajectory, TrajectoryGroup
 
     return [TrajectoryGroup([Trajectory(messages_and_choices=items, reward=w) for items, w in
-                             zip(rollouts[g:g + group_size], varied_rewards(group_size))])
+                             zip(rollouts[g:g + group_size], varied_rewards(group_size), strict=True)])
             for g in range(0, len(rollouts), group_size)]
 
 
