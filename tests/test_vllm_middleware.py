@@ -247,6 +247,85 @@ async def test_required_tool_lists_are_bounded_to_one_call_when_the_request_asks
     assert utils.get_json_schema_from_tools("required", ["x"]).get("maxItems") is None  # outside a request
 
 
+async def test_a_tool_parsers_structural_tag_allows_one_call_when_the_request_asks_for_one(monkeypatch):
+    """vLLM 0.24's default for a parser with a structural tag (hermes, Qwen's): tool_choice="required" is sampled
+    under `<tool_call>` tags repeated without bound (the ART·E runs of 2026-12-07 wrote 16-27 calls a turn until
+    max_tokens cut them). A module of vLLM's name and layout stands in for its registry, building the tag as vLLM's
+    hermes builder does, with xgrammar's real classes; xgrammar compiles each tag the route built and says which
+    outputs the grammar accepts: one call, and not two, only when the request asked for one."""
+    import sys
+    import types
+
+    import xgrammar
+    from xgrammar.structural_tag import (
+        ConstStringFormat,
+        JSONSchemaFormat,
+        SequenceFormat,
+        StructuralTag,
+        TagFormat,
+        TagsWithSeparatorFormat,
+        TriggeredTagsFormat,
+    )
+    from xgrammar.testing import _is_grammar_accept_string
+
+    def tags(tools):
+        return [TagFormat(begin=f'<tool_call>\n{{"name": "{name}", "arguments": ',
+                          content=JSONSchemaFormat(json_schema={"type": "object", "properties": {"q": {"type": "string"}},
+                                                                "required": ["q"]}),
+                          end="}\n</tool_call>") for name in tools]
+
+    def get_model_structural_tag(model, tools, tool_choice, reasoning):  # vLLM 0.24's, for hermes
+        if tool_choice == "auto":
+            tail = TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags(tools))
+        else:
+            tail = TagsWithSeparatorFormat(tags=tags(tools), separator="", at_least_one=True)
+        return StructuralTag(format=SequenceFormat(elements=[ConstStringFormat(value="<think></think>"), tail])
+                             if reasoning else tail)
+
+    registry = types.ModuleType("vllm.tool_parsers.structural_tag_registry")
+    registry.get_model_structural_tag = get_model_structural_tag
+    utils = types.ModuleType("vllm.tool_parsers.utils")
+    utils._get_json_schema_from_tools = lambda tools: {"type": "array", "minItems": 1}
+    pkg = types.ModuleType("vllm.tool_parsers")
+    pkg.utils, pkg.structural_tag_registry = utils, registry
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.tool_parsers", pkg)
+    monkeypatch.setitem(sys.modules, "vllm.tool_parsers.utils", utils)
+    monkeypatch.setitem(sys.modules, "vllm.tool_parsers.structural_tag_registry", registry)
+    built = []
+
+    async def chat_building_the_tag(request: Request):
+        body = await request.json()
+        # vLLM imports the builder from the registry module when it builds a request's tag
+        from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag as build
+
+        built.append(build("hermes", body["tools"], body["tool_choice"], body.get("reasoning", False)))
+        return await chat(request)
+
+    app = TrainingDataMiddleware(Starlette(routes=[Route("/v1/chat/completions", chat_building_the_tag,
+                                                         methods=["POST"])]))
+    assert app.bounded_tool_lists
+    cases = [("required", False, False), ("required", True, False), ("required", None, False),
+             ("required", False, True), ("auto", False, False), ("auto", None, False)]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as c:
+        for choice, parallel, reasoning in cases:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": ["search", "answer"],
+                    "tool_choice": choice, "reasoning": reasoning,
+                    **({} if parallel is None else {"parallel_tool_calls": parallel})}
+            assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
+    one = '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>'
+    two = one + one.replace("search", "answer")
+    accepts = []
+    for (_, _, reasoning), tag in zip(cases, built, strict=True):
+        grammar = xgrammar.Grammar.from_structural_tag(tag)
+        think = "<think></think>" if reasoning else ""
+        accepts.append((_is_grammar_accept_string(grammar, think + one), _is_grammar_accept_string(grammar, think + two)))
+    assert accepts == [(True, False), (True, True), (True, True), (True, False), (True, False), (True, True)]
+    # vLLM's own objects are left as built: outside a request the tag allows a run of calls again
+    outside = registry.get_model_structural_tag("hermes", ["search"], "required", False)
+    assert outside.format.stop_after_first is False and built[1].format.stop_after_first is False
+
+
 def test_without_vllm_nothing_is_bounded(monkeypatch):
     import sys
 

@@ -20,12 +20,18 @@ rollout carries what token-exact training needs without the rollout code asking 
   `stop`), so training reads this field, which they keep, and never trains such a turn.
 - a request with tools is refused (400) when `$RULER_TOOLS_UNSUPPORTED` says the chat template cannot
   render them (vLLM would silently drop them).
-- a request with `tool_choice` `required` and `parallel_tool_calls: false` is sampled under a grammar that allows
-  one call: vLLM builds that grammar as a list of calls with no upper bound and keeps only the first call
-  afterwards, so a policy could learn to write call after call until `max_tokens` cuts the list (seen in the
-  ART·E learning run). `bound_required_tool_lists` adds `maxItems: 1` to the list's schema for such requests
-  (what vLLM's open PR 50502 proposes); it wraps `vllm.tool_parsers.utils._get_json_schema_from_tools` (vLLM
-  0.24's layout) in vLLM's server process, and with another layout it installs nothing and says so.
+- a request with `parallel_tool_calls: false` is sampled under a grammar that allows one call. vLLM 0.24 builds
+  the grammar of `tool_choice` `required` in one of two ways, and neither has an upper bound (it keeps only the
+  first call afterwards), so a policy could learn to write call after call until `max_tokens` cuts the list and
+  the turn cannot be parsed (seen in the ART·E learning runs of 2026-12-05 and 2026-12-07):
+  - a structural tag when the tool parser names one (`hermes` does) and `VLLM_ENFORCE_STRICT_TOOL_CALLING` is on
+    (vLLM's default): `<tool_call>` blocks repeated; `bound_required_tool_lists` wraps
+    `vllm.tool_parsers.structural_tag_registry.get_model_structural_tag` so that, for such a request, every list
+    of tags in the tag it builds stops after its first (xgrammar's `stop_after_first`, what vLLM itself sets for
+    a named function);
+  - otherwise a JSON list of calls: the wrapper of `vllm.tool_parsers.utils._get_json_schema_from_tools` adds
+    `maxItems: 1` (what vLLM's open PR 50502 proposes).
+  Both run in vLLM's server process; with another module layout nothing is installed, and a warning says so.
 - `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`: passed through; once vLLM has loaded
   `<name>@<step>`, the bare name means that adapter; once it has unloaded the one the bare name means (a step
   rolled back), the bare name means the latest adapter still loaded, or the base model. A request is routed when it arrives: one that arrives while the server sleeps for a
@@ -80,31 +86,71 @@ _ONE_CALL = contextvars.ContextVar("ruler_one_tool_call", default=False)  # the 
 
 
 def bound_required_tool_lists() -> bool:
-    """Make vLLM's grammar for `tool_choice="required"` a list of at most one call while the request being served
-    asked for `parallel_tool_calls: false` (the middleware marks it per request). True when the wrapper is in
-    place (installed now or before); False when vLLM is not importable here or its layout is not 0.24's."""
+    """Make vLLM's grammar for tool calls allow one call while the request being served asked for
+    `parallel_tool_calls: false` (the middleware marks it per request): the JSON list of `tool_choice="required"`
+    gets `maxItems: 1`, and a structural tag's lists of tool tags stop after their first. True when both wrappers
+    are in place (installed now or before); False when vLLM is not importable here or its layout is not 0.24's
+    (with a warning naming what is missing)."""
     try:
         from vllm.tool_parsers import utils
     except ImportError:
         return False
+    warn = logging.getLogger("ruler.trainer").warning
+    installed = True
     original = getattr(utils, "_get_json_schema_from_tools", None)
     if original is None:
-        logging.getLogger("ruler.trainer").warning(
-            "this vLLM has no tool_parsers.utils._get_json_schema_from_tools: tool_choice='required' with "
-            "parallel_tool_calls=false samples an unbounded list of calls (vLLM keeps the first)")
+        warn("this vLLM has no tool_parsers.utils._get_json_schema_from_tools: tool_choice='required' with "
+             "parallel_tool_calls=false samples an unbounded list of calls (vLLM keeps the first)")
+        installed = False
+    elif not getattr(original, "ruler_bounded", False):
+        def bounded(tools):
+            schema = original(tools)
+            if _ONE_CALL.get() and isinstance(schema, dict) and schema.get("type") == "array":
+                schema = {**schema, "maxItems": 1}
+            return schema
+
+        bounded.ruler_bounded = True
+        utils._get_json_schema_from_tools = bounded
+    try:
+        from vllm.tool_parsers import structural_tag_registry as registry
+    except ImportError:  # a vLLM without structural tags builds only the JSON list above
+        return installed
+    build = getattr(registry, "get_model_structural_tag", None)
+    if build is None:
+        warn("this vLLM has no tool_parsers.structural_tag_registry.get_model_structural_tag: a tool parser's "
+             "structural tag with parallel_tool_calls=false allows an unbounded run of calls (vLLM keeps the first)")
         return False
-    if getattr(original, "ruler_bounded", False):
-        return True
+    if not getattr(build, "ruler_bounded", False):
+        def bounded_tag(*args, **kwargs):
+            tag = build(*args, **kwargs)
+            return _first_tag_only(tag) if tag is not None and _ONE_CALL.get() else tag
 
-    def bounded(tools):
-        schema = original(tools)
-        if _ONE_CALL.get() and isinstance(schema, dict) and schema.get("type") == "array":
-            schema = {**schema, "maxItems": 1}
-        return schema
+        bounded_tag.ruler_bounded = True
+        registry.get_model_structural_tag = bounded_tag
+    return installed
 
-    bounded.ruler_bounded = True
-    utils._get_json_schema_from_tools = bounded
-    return True
+
+def _first_tag_only(node):
+    """`node` (an xgrammar structural tag or one of its formats, pydantic models) with every list of tags
+    (`TagsWithSeparatorFormat`, `TriggeredTagsFormat`: the fields that carry `stop_after_first`) ending after
+    its first tag; copies, so vLLM's own objects are not changed."""
+    fields = getattr(type(node), "model_fields", None)
+    if not fields:
+        return node
+    update = {}
+    if "stop_after_first" in fields and "tags" in fields and node.stop_after_first is not True:
+        update["stop_after_first"] = True
+    for name in fields:
+        value = getattr(node, name)
+        if isinstance(value, list):
+            items = [_first_tag_only(v) for v in value]
+            if any(a is not b for a, b in zip(items, value, strict=True)):
+                update[name] = items
+        elif getattr(type(value), "model_fields", None):
+            inner = _first_tag_only(value)
+            if inner is not value:
+                update[name] = inner
+    return node.model_copy(update=update) if update else node
 
 
 class TrainingDataMiddleware:
