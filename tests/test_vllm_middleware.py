@@ -274,13 +274,18 @@ async def test_a_tool_parsers_structural_tag_allows_one_call_when_the_request_as
                                                                 "required": ["q"]}),
                           end="}\n</tool_call>") for name in tools]
 
+    made = {}
+
     def get_model_structural_tag(model, tools, tool_choice, reasoning):  # vLLM 0.24's, for hermes
-        if tool_choice == "auto":
-            tail = TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags(tools))
-        else:
-            tail = TagsWithSeparatorFormat(tags=tags(tools), separator="", at_least_one=True)
-        return StructuralTag(format=SequenceFormat(elements=[ConstStringFormat(value="<think></think>"), tail])
-                             if reasoning else tail)
+        key = (model, tuple(tools), tool_choice, reasoning)
+        if key not in made:  # one object per kind of request, so a bound written into it would show
+            if tool_choice == "auto":
+                tail = TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags(tools))
+            else:
+                tail = TagsWithSeparatorFormat(tags=tags(tools), separator="", at_least_one=True)
+            made[key] = StructuralTag(format=SequenceFormat(elements=[ConstStringFormat(value="<think></think>"),
+                                                                      tail]) if reasoning else tail)
+        return made[key]
 
     registry = types.ModuleType("vllm.tool_parsers.structural_tag_registry")
     registry.get_model_structural_tag = get_model_structural_tag
@@ -299,31 +304,36 @@ async def test_a_tool_parsers_structural_tag_allows_one_call_when_the_request_as
         # vLLM imports the builder from the registry module when it builds a request's tag
         from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag as build
 
-        built.append(build("hermes", body["tools"], body["tool_choice"], body.get("reasoning", False)))
+        built.append(build(model=body.get("parser", "hermes"), tools=body["tools"], tool_choice=body["tool_choice"],
+                           reasoning=body.get("reasoning", False)))  # by keyword, as vLLM calls it
         return await chat(request)
 
     app = TrainingDataMiddleware(Starlette(routes=[Route("/v1/chat/completions", chat_building_the_tag,
                                                          methods=["POST"])]))
     assert app.bounded_tool_lists
-    cases = [("required", False, False), ("required", True, False), ("required", None, False),
-             ("required", False, True), ("auto", False, False), ("auto", None, False)]
+    # (tool_choice, parallel_tool_calls, reasoning prefix, the parser's tag model)
+    cases = [("required", False, False, "hermes"), ("required", True, False, "hermes"),
+             ("required", None, False, "hermes"), ("required", False, True, "hermes"), ("auto", False, False, "hermes"),
+             ("auto", None, False, "hermes"), ("required", False, False, "harmony")]
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vllm") as c:
-        for choice, parallel, reasoning in cases:
+        for choice, parallel, reasoning, parser in cases:
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": ["search", "answer"],
-                    "tool_choice": choice, "reasoning": reasoning,
+                    "tool_choice": choice, "reasoning": reasoning, "parser": parser,
                     **({} if parallel is None else {"parallel_tool_calls": parallel})}
             assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
     one = '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>'
     two = one + one.replace("search", "answer")
     accepts = []
-    for (_, _, reasoning), tag in zip(cases, built, strict=True):
+    for (_, _, reasoning, _), tag in zip(cases, built, strict=True):
         grammar = xgrammar.Grammar.from_structural_tag(tag)
         think = "<think></think>" if reasoning else ""
         accepts.append((_is_grammar_accept_string(grammar, think + one), _is_grammar_accept_string(grammar, think + two)))
-    assert accepts == [(True, False), (True, True), (True, True), (True, False), (True, False), (True, True)]
-    # vLLM's own objects are left as built: outside a request the tag allows a run of calls again
-    outside = registry.get_model_structural_tag("hermes", ["search"], "required", False)
-    assert outside.format.stop_after_first is False and built[1].format.stop_after_first is False
+    # the last: harmony's tag is the whole message stream, left as vLLM builds it (here a stand-in of the same shape)
+    assert accepts == [(True, False), (True, True), (True, True), (True, False), (True, False), (True, True),
+                       (True, True)]
+    # bounded on a copy: the objects vLLM built (the stand-in hands out the same one each time) are unchanged
+    lists = [tag.format.elements[-1] if reasoning else tag.format for (_, _, _, reasoning), tag in made.items()]
+    assert len(lists) == 4 and not any(t.stop_after_first for t in lists), made
 
 
 def test_without_vllm_nothing_is_bounded(monkeypatch):

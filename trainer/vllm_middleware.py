@@ -28,7 +28,8 @@ rollout carries what token-exact training needs without the rollout code asking 
     (vLLM's default): `<tool_call>` blocks repeated; `bound_required_tool_lists` wraps
     `vllm.tool_parsers.structural_tag_registry.get_model_structural_tag` so that, for such a request, every list
     of tags in the tag it builds stops after its first (xgrammar's `stop_after_first`, what vLLM itself sets for
-    a named function);
+    a named function; for xgrammar's builtin tags of the models vLLM 0.24's parsers name, the same grammar as
+    xgrammar's own `parallel_tool_calls=False`; harmony's is left alone);
   - otherwise a JSON list of calls: the wrapper of `vllm.tool_parsers.utils._get_json_schema_from_tools` adds
     `maxItems: 1` (what vLLM's open PR 50502 proposes).
   Both run in vLLM's server process; with another module layout nothing is installed, and a warning says so.
@@ -123,7 +124,12 @@ def bound_required_tool_lists() -> bool:
     if not getattr(build, "ruler_bounded", False):
         def bounded_tag(*args, **kwargs):
             tag = build(*args, **kwargs)
-            return _first_tag_only(tag) if tag is not None and _ONE_CALL.get() else tag
+            model = kwargs.get("model", args[0] if args else None)
+            # harmony's tag is the whole message stream (analysis, then calls): bounding its lists would forbid
+            # a call after an analysis message; no 0.24 tool parser uses it
+            if tag is None or not _ONE_CALL.get() or model == "harmony":
+                return tag
+            return _first_tag_only(tag)
 
         bounded_tag.ruler_bounded = True
         registry.get_model_structural_tag = bounded_tag
