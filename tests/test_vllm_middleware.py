@@ -212,7 +212,8 @@ async def test_an_aborted_turn_is_never_trained_even_after_litellm_rewrites_its_
 
 async def test_required_tool_lists_are_bounded_to_one_call_when_the_request_asks_for_one(monkeypatch):
     """vLLM 0.24 builds the grammar of tool_choice="required" in vllm.tool_parsers.utils (a list of calls, no
-    upper bound) while it serves the request; here a module of that name and layout stands in for it (vLLM does
+    upper bound) while it serves the request, for a parser without a structural tag or with
+    VLLM_ENFORCE_STRICT_TOOL_CALLING off (the structural tag: the next test); here a module of that name and layout stands in for it (vLLM does
     not install on this machine), and the route builds the grammar as vLLM's does, inside the request."""
     import sys
     import types
