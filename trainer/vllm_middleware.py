@@ -89,40 +89,24 @@ _ONE_CALL = contextvars.ContextVar("ruler_one_tool_call", default=False)  # the 
 def bound_required_tool_lists() -> bool:
     """Make vLLM's grammar for tool calls allow one call while the request being served asked for
     `parallel_tool_calls: false` (the middleware marks it per request): the JSON list of `tool_choice="required"`
-    gets `maxItems: 1`, and a structural tag's lists of tool tags stop after their first. True when both wrappers
-    are in place (installed now or before); False when vLLM is not importable here or its layout is not 0.24's
-    (with a warning naming what is missing)."""
+    gets `maxItems: 1`, and a structural tag's lists of tool tags stop after their first. True when every wrapper
+    this vLLM's layout calls for is in place (installed now or before; a vLLM without structural tags needs only
+    the first); False when vLLM is not importable here or a function to wrap is missing (with a warning naming it)."""
     try:
         from vllm.tool_parsers import utils
     except ImportError:
         return False
-    warn = logging.getLogger("ruler.trainer").warning
-    installed = True
-    original = getattr(utils, "_get_json_schema_from_tools", None)
-    if original is None:
-        warn("this vLLM has no tool_parsers.utils._get_json_schema_from_tools: tool_choice='required' with "
-             "parallel_tool_calls=false samples an unbounded list of calls (vLLM keeps the first)")
-        installed = False
-    elif not getattr(original, "ruler_bounded", False):
+
+    def bounded_schema(original):
         def bounded(tools):
             schema = original(tools)
             if _ONE_CALL.get() and isinstance(schema, dict) and schema.get("type") == "array":
                 schema = {**schema, "maxItems": 1}
             return schema
+        return bounded
 
-        bounded.ruler_bounded = True
-        utils._get_json_schema_from_tools = bounded
-    try:
-        from vllm.tool_parsers import structural_tag_registry as registry
-    except ImportError:  # a vLLM without structural tags builds only the JSON list above
-        return installed
-    build = getattr(registry, "get_model_structural_tag", None)
-    if build is None:
-        warn("this vLLM has no tool_parsers.structural_tag_registry.get_model_structural_tag: a tool parser's "
-             "structural tag with parallel_tool_calls=false allows an unbounded run of calls (vLLM keeps the first)")
-        return False
-    if not getattr(build, "ruler_bounded", False):
-        def bounded_tag(*args, **kwargs):
+    def bounded_tag(build):
+        def bounded(*args, **kwargs):
             tag = build(*args, **kwargs)
             model = kwargs.get("model", args[0] if args else None)
             # harmony's tag is the whole message stream (analysis, then calls): bounding its lists would forbid
@@ -130,10 +114,31 @@ def bound_required_tool_lists() -> bool:
             if tag is None or not _ONE_CALL.get() or model == "harmony":
                 return tag
             return _first_tag_only(tag)
+        return bounded
 
-        bounded_tag.ruler_bounded = True
-        registry.get_model_structural_tag = bounded_tag
-    return installed
+    installed = _wrap_once(utils, "_get_json_schema_from_tools", bounded_schema,
+                           "tool_choice='required' with parallel_tool_calls=false samples an unbounded list of calls")
+    try:
+        from vllm.tool_parsers import structural_tag_registry as registry
+    except ImportError:  # a vLLM without structural tags builds only the JSON list above
+        return installed
+    return _wrap_once(registry, "get_model_structural_tag", bounded_tag, "a tool parser's structural tag with "
+                      "parallel_tool_calls=false allows an unbounded run of calls") and installed
+
+
+def _wrap_once(module, name: str, make, unbounded: str) -> bool:
+    """Replace `module.name` by `make(original)` unless an earlier call did; False (with a warning saying what
+    stays `unbounded`) when this vLLM has no such function."""
+    original = getattr(module, name, None)
+    if original is None:
+        logging.getLogger("ruler.trainer").warning("this vLLM has no %s.%s: %s (vLLM keeps the first)",
+                                                   module.__name__.removeprefix("vllm."), name, unbounded)
+        return False
+    if not getattr(original, "ruler_bounded", False):
+        wrapper = make(original)
+        wrapper.ruler_bounded = True
+        setattr(module, name, wrapper)
+    return True
 
 
 def _first_tag_only(node):
