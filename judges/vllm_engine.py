@@ -4,7 +4,8 @@ For users with a GPU who want a fast local judge without running a server: the f
 vLLM `AsyncLLM` engine for that model (continuous batching, so concurrent RULER calls share the GPU);
 a `json_schema` response format becomes vLLM structured output. vLLM is optional (the `gpu` extra)
 and imported only here. Engine arguments come from `$RULER_VLLM_ENGINE_ARGS` (JSON, e.g.
-`{"gpu_memory_utilization": 0.5, "max_model_len": 8192}`).
+`{"gpu_memory_utilization": 0.5, "max_model_len": 8192}`); unless they name `structured_outputs_config`,
+the engine writes schema-bound JSON on one line (`COMPACT_JSON`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,27 @@ from ruler_rl.judges.extras import require
 from ruler_rl.judges.local_provider import VLLM_ENGINE_PROVIDER as PROVIDER
 from ruler_rl.judges.local_provider import schema_from_response_format
 
+# vLLM's structured-output settings for JSON on one line with json.dumps' separators and no free whitespace. vLLM
+# 0.24's default grammar allows any whitespace between JSON tokens, and a small judge can write it until its
+# token limit (a 1.5B self-judge wrote newlines after `"scores": [`, 2026-12-07; vLLM issue 38696). vLLM refuses
+# disable_any_whitespace under its default backend "auto", hence the backend named.
+COMPACT_JSON = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
+def engine_args(environ: dict | None = None) -> dict:
+    """The `AsyncEngineArgs` keywords of the in-process judge engine: `$RULER_VLLM_ENGINE_ARGS` (a JSON object),
+    with `structured_outputs_config` set to `COMPACT_JSON` unless given there. A value that is not a JSON object
+    is a `ValueError` naming the variable."""
+    text = (os.environ if environ is None else environ).get("RULER_VLLM_ENGINE_ARGS") or "{}"
+    try:
+        extra = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"$RULER_VLLM_ENGINE_ARGS is not JSON ({exc}): {text[:80]!r}") from None
+    if not isinstance(extra, dict):
+        raise ValueError(f"$RULER_VLLM_ENGINE_ARGS must be a JSON object of engine arguments, got {text[:80]!r}")
+    extra.setdefault("structured_outputs_config", dict(COMPACT_JSON))
+    return extra
+
 
 class VLLMEngineLLM(CustomLLM):
     def __init__(self):
@@ -35,9 +57,12 @@ class VLLMEngineLLM(CustomLLM):
             if model not in self._engines:
                 require("gpu", f"the judge {PROVIDER}/{model}")
                 from vllm import AsyncEngineArgs
+                from vllm.config import StructuredOutputsConfig
                 from vllm.v1.engine.async_llm import AsyncLLM
 
-                extra = json.loads(os.environ.get("RULER_VLLM_ENGINE_ARGS") or "{}")
+                extra = engine_args()
+                if isinstance(extra["structured_outputs_config"], dict):  # AsyncEngineArgs takes only the object
+                    extra["structured_outputs_config"] = StructuredOutputsConfig(**extra["structured_outputs_config"])
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **extra))
                 tokenizer = await engine.get_tokenizer() if asyncio.iscoroutinefunction(engine.get_tokenizer) \
                     else engine.get_tokenizer()

@@ -35,6 +35,14 @@ def _retry_messages(prompt: JudgePrompt, problems: list[str]) -> list[dict]:
             + ", ".join(prompt.ids) + "), every score a number between 0 and 1."}]
 
 
+def _finish_reason(reply) -> str | None:
+    """Why the judge's answer ended (`"stop"`, `"length"`, ...), where its response says."""
+    try:
+        return reply.response.choices[0].finish_reason
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
 async def judge_once(prompt: JudgePrompt, judge: Judge, opts: RulerOptions) -> RulerResult:
     """One judgment of one ordering: cache, call, validate by id, structural retries."""
     fmt = judge.response_format(prompt.ids)
@@ -69,6 +77,8 @@ async def judge_once(prompt: JudgePrompt, judge: Judge, opts: RulerOptions) -> R
             parsed = parse_scores(raw, prompt.ids)
         except ScoreProblems as exc:
             problems = exc.problems
+            if _finish_reason(reply) == "length":
+                problems = [*problems, f"the answer was cut off at its token limit ({reply.completion_tokens} tokens)"]
             log.warning("judge %s answer rejected (attempt %d): %s", judge.model, attempt + 1, exc)
             messages = _retry_messages(prompt, problems)
             continue

@@ -23,7 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BLOCK = re.compile(r'<trajectory id="(\d+)">(.*?)</trajectory>', re.S)
 MODES = {"ok", "400", "500", "503", "429", "slow", "malformed", "prose", "fenced", "out_of_range_10", "out_of_range_100",
-         "negative", "shuffled", "missing_id", "extra_id", "duplicate_id", "string_scores", "nan", "empty", "bare_list"}
+         "negative", "shuffled", "missing_id", "extra_id", "duplicate_id", "string_scores", "nan", "empty", "bare_list",
+         "cut_off"}
 
 
 def marker_score(text: str) -> float:
@@ -98,12 +99,14 @@ class FakeJudge:
                 elif judge.latency_s:
                     time.sleep(judge.latency_s)
                 content = judge.answer(body, mode)
+                cut = mode == "cut_off"  # stopped by max_tokens, as vLLM reports it
                 self._send(200, {
                     "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model", "fake"),
-                    "choices": [{"index": 0, "finish_reason": "stop",
+                    "choices": [{"index": 0, "finish_reason": "length" if cut else "stop",
                                  "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 4096 if cut else 20,
+                              "total_tokens": 4196 if cut else 120},
                 })
 
             def _send(self, code, obj, headers=None):
@@ -170,6 +173,8 @@ class FakeJudge:
             scores[0]["score"] = round(min(1.0, scores[0]["score"] + self.first_bonus), 6)
         if mode == "malformed":
             return '{"scores": [{"trajectory_id": "1", "expl'
+        if mode == "cut_off":  # a grammar with free whitespace, written until the token limit
+            return '{\n  "scores": [' + "\n" * 200
         if mode == "prose":
             return "I think they are all fine."
         if mode == "empty":

@@ -132,6 +132,19 @@ async def test_persistent_bad_output_raises_never_defaults(judge):
     assert '"trajectory_id": "2"' in info.value.raw and '"trajectory_id": "1"' not in info.value.raw
 
 
+async def test_an_answer_cut_at_the_token_limit_says_so_to_the_judge_and_in_the_error(judge):
+    judge.script = ["cut_off"] * 3  # '{"scores": [' then newlines until max_tokens (vLLM 0.24's any-whitespace JSON)
+    with pytest.raises(JudgeOutputError) as info:
+        await score(judge, group("GOOD a", "BAD b"), max_format_retries=2)
+    assert "cut off at its token limit (4096 tokens)" in str(info.value)
+    assert "cut off at its token limit" in judge.requests[1]["messages"][-1]["content"]  # the retry tells the judge
+    judge.reset()
+    judge.script = ["malformed"] * 3  # ended by itself: not cut off
+    with pytest.raises(JudgeOutputError) as info:
+        await score(judge, group("GOOD a", "BAD b"), max_format_retries=2)
+    assert "cut off" not in str(info.value)
+
+
 async def test_swallow_exceptions_returns_none(judge):
     judge.script = ["malformed"] * 5
     assert await score(judge, group("GOOD a", "BAD b"), swallow_exceptions=True) is None

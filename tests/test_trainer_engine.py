@@ -241,6 +241,51 @@ def test_the_rollout_server_schedules_as_vllms_batch_engine_and_collects_no_per_
         EngineConfig(engine="vllm", vllm_args={"disable-log-stats": True})
 
 
+def test_schema_bound_json_is_compact_by_default_in_the_served_and_the_in_process_engine(tmp_path):
+    """vLLM 0.24's JSON grammar allows any whitespace between tokens, and a 1.5B self-judge wrote newlines after
+    `"scores": [` until its token limit (2026-12-07): both vLLM engines ask for compact JSON unless told not to."""
+    import json
+
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from ruler_rl.judges.vllm_engine import COMPACT_JSON, engine_args
+    from ruler_rl.prompt import response_schema
+
+    def argv(**engine):
+        return VLLMServer("some/model", EngineConfig(engine="vllm", **engine), served_name="m", lora_rank=8,
+                          log_dir=tmp_path, chat_template_file=None, tool_parser="hermes", reasoning_parser=None,
+                          port=8000).command()
+
+    given = argv()
+    assert json.loads(given[given.index("--structured-outputs-config") + 1]) == COMPACT_JSON
+    assert "--structured-outputs-config" not in argv(compact_json=False)  # vLLM's own settings
+    with pytest.raises(ValueError, match="compact_json"):
+        EngineConfig(engine="vllm", vllm_args={"structured-outputs-config": {"backend": "guidance"}})
+    with pytest.warns(UserWarning, match="compact_json"):
+        EngineConfig(engine="transformers", compact_json=False)
+    # the in-process judge engine: the same default, a user's own setting kept, a bad variable named
+    assert engine_args({})["structured_outputs_config"] == COMPACT_JSON
+    assert engine_args({"RULER_VLLM_ENGINE_ARGS": '{"max_model_len": 8192}'}) == {
+        "max_model_len": 8192, "structured_outputs_config": COMPACT_JSON}
+    own = {"structured_outputs_config": {"backend": "guidance"}}
+    assert engine_args({"RULER_VLLM_ENGINE_ARGS": json.dumps(own)}) == own
+    for bad in ("[1]", "{not json"):
+        with pytest.raises(ValueError, match="RULER_VLLM_ENGINE_ARGS"):
+            engine_args({"RULER_VLLM_ENGINE_ARGS": bad})
+    # what the setting means, in the grammar vLLM's xgrammar backend compiles from a judge's schema:
+    # json.dumps' own layout accepted, newlines after '"scores": [' refused (so they cannot run on either)
+    schema = json.dumps(response_schema(["1", "2"], max_explanation_chars=40))
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=not COMPACT_JSON["disable_any_whitespace"])
+    answer = json.dumps({"scores": [{"trajectory_id": i, "explanation": "fine", "score": 0.5} for i in "12"]})
+
+    def accepts(text: str) -> bool:
+        return _is_grammar_accept_string(grammar, text)
+
+    assert accepts(answer)
+    assert not accepts(answer.replace('"scores": [', '"scores": [' + "\n" * 50))  # the runaway, closed or not
+
+
 def test_the_default_step_budget_never_fails_vllms_own_start_checks(tmp_path, monkeypatch):
     """The per-GPU default (here as on a GPU that takes 8192) is raised to max_num_seqs (vLLM refuses a step
     budget below it) and, with chunked prefill off, to the served context length (as vLLM raises its own

@@ -40,9 +40,10 @@ _ENGINE_OWNED_FLAGS = {
     "chat_template": "chat_template", "disable_uvicorn_access_log": "set by the engine",
     "tensor_parallel_size": "inference_gpus with inference_parallel='tensor'",
     "data_parallel_size": "inference_gpus with inference_parallel='data'",
+    "structured_outputs_config": "compact_json (False: vLLM's own structured-output settings)",
 }
 _VLLM_ONLY = ("gpu_memory_utilization", "max_model_len", "enforce_eager", "enable_sleep_mode", "max_num_seqs",
-              "max_num_batched_tokens", "log_stats", "keep_adapters", "startup_timeout_s", "server_timeout_s",
+              "max_num_batched_tokens", "log_stats", "compact_json", "keep_adapters", "startup_timeout_s", "server_timeout_s",
               "vllm_args", "inference_parallel")
 Placement = Literal["colocated", "dedicated"]
 
@@ -170,6 +171,13 @@ class EngineConfig(_Strict):
         "vLLM only: keep vLLM's per-step statistics (its periodic throughput log lines and `/metrics`). Default "
         "False: `--disable-log-stats`, as vLLM's offline engine runs, so the engine does not collect them every "
         "step."))
+    compact_json: bool = pydantic.Field(True, description=(
+        "vLLM only: JSON sampled under a schema (a served judge's scores, the JSON-list grammar of "
+        "`tool_choice=\"required\"`) is written on one line with json.dumps' separators, no free whitespace: "
+        "`--structured-outputs-config '{\"backend\": \"xgrammar\", \"disable_any_whitespace\": true}'`. "
+        "Default True: vLLM 0.24's default grammar allows any whitespace between JSON tokens, and a 1.5B "
+        "self-judge wrote newlines after `\"scores\": [` until its token limit (2026-12-07). False: vLLM's own "
+        "settings (backend `auto`, any whitespace)."))
     keep_adapters: int = pydantic.Field(2, ge=1, description=(
         "vLLM only: how many of the latest steps' adapters stay servable as `<name>@<step>`; older names are "
         "unloaded (requests naming them get 404). Default 2; >= 1. Also sets `--max-cpu-loras` "

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import httpx
 
+from ruler_rl.judges.vllm_engine import COMPACT_JSON
 from ruler_rl.trainer.config import EngineConfig, vllm_flag_name
 
 log = logging.getLogger("ruler.trainer")
@@ -385,6 +386,8 @@ class VLLMServer(ServerProcess):
             argv += [flag, str(len(c.inference_gpus))]
         if c.enforce_eager:
             argv.append("--enforce-eager")
+        if c.compact_json:  # vLLM refuses disable_any_whitespace under backend "auto"
+            argv += ["--structured-outputs-config", _cli_value(COMPACT_JSON)]
         if self.reasoning_parser:
             argv += ["--reasoning-parser", self.reasoning_parser]
         if self.chat_template_file is not None:
