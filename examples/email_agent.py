@@ -26,8 +26,10 @@ groups.jsonl (each training group: every rollout's reward beside its correctness
 summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, before and after), compare.csv
 (after minus before per measure, paired bootstrap 95% interval over the same questions), history.jsonl
 and curves.png (the training curves), questions.csv (the mix of question kinds), and run.json (the
-arguments). Accuracy is the matcher's (plus the correctness judge's, if given); the RULER judge's scores
-are rewards for training, never accuracy.
+arguments, and `steps_run`, `policy_step`, `steps_refused`). A batch the trainer refuses (a non-finite
+gradient: nothing of it is applied) is dropped and a new one drawn; MAX_REFUSED_IN_A_ROW refused in a row end
+the training loop, and the run still measures the policy as it is. Accuracy is the matcher's (plus the
+correctness judge's, if given); the RULER judge's scores are rewards for training, never accuracy.
 
 Unlike the other examples this one runs from a checkout of the ruler-rl repository: the ART·E task (inbox
 database, tools, questions, ART's rubric) lives in `evals/`, which the ruler-rl wheel does not ship. Set the
@@ -65,6 +67,8 @@ except ModuleNotFoundError as exc:
         raise
     raise SystemExit("examples/email_agent.py runs from a checkout of the ruler-rl repository: the ART·E task "
                      "lives in evals/, which is not installed here (in the checkout: bash .ci/setup)") from None
+
+MAX_REFUSED_IN_A_ROW = 3  # batches the trainer may refuse in a row before the training loop ends
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -300,7 +304,9 @@ async def main(argv=None) -> None:
             before = await evaluate(model, test, args.db, args, "before", correctness)
             before.to_parquet(report_dir / "before.parquet", index=False)
         evaluated = start  # the policy step last measured on the test questions (before: the start)
-        for step in range(start, args.steps):
+        refused: list[int] = []  # batches the trainer refused (a non-finite gradient), by their loop step
+        step = start
+        while step < args.steps:
             if budget_spent():
                 print(f"--time-budget-s {args.time_budget_s:g} spent: stopping after {step} of {args.steps} steps",
                       flush=True)
@@ -315,12 +321,23 @@ async def main(argv=None) -> None:
                                            tool_choice=args.tool_choice)
                                  for _ in range(args.group_size)) for s in picked],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)
-            row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))
+            try:
+                row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))
+            except FloatingPointError as exc:  # refused and rolled back by the trainer: nothing of it was applied
+                refused.append(step)
+                print(f"step {step + 1} refused ({exc}): its groups are dropped, the policy stays at step "
+                      f"{await model.get_step()}, and a new batch is drawn", flush=True)
+                if len(refused) >= MAX_REFUSED_IN_A_ROW and refused[-MAX_REFUSED_IN_A_ROW] == refused[-1]:
+                    print(f"{MAX_REFUSED_IN_A_ROW} batches in a row refused: stopping, and measuring the policy as "
+                          "it is", flush=True)
+                    break
+                continue
             steps_run += 1
+            step += 1
             print(f"step {row['step']}: reward {row['reward_mean']:.3f} ({args.reward}), trained on "
                   f"{row['sequences']} sequences", flush=True)
             policy = await model.get_step()  # unchanged when every group tied (no update)
-            if due_for_eval(policy, evaluated, args.eval_every, last_pass=step + 1 >= args.steps,
+            if due_for_eval(policy, evaluated, args.eval_every, last_pass=step >= args.steps,
                             budget_spent=budget_spent()):
                 held_out = await evaluate(model, test, args.db, args, "during training", correctness)
                 held_out.to_parquet(report_dir / f"eval-step{policy:04d}.parquet", index=False)
@@ -329,7 +346,7 @@ async def main(argv=None) -> None:
                       flush=True)
         after = await evaluate(model, test, args.db, args, "after", correctness)
         after.to_parquet(report_dir / "after.parquet", index=False)
-        run_info.update(steps_run=steps_run, policy_step=await model.get_step(),
+        run_info.update(steps_run=steps_run, steps_refused=refused, policy_step=await model.get_step(),
                         seconds=round(time.monotonic() - launched, 1))
         (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
     finally:

@@ -127,12 +127,30 @@ def test_the_seeds_mean_is_formed_only_over_seeds_of_one_configuration(tmp_path,
                                                               "name": name, "out": f"/x/{name}"}))
     main([str(tmp_path / "s0"), str(tmp_path / "s1")])
     assert "seeds' mean" in capsys.readouterr().out
+    # stopping rules may differ (a --steps cap, a time budget) where the measured policy step is the same...
+    step = json.loads((tmp_path / "s0" / "run.json").read_text())["policy_step"]
+
+    def rewrite(name, **changes):
+        path = tmp_path / name / "run.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+    rewrite("s1", steps=step, time_budget_s=123.0)
+    main([str(tmp_path / "s0"), str(tmp_path / "s1")])
+    assert "seeds' mean  " in capsys.readouterr().out
+    rewrite("s1", policy_step=step - 1)  # ...but a seed stopped a step earlier is not averaged in
+    main([str(tmp_path / "s0"), str(tmp_path / "s1")])
+    out = capsys.readouterr().out
+    assert "no seeds' mean" in out and f"s0 {step}, s1 {step - 1}" in out
+    rewrite("s1", policy_step=step)
     main([str(tmp_path / "s0"), str(tmp_path / "art")])
     out = capsys.readouterr().out
     assert "no seeds' mean" in out and "seeds' mean  " not in out
-    (tmp_path / "s1" / "after.parquet").rename(tmp_path / "s1" / "eval-step0004.parquet")
+    (tmp_path / "s1" / "after.parquet").rename(tmp_path / "s1" / f"eval-step{step - 1:04d}.parquet")
     main([str(tmp_path / "s0"), str(tmp_path / "s1")])  # measured at different points
     assert "no seeds' mean" in capsys.readouterr().out
+    (tmp_path / "s1" / f"eval-step{step - 1:04d}.parquet").rename(tmp_path / "s1" / f"eval-step{step:04d}.parquet")
+    main([str(tmp_path / "s0"), str(tmp_path / "s1")])  # the same policy step, once as after, once mid-run
+    assert "seeds' mean  " in capsys.readouterr().out
     (tmp_path / "s1" / "before.parquet").unlink()
     with pytest.raises(SystemExit):
         main([str(tmp_path / "s1")])

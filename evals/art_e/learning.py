@@ -19,7 +19,9 @@ after with paired intervals, over one seed or several, and how well the training
 - a folder without after.parquet (a run whose after-evaluation was not brought back) is read against its latest
   eval-stepNNNN.parquet (`examples/email_agent.py --eval-every`), named so in the table; without either, it gives
   its before count and its training curve only; the seeds' mean is formed only over folders whose run.json agree
-  beyond seed, names and time budget and that were measured at the same point (after.parquet, or the same step);
+  beyond seed, names and stopping rules (time budget, `--steps`) and that measured the same policy step (the
+  run's `policy_step` for after.parquet, NNNN for eval-stepNNNN.parquet): a seed the budget stopped at step 3
+  is not averaged with one measured at step 6;
 - held-out accuracy is also given within each question kind (`paired_by_kind`), to show where a change came from;
 - the training curve is also given within each question kind: the questions drawn differ by step, and kinds
   differ in how often they are answered right, so a rise over all kinds can be a change of mix.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -207,8 +210,20 @@ def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0,
     return pd.DataFrame(table), comparison
 
 
-# run.json keys that may differ between seeds of one configuration (names, paths, the time budget)
-_PER_RUN = {"seed", "name", "out", "report", "db", "time_budget_s", "steps_run", "policy_step", "seconds"}
+# run.json keys that may differ between seeds of one configuration (names, paths, stopping rules, what they did)
+_PER_RUN = {"seed", "name", "out", "report", "db", "time_budget_s", "steps", "steps_run", "steps_refused",
+            "policy_step", "seconds"}
+
+
+def measured_step(folder: Path, after: str) -> int | None:
+    """The policy step the table `after` of `folder` measured: NNNN of eval-stepNNNN.parquet, the run's
+    `policy_step` (run.json) for after.parquet; None where run.json does not say."""
+    found = re.fullmatch(r"eval-step(\d{4})\.parquet", after)
+    if found:
+        return int(found.group(1))
+    path = folder / "run.json"
+    step = json.loads(path.read_text()).get("policy_step") if path.is_file() else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _configuration(folder: Path) -> dict | None:
@@ -252,16 +267,18 @@ def main(argv=None) -> None:
             continue
         name = f.name if after == "after.parquet" else f"{f.name} ({after}, no after.parquet)"
         runs[name] = read(f, after)
-        measured[name] = (after, _configuration(f))
+        measured[name] = (measured_step(f, after), _configuration(f))
     rows = []
     for name, (before, after) in runs.items():
         common = before.index.intersection(after.index)
         rows.append({"run": name, **paired(before.loc[common, "correct"], after.loc[common, "correct"])})
     if len(runs) > 1:
-        afters, configurations = zip(*measured.values(), strict=True)
-        if len(set(afters)) > 1 or None in configurations or any(c != configurations[0] for c in configurations):
-            print("no seeds' mean: the folders are not seeds of one configuration measured at the same point "
-                  "(their run.json differ beyond seed, names and time budget, or their after-tables differ)")
+        points, configurations = zip(*measured.values(), strict=True)
+        if (len(set(points)) > 1 or None in points or None in configurations
+                or any(c != configurations[0] for c in configurations)):
+            print("no seeds' mean: the folders are not seeds of one configuration measured at the same policy step "
+                  f"(steps measured: {', '.join(f'{n} {p}' for n, p in zip(measured, points, strict=True))}; "
+                  "or their run.json differ beyond seed, names and stopping rules)")
         else:
             common = sorted(set.intersection(*(set(b.index) & set(a.index) for b, a in runs.values())))
             before = np.mean([b.loc[common, "correct"].astype(float) for b, _ in runs.values()], axis=0)
