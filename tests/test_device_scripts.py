@@ -55,6 +55,40 @@ def test_the_seeds_script_starts_each_seed_with_its_own_name_and_seed():
     assert bad.returncode == 2 and "not a non-negative integer" in bad.stderr
 
 
+@pytest.mark.slow
+def test_seeds_run_one_after_another_and_collect_waits_for_the_chain(tmp_path):
+    """Two seeds side by side do not fit one H100 (the trainer's memory plan refused the second, 2026-12-07): each
+    starts once the one before it has ended, and collect.sh waits for the chain, not only for a running seed (there
+    is a moment between seeds when none runs). art_e_run.sh is replaced by a stand-in whose process carries a run's
+    command line for 1.5 s."""
+    import shutil
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    root, out, log = tmp_path / "root", tmp_path / "out", tmp_path / "starts.log"
+    (root / "evals" / "device").mkdir(parents=True)
+    out.mkdir()
+    shutil.copy(repo / "evals" / "device" / "collect.sh", root / "evals" / "device")
+    (root / "evals" / "device" / "art_e_run.sh").write_text(
+        'name=$1; echo "$name start $(date +%s.%N)" >> "$STARTS"\n'
+        '((exec -a "python3 examples/email_agent.py --name $name --db x" sleep 1.5); '
+        'echo "$name end $(date +%s.%N)" >> "$STARTS"; echo "step 1: reward 0.5" > "/tmp/run-$name.log") '
+        '> /dev/null 2>&1 < /dev/null &\n')
+    prefix = f"chaintest{os.getpid()}"
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(repo / "evals" / "device" / "art_e_seeds.sh"), prefix, "60", "40", "0", "1",
+                           "--", "--steps", "1"], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "STARTS": str(log), "OUT": str(out)})
+    assert done.returncode == 0, done.stderr
+    events = {" ".join(line.split()[:2]): float(line.split()[2]) for line in log.read_text().splitlines()}
+    assert events[f"{prefix}-seed1 start"] >= events[f"{prefix}-seed0 end"]  # one after another
+    assert f"{prefix}-seed0 ended" in done.stdout and f"{prefix}-seed1 ended" in done.stdout  # collect waited
+    assert time.monotonic() - started < 35 and not Path("/tmp/art_e_chain.running").exists()
+    for name in (f"{prefix}-seed0", f"{prefix}-seed1"):
+        Path(f"/tmp/run-{name}.log").unlink(missing_ok=True)
+
+
 def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks():
     from evals.gpu_judge_meta import parse_args
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# On the GPU host: several seeds of one ART·E learning run on one GPU, each started once the one before it serves
-# (a vLLM starting beside another that is still profiling its memory fails: 2026-12-05), then watched until the
-# call's end. Each seed is evals/device/art_e_run.sh PREFIX-seedS BUDGET_S ARGS --seed S.
+# On the GPU host: several seeds of one ART·E learning run on one GPU, one after another (each starts when the one
+# before it has ended: two side by side do not fit an H100 with 32k-token passes, the trainer's memory plan refused
+# the second on 2026-12-07, and a vLLM starting beside another still profiling its memory fails: 2026-12-05), then
+# watched until WATCH_S. Each seed is evals/device/art_e_run.sh PREFIX-seedS BUDGET_S ARGS --seed S; the chain runs
+# in the background (its log: /tmp/art_e_chain.log; /tmp/art_e_chain.running while it runs).
 #   usage: bash evals/device/art_e_seeds.sh PREFIX BUDGET_S WATCH_S SEED [SEED ...] -- [email_agent.py arguments]
 #   e.g.   bash evals/device/art_e_seeds.sh ruler-ref 900 560 0 1 -- --reward ruler --judge self \
-#              --judge-sees-reference --gpu-memory-utilization 0.3
+#              --judge-sees-reference --gpu-memory-utilization 0.3 --steps 6
 # WATCH_S: seconds from this script's start after which it collects (evals/device/collect.sh) and returns, within
 # the device tool's 600-s call. Send the next `bash evals/device/collect.sh 590` calls in the same message as
 # this one, so that no pause of the caller falls between calls (the machine goes back after 30 s idle, and with it
@@ -21,15 +23,21 @@ if [ "${ART_E_DRY_RUN:-0}" = 1 ]; then
   for s in "${seeds[@]}"; do bash "$root/evals/device/art_e_run.sh" "$prefix-seed$s" "$budget" "$@" --seed "$s" | paste -sd' '; done
   exit 0
 fi
+if [ "${ART_E_CHAIN:-0}" = 1 ]; then  # the chain itself (started detached below): each seed once the one before ended
+  t0=$SECONDS
+  for s in "${seeds[@]}"; do
+    name="$prefix-seed$s"
+    bash "$root/evals/device/art_e_run.sh" "$name" "$budget" "$@" --seed "$s" || { echo "$name did not start"; break; }
+    while pgrep -f "name $name " > /dev/null; do sleep 5; done
+    echo "$name ended at $((SECONDS - t0)) s: $(tr '\r' '\n' < "/tmp/run-$name.log" | grep -E '^step [0-9]+' | tail -1)"
+  done
+  rm -f /tmp/art_e_chain.running
+  exit 0
+fi
 t0=$SECONDS
-for i in "${!seeds[@]}"; do
-  s=${seeds[$i]}; name="$prefix-seed$s"
-  bash "$root/evals/device/art_e_run.sh" "$name" "$budget" "$@" --seed "$s" || exit $?
-  [ $i -eq $((${#seeds[@]} - 1)) ] && break
-  # serving: its untrained evaluation is written (vLLM is up and its memory settled); at most 400 s
-  for _ in $(seq 1 80); do [ -f "/tmp/report/$name/before.parquet" ] && break
-    pgrep -f "name $name " > /dev/null || { echo "$name ended before serving:"; tail -5 "/tmp/run-$name.log"; break; }
-    sleep 5; done
-  echo "$name serving at $((SECONDS - t0)) s"
-done
+touch /tmp/art_e_chain.running
+ART_E_CHAIN=1 setsid nohup bash "$0" "$prefix" "$budget" "$watch" "${seeds[@]}" -- "$@" > /tmp/art_e_chain.log 2>&1 \
+  < /dev/null &
+sleep 5; cat /tmp/art_e_chain.log
 bash "$root/evals/device/collect.sh" $((watch - (SECONDS - t0)))
+cat /tmp/art_e_chain.log

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# On the GPU host: wait up to $1 seconds for every examples/email_agent.py run to end, then put the reports and
-# the run logs under $OUT (the device tool brings them back).   usage: bash evals/device/collect.sh SECONDS
+# On the GPU host: wait up to $1 seconds for every examples/email_agent.py run (and art_e_seeds.sh's chain of seeds)
+# to end, then put the reports and the run logs under $OUT (the device tool brings them back).
+#   usage: bash evals/device/collect.sh SECONDS
 end=$((SECONDS+$1))
-while [ $SECONDS -lt $end ] && pgrep -f examples/email_agent.py > /dev/null; do sleep 10; done
+running() { pgrep -f examples/email_agent.py > /dev/null || [ -f /tmp/art_e_chain.running ]; }  # art_e_seeds.sh's chain
+while [ $SECONDS -lt $end ] && running; do sleep 10; done
 for f in /tmp/run-*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -E "^step [0-9]+: reward|Error|error:" | tail -6; done
 tar czf "$OUT/report.tgz" -C /tmp report 2>/dev/null
 tar czf "$OUT/logs.tgz" /tmp/run-*.log 2>/dev/null
-echo "still running: $(pgrep -f examples/email_agent.py | wc -l)"
+echo "still running: $(pgrep -f examples/email_agent.py | wc -l)$([ -f /tmp/art_e_chain.running ] && echo ', the seed chain too')"
