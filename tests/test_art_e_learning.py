@@ -148,9 +148,18 @@ def test_the_seeds_mean_is_formed_only_over_seeds_of_one_configuration(tmp_path,
     (tmp_path / "s1" / "after.parquet").rename(tmp_path / "s1" / f"eval-step{step - 1:04d}.parquet")
     main([str(tmp_path / "s0"), str(tmp_path / "s1")])  # measured at different points
     assert "no seeds' mean" in capsys.readouterr().out
+    # --step reads every folder at one policy step: s1's mid-run measure and s0's after.parquet (it ended there)
+    main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--step", str(step - 1)])
+    out = capsys.readouterr().out
+    assert "s0: not measured at policy step" in out and "seeds' mean  " not in out
+    assert f"s1 (eval-step{step - 1:04d}.parquet, no after.parquet)" in out
     (tmp_path / "s1" / f"eval-step{step - 1:04d}.parquet").rename(tmp_path / "s1" / f"eval-step{step:04d}.parquet")
     main([str(tmp_path / "s0"), str(tmp_path / "s1")])  # the same policy step, once as after, once mid-run
     assert "seeds' mean  " in capsys.readouterr().out
+    main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--step", str(step)])
+    assert "seeds' mean  " in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "s0"), "--step", "0"])
     (tmp_path / "s1" / "before.parquet").unlink()
     with pytest.raises(SystemExit):
         main([str(tmp_path / "s1")])

@@ -1,7 +1,7 @@
 """Reading an ART·E learning run's report folders (`examples/email_agent.py --report DIR`): accuracy before and
 after with paired intervals, over one seed or several, and how well the training reward ranked right answers.
 
-    python -m evals.art_e.learning DIR [DIR ...] [--regrade] [--keep-questions FILE.jsonl]
+    python -m evals.art_e.learning DIR [DIR ...] [--regrade] [--keep-questions FILE.jsonl] [--step N]
 
 - accuracy: each folder's before.parquet / after.parquet (the same test questions, measured greedy before and
   after training); `--regrade` decides correctness again with today's matcher (`match_verdict`: only an
@@ -16,6 +16,9 @@ after with paired intervals, over one seed or several, and how well the training
 - the training curve (`groups.jsonl`): the share of training rollouts (sampled at the run's temperature, on
   training questions: not a held-out measure) answered right, in blocks of `--block` steps, with a bootstrap
   interval over the block's groups, and the first block against the rest;
+- `--step N`: every folder read at policy step N (its eval-stepNNNN.parquet, or after.parquet where the run ended
+  at step N; a folder with neither is left out, saying so), so seeds whose runs ended at different steps are
+  compared, and averaged, where all of them were measured;
 - a folder without after.parquet (a run whose after-evaluation was not brought back) is read against its latest
   eval-stepNNNN.parquet (`examples/email_agent.py --eval-every`), named so in the table; without either, it gives
   its before count and its training curve only; the seeds' mean is formed only over folders whose run.json agree
@@ -239,9 +242,12 @@ def main(argv=None) -> None:
     ap.add_argument("--regrade", action="store_true", help="decide correctness again with today's matcher")
     ap.add_argument("--keep-questions", type=Path, default=None, help="a scenarios JSONL: only its questions")
     ap.add_argument("--block", type=int, default=4, help="steps per block of the training curve")
+    ap.add_argument("--step", type=int, default=None, help="read every folder at this policy step")
     args = ap.parse_args(argv)
     if args.block < 1:
         ap.error("--block must be >= 1")
+    if args.step is not None and args.step < 1:
+        ap.error("--step must be >= 1 (step 0 is before.parquet)")
     keep = None
     if args.keep_questions:
         keep = {(s["question"], s["answer"]) for s in map(json.loads, args.keep_questions.read_text().splitlines())}
@@ -260,12 +266,20 @@ def main(argv=None) -> None:
     runs, measured = {}, {}
     for f in args.folders:
         after = "after.parquet" if (f / "after.parquet").is_file() else latest_eval(f)
+        if args.step is not None:
+            at = f"eval-step{args.step:04d}.parquet"
+            after = at if (f / at).is_file() else after if after == "after.parquet" and measured_step(
+                f, after) == args.step else None
+            if after is None:
+                print(f"{f.name}: not measured at policy step {args.step}; left out")
+                continue
         if after is None:  # the before count alone: nothing to pair it with
             before, _ = read(f, "before.parquet")
             print(f"{f.name}: no after.parquet, no eval-step*.parquet; before {int(before['correct'].sum())}/"
                   f"{len(before)} right")
             continue
-        name = f.name if after == "after.parquet" else f"{f.name} ({after}, no after.parquet)"
+        name = (f.name if after == "after.parquet" else f"{f.name} ({after})" if (f / "after.parquet").is_file()
+                else f"{f.name} ({after}, no after.parquet)")
         runs[name] = read(f, after)
         measured[name] = (measured_step(f, after), _configuration(f))
     rows = []
