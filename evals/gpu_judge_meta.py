@@ -103,6 +103,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def server_command(args: argparse.Namespace, name: str) -> list[str]:
+    """vLLM's OpenAI server for the judge `args.model` served as `name`. Its scores are sampled as one-line JSON
+    (`COMPACT_JSON`), as the library's vLLM engines do: on 2026-12-07 this server under vLLM 0.24's default grammar
+    let Qwen2.5-Coder-1.5B write whitespace until the token limit (5 answers rejected, and requests running for over
+    a minute at the end of each stage, which waits for its slowest judgment)."""
+    from ruler_rl.judges.vllm_engine import COMPACT_JSON
+
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+            "--served-model-name", name, "--port", str(args.port), "--max-model-len", "8192",
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+            "--structured-outputs-config", json.dumps(COMPACT_JSON)] + (["--enforce-eager"] if args.enforce_eager
+                                                                         else [])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     name = args.served_name or Path(args.model.rstrip("/")).name
@@ -113,13 +127,9 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("RULER_VLLM_ENGINE_ARGS", json.dumps(engine_args))
         return run_eval(args, f"vllm-engine/{args.model}", None, 0.0)
     base = f"http://127.0.0.1:{args.port}/v1"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
-           "--served-model-name", name, "--port", str(args.port), "--max-model-len", "8192",
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     failed = 0
     with open(args.out / "vllm.log", "w") as log:
-        proc = subprocess.Popen(cmd + (["--enforce-eager"] if args.enforce_eager else []), stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(server_command(args, name), stdout=log, stderr=subprocess.STDOUT)
         try:
             ready, judge = wait_ready(base, proc), f"hosted_vllm/{name}"
             common = ["--concurrency", str(args.concurrency)]

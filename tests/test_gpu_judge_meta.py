@@ -47,3 +47,16 @@ def test_a_complete_run_writes_every_dataset(tmp_path, monkeypatch):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary["dataset"].tolist() == [d for d in judge_meta.DATASETS for _ in (1, 3)]
     assert json.loads((tmp_path / "run.json").read_text())["datasets_done"] == len(judge_meta.DATASETS)
+
+
+def test_the_judge_server_samples_compact_json_as_the_library_engines_do():
+    """Under vLLM 0.24's default grammar the served 1.5B judge wrote whitespace until its token limit (2026-12-07):
+    the server is started with the library's compact-JSON settings."""
+    from evals.gpu_judge_meta import parse_args, server_command
+    from ruler_rl.judges.vllm_engine import COMPACT_JSON
+
+    args = parse_args(["--model", "/m/qwen", "--out", "/tmp/x", "--enforce-eager"])
+    cmd = server_command(args, "qwen")
+    assert json.loads(cmd[cmd.index("--structured-outputs-config") + 1]) == COMPACT_JSON
+    assert cmd[cmd.index("--served-model-name") + 1] == "qwen" and cmd[-1] == "--enforce-eager"
+    assert "--enforce-eager" not in server_command(parse_args(["--model", "/m/qwen", "--out", "/tmp/x"]), "qwen")
