@@ -85,6 +85,22 @@ def one_step(kind: str, max_tokens: int) -> tuple[dict, dict]:
     return stats, {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
 
 
+def test_a_non_finite_gradient_is_refused_saying_whether_the_forward_was_already_wrong():
+    """Seed 2 of 2026-12-07's ART·E run met a non-finite gradient norm at step 6 with nothing to say where it came
+    from: the refusal names the summed loss (non-finite: the forward pass already was) and the batch's size."""
+    model = tiny_lora_model(seed=0)
+    lora = next(p for n, p in model.named_parameters() if "lora_A" in n)
+    with torch.no_grad():
+        lora[0, 0] = float("nan")
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    seqs = micro_batch_sequences()
+    with pytest.raises(FloatingPointError, match=rf"summed loss nan, {len(seqs)} sequences, the longest \d+ tokens"):
+        training.train_step(model, optimizer, seqs, TrainConfig(share_prefix=False))
+    after = dict(model.named_parameters())
+    assert all(torch.equal(before[n], after[n].detach()) for n in before if not before[n].isnan().any())
+
+
 @pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "dapo"])
 def test_micro_batches_add_up_to_the_full_batch_in_a_real_train_step(kind):
     # 16 tokens per micro-batch: every sequence in a row (a micro-batch) of its own; 64: two or three a row;

@@ -502,7 +502,10 @@ def train_step(model, optimizer, seqs: list[TrainingSequence], config: TrainConf
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
-        raise FloatingPointError("gradient norm is not finite; the step was not applied")
+        longest = max((len(s.token_ids) for s in seqs), default=0)
+        # what was already wrong in the forward pass (a non-finite loss) or only in the backward (a finite one)
+        raise FloatingPointError(f"gradient norm is not finite; the step was not applied (summed loss {loss_sum:.6g}, "
+                                 f"{len(seqs)} sequences, the longest {longest} tokens)")
     if before_update is not None:
         before_update()
     optimizer.step()
