@@ -108,7 +108,7 @@ def server_command(args: argparse.Namespace, name: str) -> list[str]:
     (`COMPACT_JSON`), as the library's vLLM engines do: on 2026-12-07 this server under vLLM 0.24's default grammar
     let Qwen2.5-Coder-1.5B write whitespace until the token limit (5 answers rejected, and requests running for over
     a minute at the end of each stage, which waits for its slowest judgment)."""
-    from ruler_rl.judges.vllm_engine import COMPACT_JSON
+    from ruler_rl.judges.vllm_settings import COMPACT_JSON
 
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
             "--served-model-name", name, "--port", str(args.port), "--max-model-len", "8192",

@@ -22,7 +22,9 @@ The report folder gets before.parquet and after.parquet (every test run, message
 --out DIR/before.parquet --show RUN_ID` prints one), eval-stepNNNN.parquet with --eval-every (the same test
 questions measured with the policy at step NNNN; `python -m evals.art_e.learning DIR` pairs the latest with before
 when after.parquet is missing),
-groups.jsonl (each training group: every rollout's reward beside its correctness and ART's reward),
+groups.jsonl (each training group: every rollout's reward beside its correctness and ART's reward, with its
+step and batch: a refused batch's groups stay, under the step of the batch that replaced it, and run.json's
+`batches_refused` names them),
 summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, before and after), compare.csv
 (after minus before per measure, paired bootstrap 95% interval over the same questions), history.jsonl
 and curves.png (the training curves), questions.csv (the mix of question kinds), and run.json (the
@@ -69,6 +71,24 @@ except ModuleNotFoundError as exc:
                      "lives in evals/, which is not installed here (in the checkout: bash .ci/setup)") from None
 
 MAX_REFUSED_IN_A_ROW = 3  # batches the trainer may refuse in a row before the training loop ends
+
+
+def software_versions() -> dict:
+    """The checkout's commit (None outside a git checkout) and the vLLM version (None without vLLM): two runs with
+    the same arguments but another judge grammar or another vLLM are not seeds of one configuration."""
+    import importlib.metadata
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, check=True,
+                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    try:
+        vllm = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        vllm = None
+    return {"commit": commit, "vllm": vllm}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -247,6 +267,8 @@ async def main(argv=None) -> None:
     report_dir = args.report or model.run_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
     run_info = dict(vars(args))  # written now, and again with the steps run once they are done
+    run_info.update(software_versions(),  # what a run's numbers depend on beyond its arguments
+                    compact_json=model.config.engine.compact_json if args.engine == "vllm" else None)
     (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))  # paths as text
     question_mix(train + test).to_csv(report_dir / "questions.csv", index=False)
     correctness = spec_params(args.correctness_judge)
@@ -285,10 +307,12 @@ async def main(argv=None) -> None:
                  "art_reward": t.metrics.get("art_reward"), "answer": t.metadata.get("answer"),
                  "turns": t.metrics.get("turns")} for t in group.trajectories]
         with open(report_dir / "groups.jsonl", "a") as f:
-            f.write(json.dumps({"step": current_step[0], "scenario_id": scenario.id, "reference": scenario.answer,
+            f.write(json.dumps({"step": current_step[0], "batch": batch[0], "scenario_id": scenario.id,
+                                "reference": scenario.answer,
                                 "reward": args.reward, "scored": scored, "rollouts": rows}, default=str) + "\n")
 
     current_step = [0]
+    batch = [0]  # the batches drawn so far, refused ones included (a refused step's replacement has the same step)
 
     def budget_spent() -> bool:
         return args.time_budget_s is not None and time.monotonic() - launched > args.time_budget_s
@@ -313,6 +337,7 @@ async def main(argv=None) -> None:
                 break
             picked = rng.sample(train, min(args.groups_per_step, len(train)))
             current_step[0] = step
+            batch[0] += 1
             target = model.litellm_completion_params()
             agent_model = target.pop("model")
             groups = await gather_trajectory_groups(
@@ -325,6 +350,8 @@ async def main(argv=None) -> None:
                 row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))
             except FloatingPointError as exc:  # refused and rolled back by the trainer: nothing of it was applied
                 refused.append(step)
+                run_info["batches_refused"] = [*run_info.get("batches_refused", []), batch[0]]
+                (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
                 print(f"step {step + 1} refused ({exc}): its groups are dropped, the policy stays at step "
                       f"{await model.get_step()}, and a new batch is drawn", flush=True)
                 if len(refused) >= MAX_REFUSED_IN_A_ROW and refused[-MAX_REFUSED_IN_A_ROW] == refused[-1]:

@@ -23,12 +23,7 @@ from litellm.types.utils import ModelResponse
 from ruler_rl.judges.extras import require
 from ruler_rl.judges.local_provider import VLLM_ENGINE_PROVIDER as PROVIDER
 from ruler_rl.judges.local_provider import schema_from_response_format
-
-# vLLM's structured-output settings for JSON on one line with json.dumps' separators and no free whitespace. vLLM
-# 0.24's default grammar allows any whitespace between JSON tokens, and a small judge can write it until its
-# token limit (a 1.5B self-judge wrote newlines after `"scores": [`, 2026-12-07; vLLM issue 38696). vLLM refuses
-# disable_any_whitespace under its default backend "auto", hence the backend named.
-COMPACT_JSON = {"backend": "xgrammar", "disable_any_whitespace": True}
+from ruler_rl.judges.vllm_settings import COMPACT_JSON
 
 
 def engine_args(environ: dict | None = None) -> dict:

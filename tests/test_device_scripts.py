@@ -74,7 +74,8 @@ def test_seeds_run_one_after_another_and_collect_waits_for_the_chain(tmp_path):
         'name=$1; echo "$name start $(date +%s.%N)" >> "$STARTS"\n'
         '((exec -a "python3 examples/email_agent.py --name $name --db x" sleep 1.5); '
         'echo "$name end $(date +%s.%N)" >> "$STARTS"; echo "step 1: reward 0.5" > "/tmp/run-$name.log") '
-        '> /dev/null 2>&1 < /dev/null &\n')
+        '> /dev/null 2>&1 < /dev/null &\n'
+        'echo $! > "/tmp/run-$name.pid"\n')
     prefix = f"chaintest{os.getpid()}"
     started = time.monotonic()
     done = subprocess.run(["bash", str(repo / "evals" / "device" / "art_e_seeds.sh"), prefix, "60", "40", "0", "1",
@@ -87,6 +88,17 @@ def test_seeds_run_one_after_another_and_collect_waits_for_the_chain(tmp_path):
     assert time.monotonic() - started < 35 and not Path("/tmp/art_e_chain.running").exists()
     for name in (f"{prefix}-seed0", f"{prefix}-seed1"):
         Path(f"/tmp/run-{name}.log").unlink(missing_ok=True)
+        Path(f"/tmp/run-{name}.pid").unlink(missing_ok=True)
+    # a chain that still lives (its pid in the marker) refuses a second one; a dead chain's marker does not
+    marker = Path("/tmp/art_e_chain.running")
+    marker.write_text(str(os.getpid()))
+    try:
+        again = subprocess.run(["bash", str(repo / "evals" / "device" / "art_e_seeds.sh"), prefix, "60", "1", "0",
+                                "--"], cwd=root, capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "STARTS": str(log), "OUT": str(out)})
+        assert again.returncode == 3 and "still running" in again.stderr
+    finally:
+        marker.unlink(missing_ok=True)
 
 
 def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks():

@@ -53,7 +53,7 @@ def test_the_judge_server_samples_compact_json_as_the_library_engines_do():
     """Under vLLM 0.24's default grammar the served 1.5B judge wrote whitespace until its token limit (2026-12-07):
     the server is started with the library's compact-JSON settings."""
     from evals.gpu_judge_meta import parse_args, server_command
-    from ruler_rl.judges.vllm_engine import COMPACT_JSON
+    from ruler_rl.judges.vllm_settings import COMPACT_JSON
 
     args = parse_args(["--model", "/m/qwen", "--out", "/tmp/x", "--enforce-eager"])
     cmd = server_command(args, "qwen")

@@ -249,7 +249,8 @@ def test_schema_bound_json_is_compact_by_default_in_the_served_and_the_in_proces
     import xgrammar as xgr
     from xgrammar.testing import _is_grammar_accept_string
 
-    from ruler_rl.judges.vllm_engine import COMPACT_JSON, engine_args
+    from ruler_rl.judges.vllm_engine import engine_args
+    from ruler_rl.judges.vllm_settings import COMPACT_JSON
     from ruler_rl.prompt import response_schema
 
     def argv(**engine):
@@ -260,8 +261,11 @@ def test_schema_bound_json_is_compact_by_default_in_the_served_and_the_in_proces
     given = argv()
     assert json.loads(given[given.index("--structured-outputs-config") + 1]) == COMPACT_JSON
     assert "--structured-outputs-config" not in argv(compact_json=False)  # vLLM's own settings
-    with pytest.raises(ValueError, match="compact_json"):
-        EngineConfig(engine="vllm", vllm_args={"structured-outputs-config": {"backend": "guidance"}})
+    for own in ({"structured-outputs-config": {"backend": "guidance"}}, {"structured_outputs_config.backend": "guidance"}):
+        with pytest.raises(ValueError, match="compact_json"):  # the dotted form sets the same flag
+            EngineConfig(engine="vllm", vllm_args=own)
+        theirs = argv(compact_json=False, vllm_args=own)  # off: the user's own settings reach vLLM, once
+        assert sum(a.startswith("--structured-outputs-config") for a in theirs) == 1
     with pytest.warns(UserWarning, match="compact_json"):
         EngineConfig(engine="transformers", compact_json=False)
     # the in-process judge engine: the same default, a user's own setting kept, a bad variable named

@@ -40,8 +40,10 @@ _ENGINE_OWNED_FLAGS = {
     "chat_template": "chat_template", "disable_uvicorn_access_log": "set by the engine",
     "tensor_parallel_size": "inference_gpus with inference_parallel='tensor'",
     "data_parallel_size": "inference_gpus with inference_parallel='data'",
-    "structured_outputs_config": "compact_json (False: vLLM's own structured-output settings)",
+    "structured_outputs_config": "compact_json=False, then vllm_args",
 }
+# owned flags a field hands back to the user when it is off: {flag: field}
+_OWNED_UNLESS = {"structured_outputs_config": "compact_json"}
 _VLLM_ONLY = ("gpu_memory_utilization", "max_model_len", "enforce_eager", "enable_sleep_mode", "max_num_seqs",
               "max_num_batched_tokens", "log_stats", "compact_json", "keep_adapters", "startup_timeout_s", "server_timeout_s",
               "vllm_args", "inference_parallel")
@@ -172,12 +174,16 @@ class EngineConfig(_Strict):
         "False: `--disable-log-stats`, as vLLM's offline engine runs, so the engine does not collect them every "
         "step."))
     compact_json: bool = pydantic.Field(True, description=(
-        "vLLM only: JSON sampled under a schema (a served judge's scores, the JSON-list grammar of "
-        "`tool_choice=\"required\"`) is written on one line with json.dumps' separators, no free whitespace: "
-        "`--structured-outputs-config '{\"backend\": \"xgrammar\", \"disable_any_whitespace\": true}'`. "
-        "Default True: vLLM 0.24's default grammar allows any whitespace between JSON tokens, and a 1.5B "
-        "self-judge wrote newlines after `\"scores\": [` until its token limit (2026-12-07). False: vLLM's own "
-        "settings (backend `auto`, any whitespace)."))
+        "vLLM only: JSON that vLLM samples under a JSON schema (a served judge's scores, any `response_format`) is "
+        "written on one line with json.dumps' separators, no free whitespace: `--structured-outputs-config "
+        "'{\"backend\": \"xgrammar\", \"disable_any_whitespace\": true}'` "
+        "(`ruler_rl.judges.vllm_settings.COMPACT_JSON`). Default True: vLLM 0.24's default grammar allows any "
+        "whitespace between JSON tokens, and a 1.5B self-judge wrote newlines after `\"scores\": [` until its "
+        "token limit (2026-12-07). Tool calls under strict tool calling (vLLM's default) use structural tags, which "
+        "this does not change. The backend is named because vLLM refuses the setting under `auto`; a schema "
+        "xgrammar refuses (`multipleOf`, `uniqueItems`, `patternProperties`, some string formats) is then an error "
+        "rather than another backend's grammar. False: vLLM's own settings, and `vllm_args` may then set "
+        "`structured_outputs_config` itself."))
     keep_adapters: int = pydantic.Field(2, ge=1, description=(
         "vLLM only: how many of the latest steps' adapters stay servable as `<name>@<step>`; older names are "
         "unloaded (requests naming them get 404). Default 2; >= 1. Also sets `--max-cpu-loras` "
@@ -345,10 +351,10 @@ class EngineConfig(_Strict):
     @classmethod
     def _no_owned_flags(cls, args: dict[str, Any]) -> dict[str, Any]:
         for key in args:
-            flag = vllm_flag_name(key)
+            flag = vllm_flag_name(key).split(".")[0]  # vLLM's dotted form (`--a-config.field x`) sets the same flag
             if not flag:
                 raise ValueError(f"vllm_args: {key!r} is not a flag name")
-            if flag in _ENGINE_OWNED_FLAGS:
+            if flag in _ENGINE_OWNED_FLAGS and flag not in _OWNED_UNLESS:
                 raise ValueError(f"vllm_args[{key!r}] is set by the engine itself; use "
                                  f"{_ENGINE_OWNED_FLAGS[flag]} instead")
         return args
@@ -391,6 +397,16 @@ class EngineConfig(_Strict):
             raise ValueError(f"max_num_batched_tokens={n} is below the served context length {self.served_length} with "
                              "chunked prefill off (vllm_args): vLLM must prefill a whole prompt in one step; "
                              "raise it to at least that, or leave it None")
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _owned_while_on(self) -> EngineConfig:
+        for key in self.vllm_args:
+            flag = vllm_flag_name(key).split(".")[0]
+            field = _OWNED_UNLESS.get(flag)
+            if field is not None and getattr(self, field):
+                raise ValueError(f"vllm_args[{key!r}] is set by the engine itself while {field}=True; use "
+                                 f"{_ENGINE_OWNED_FLAGS[flag]}")
         return self
 
     @pydantic.model_validator(mode="after")

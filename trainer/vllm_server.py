@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from ruler_rl.judges.vllm_engine import COMPACT_JSON
+from ruler_rl.judges.vllm_settings import COMPACT_JSON
 from ruler_rl.trainer.config import EngineConfig, vllm_flag_name
 
 log = logging.getLogger("ruler.trainer")

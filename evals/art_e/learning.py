@@ -13,6 +13,8 @@ after with paired intervals, over one seed or several, and how well the training
   the current generator's), so questions a later generator no longer writes are left out;
 - the reward's signal (`groups.jsonl`): in every training group holding right and wrong rollouts, each
   (right, wrong) pair counts as a win when the reward ranks the right one higher, a tie, or a loss;
+- both count the groups of a batch the trainer refused (run.json's `batches_refused`, each group's `batch`): its
+  rollouts were sampled by the policy of that step and ranked by the reward all the same;
 - the training curve (`groups.jsonl`): the share of training rollouts (sampled at the run's temperature, on
   training questions: not a held-out measure) answered right, in blocks of `--block` steps, with a bootstrap
   interval over the block's groups, and the first block against the rest;
@@ -214,8 +216,9 @@ def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0,
 
 
 # run.json keys that may differ between seeds of one configuration (names, paths, stopping rules, what they did)
+# (`commit` too: a later commit that changes what a run does shows in its other keys, such as `compact_json`)
 _PER_RUN = {"seed", "name", "out", "report", "db", "time_budget_s", "steps", "steps_run", "steps_refused",
-            "policy_step", "seconds"}
+            "batches_refused", "policy_step", "seconds", "commit"}
 
 
 def measured_step(folder: Path, after: str) -> int | None:

@@ -32,4 +32,5 @@ mkdir -p "$(dirname "$root")/shared/data/enron" && cp -n /tmp/gpukit/enron/* "$(
   > /tmp/convert.log 2>&1 || { tail -20 /tmp/convert.log; exit 5; }
 mkdir -p /tmp/report /tmp/runs
 setsid nohup python3 "${cmd[@]}" > "/tmp/run-$name.log" 2>&1 < /dev/null &
+echo $! > "/tmp/run-$name.pid"  # art_e_seeds.sh waits on it (a pgrep right after the fork may not see the run yet)
 echo "started $name (pid $!) at $(date +%T)"

@@ -3,9 +3,10 @@
 # to end, then put the reports and the run logs under $OUT (the device tool brings them back).
 #   usage: bash evals/device/collect.sh SECONDS
 end=$((SECONDS+$1))
-running() { pgrep -f examples/email_agent.py > /dev/null || [ -f /tmp/art_e_chain.running ]; }  # art_e_seeds.sh's chain
+chain() { [ -f /tmp/art_e_chain.running ] && kill -0 "$(cat /tmp/art_e_chain.running)" 2> /dev/null; }  # art_e_seeds.sh's
+running() { pgrep -f examples/email_agent.py > /dev/null || chain; }
 while [ $SECONDS -lt $end ] && running; do sleep 10; done
 for f in /tmp/run-*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -E "^step [0-9]+: reward|Error|error:" | tail -6; done
 tar czf "$OUT/report.tgz" -C /tmp report 2>/dev/null
 tar czf "$OUT/logs.tgz" /tmp/run-*.log 2>/dev/null
-echo "still running: $(pgrep -f examples/email_agent.py | wc -l)$([ -f /tmp/art_e_chain.running ] && echo ', the seed chain too')"
+echo "still running: $(pgrep -f examples/email_agent.py | wc -l)$(chain && echo ', the seed chain too')"
