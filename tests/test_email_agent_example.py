@@ -16,6 +16,18 @@ def load_example():
     return module
 
 
+def small_run(tmp_path, *extra: str) -> list[str]:
+    """The example's arguments for a run of one group of two one-turn rollouts a step on the CPU, two mailboxes
+    (farmer-d the test inbox), reporting to tmp_path/report; `extra` comes last and overrides."""
+    from evals.art_e.inbox import ENRON_DIR
+
+    return ["--groups-per-step", "1", "--group-size", "2", "--max-turns", "1", "--max-tokens", "16",
+            "--eval-questions", "1", "--per-inbox", "4", "--engine", "transformers", "--tool-mode", "text",
+            "--mailbox", str(ENRON_DIR / "beck-s.tar.gz"), str(ENRON_DIR / "farmer-d.tar.gz"),
+            "--db", str(tmp_path / "inbox.db"), "--out", str(tmp_path / "runs"), "--report", str(tmp_path / "report"),
+            "--test-inboxes", "daren.farmer@enron.com", *extra]
+
+
 def test_bad_arguments_are_refused():
     example = load_example()
     for argv in (["--time-budget-s", "0"], ["--steps", "-1"], ["--reward", "art", "--judge", "x/y"],
@@ -34,16 +46,10 @@ def test_bad_arguments_are_refused():
 
 
 async def test_a_spent_time_budget_skips_training_and_still_measures(tmp_path):
-    from evals.art_e.inbox import ENRON_DIR
 
     example = load_example()
     report = tmp_path / "report"
-    await example.main(["--steps", "3", "--groups-per-step", "1", "--group-size", "2", "--max-turns", "1",
-                        "--max-tokens", "16", "--eval-questions", "1", "--per-inbox", "4", "--engine", "transformers",
-                        "--tool-mode", "text", "--mailbox", str(ENRON_DIR / "beck-s.tar.gz"),
-                        str(ENRON_DIR / "farmer-d.tar.gz"), "--db", str(tmp_path / "inbox.db"), "--out",
-                        str(tmp_path / "runs"), "--report", str(report), "--test-inboxes", "daren.farmer@enron.com",
-                        "--time-budget-s", "0.001", "--idk-reward", "-1"])
+    await example.main(small_run(tmp_path, "--steps", "3", "--time-budget-s", "0.001", "--idk-reward", "-1"))
     run = json.loads((report / "run.json").read_text())
     import pandas as pd
 
@@ -67,7 +73,6 @@ async def test_eval_every_writes_a_held_out_measure_between_steps(tmp_path):
 
     import pandas as pd
 
-    from evals.art_e.inbox import ENRON_DIR
     from evals.art_e.learning import latest_eval, load_run
 
     example = load_example()
@@ -76,11 +81,8 @@ async def test_eval_every_writes_a_held_out_measure_between_steps(tmp_path):
     report = tmp_path / "report"
     # two steps: the fewest in which a measure can fall between steps (after step 1; step 2 is the last pass, which
     # after.parquet measures)
-    await example.main(["--steps", "2", "--eval-every", "1", "--groups-per-step", "1", "--group-size", "3",
-                        "--max-turns", "2", "--max-tokens", "96", "--eval-questions", "1", "--per-inbox", "4",
-                        "--engine", "transformers", "--tool-mode", "text", "--mailbox", str(ENRON_DIR / "beck-s.tar.gz"),
-                        str(ENRON_DIR / "farmer-d.tar.gz"), "--db", str(tmp_path / "inbox.db"), "--out",
-                        str(tmp_path / "runs"), "--report", str(report), "--test-inboxes", "daren.farmer@enron.com"])
+    await example.main(small_run(tmp_path, "--steps", "2", "--eval-every", "1", "--group-size", "3", "--max-turns",
+                                 "2", "--max-tokens", "96"))
     files = sorted(p.name for p in report.glob("eval-step*.parquet"))
     final = json.loads((report / "run.json").read_text())["policy_step"]
     assert final >= 1, "no training step was taken: the test cannot see where a measure lands"
@@ -97,7 +99,6 @@ async def test_a_refused_batch_is_dropped_and_three_in_a_row_end_training_but_no
     """The trainer refuses a step whose gradient is not finite (it rolls back and raises FloatingPointError; seed 2
     of 2026-12-07 met one at step 6 and the run died without its after-evaluation). Injected here around the real
     trainer: call 1 refused, call 2 trains, calls 3-5 refused."""
-    from evals.art_e.inbox import ENRON_DIR
     from ruler_rl.trainer import TrainableModel
 
     real_train, calls = TrainableModel.train, []
@@ -111,11 +112,7 @@ async def test_a_refused_batch_is_dropped_and_three_in_a_row_end_training_but_no
     monkeypatch.setattr(TrainableModel, "train", train)
     example = load_example()
     report = tmp_path / "report"
-    await example.main(["--steps", "2", "--groups-per-step", "1", "--group-size", "2", "--max-turns", "1",
-                        "--max-tokens", "16", "--eval-questions", "1", "--per-inbox", "4", "--engine", "transformers",
-                        "--tool-mode", "text", "--mailbox", str(ENRON_DIR / "beck-s.tar.gz"),
-                        str(ENRON_DIR / "farmer-d.tar.gz"), "--db", str(tmp_path / "inbox.db"), "--out",
-                        str(tmp_path / "runs"), "--report", str(report), "--test-inboxes", "daren.farmer@enron.com"])
+    await example.main(small_run(tmp_path, "--steps", "2"))
     run = json.loads((report / "run.json").read_text())
     assert len(calls) == 2 + example.MAX_REFUSED_IN_A_ROW  # a new batch after each refusal, until three in a row
     assert run["steps_refused"] == [0, 1, 1, 1] and run["steps_run"] == 1
