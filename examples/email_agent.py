@@ -56,6 +56,7 @@ from ruler_rl.judges import DEFAULT_RUBRIC
 from ruler_rl.judges.errors import JudgeError
 from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from ruler_rl.trainer.runlog import plot_train_report
+from ruler_rl.trainer.vllm_server import vllm_available
 
 try:
     from evals.art_e import harness
@@ -74,14 +75,15 @@ MAX_REFUSED_IN_A_ROW = 3  # batches the trainer may refuse in a row before the t
 
 
 def software_versions() -> dict:
-    """The checkout's commit (None outside a git checkout) and the vLLM version (None without vLLM): two runs with
-    the same arguments but another judge grammar or another vLLM are not seeds of one configuration."""
+    """The checkout's commit, `-dirty` when its files differ from it (None outside a git checkout, or where the
+    checkout came without its .git), and the vLLM version (None without vLLM)."""
     import importlib.metadata
     import subprocess
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, check=True,
-                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"],
+                                cwd=Path(__file__).resolve().parent, check=True, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
     try:
@@ -267,8 +269,9 @@ async def main(argv=None) -> None:
     report_dir = args.report or model.run_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
     run_info = dict(vars(args))  # written now, and again with the steps run once they are done
+    on_vllm = args.engine == "vllm" or (args.engine == "auto" and vllm_available())
     run_info.update(software_versions(),  # what a run's numbers depend on beyond its arguments
-                    compact_json=model.config.engine.compact_json if args.engine == "vllm" else None)
+                    compact_json=model.config.engine.compact_json if on_vllm else None)
     (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))  # paths as text
     question_mix(train + test).to_csv(report_dir / "questions.csv", index=False)
     correctness = spec_params(args.correctness_judge)

@@ -134,9 +134,10 @@ def test_the_seeds_mean_is_formed_only_over_seeds_of_one_configuration(tmp_path,
         path = tmp_path / name / "run.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
-    rewrite("s1", steps=step, time_budget_s=123.0)
+    rewrite("s1", steps=step, time_budget_s=123.0, commit="b" * 40)
     main([str(tmp_path / "s0"), str(tmp_path / "s1")])
-    assert "seeds' mean  " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "seeds' mean  " in out and "different commits" in out and "s1 bbbbbbbbbbbb" in out  # pooled, but said
     rewrite("s1", policy_step=step - 1)  # ...but a seed stopped a step earlier is not averaged in
     main([str(tmp_path / "s0"), str(tmp_path / "s1")])
     out = capsys.readouterr().out

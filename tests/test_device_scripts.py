@@ -72,33 +72,51 @@ def test_seeds_run_one_after_another_and_collect_waits_for_the_chain(tmp_path):
     shutil.copy(repo / "evals" / "device" / "collect.sh", root / "evals" / "device")
     (root / "evals" / "device" / "art_e_run.sh").write_text(
         'name=$1; echo "$name start $(date +%s.%N)" >> "$STARTS"\n'
-        '((exec -a "python3 examples/email_agent.py --name $name --db x" sleep 1.5); '
+        '((exec -a "standin-run $name" sleep 1.5); '
         'echo "$name end $(date +%s.%N)" >> "$STARTS"; echo "step 1: reward 0.5" > "/tmp/run-$name.log") '
         '> /dev/null 2>&1 < /dev/null &\n'
         'echo $! > "/tmp/run-$name.pid"\n')
     prefix = f"chaintest{os.getpid()}"
+    marker = tmp_path / "chain.running"
+    env = {**os.environ, "STARTS": str(log), "OUT": str(out), "ART_E_CHAIN_MARKER": str(marker)}
     started = time.monotonic()
     done = subprocess.run(["bash", str(repo / "evals" / "device" / "art_e_seeds.sh"), prefix, "60", "40", "0", "1",
                            "--", "--steps", "1"], cwd=root, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "STARTS": str(log), "OUT": str(out)})
+                          env=env)
     assert done.returncode == 0, done.stderr
     events = {" ".join(line.split()[:2]): float(line.split()[2]) for line in log.read_text().splitlines()}
     assert events[f"{prefix}-seed1 start"] >= events[f"{prefix}-seed0 end"]  # one after another
     assert f"{prefix}-seed0 ended" in done.stdout and f"{prefix}-seed1 ended" in done.stdout  # collect waited
-    assert time.monotonic() - started < 35 and not Path("/tmp/art_e_chain.running").exists()
+    assert time.monotonic() - started < 35 and not marker.exists()
     for name in (f"{prefix}-seed0", f"{prefix}-seed1"):
         Path(f"/tmp/run-{name}.log").unlink(missing_ok=True)
         Path(f"/tmp/run-{name}.pid").unlink(missing_ok=True)
-    # a chain that still lives (its pid in the marker) refuses a second one; a dead chain's marker does not
-    marker = Path("/tmp/art_e_chain.running")
-    marker.write_text(str(os.getpid()))
+
+    def start_again():
+        return subprocess.run(["bash", str(repo / "evals" / "device" / "art_e_seeds.sh"), prefix, "60", "1", "0",
+                               "--"], cwd=root, capture_output=True, text=True, timeout=60, env=env)
+
+    # a chain that still lives (its pid in the marker, a process of art_e_seeds.sh) refuses a second one
+    live = subprocess.Popen(["bash", "-c", "exec -a 'bash art_e_seeds.sh chain' sleep 30"])
     try:
-        again = subprocess.run(["bash", str(repo / "evals" / "device" / "art_e_seeds.sh"), prefix, "60", "1", "0",
-                                "--"], cwd=root, capture_output=True, text=True, timeout=60,
-                               env={**os.environ, "STARTS": str(log), "OUT": str(out)})
+        marker.write_text(str(live.pid))
+        again = start_again()
         assert again.returncode == 3 and "still running" in again.stderr
     finally:
-        marker.unlink(missing_ok=True)
+        live.kill()
+        live.wait()
+    # a dead chain's marker, its pid gone or reused by another program, does not
+    for pid in (live.pid, os.getpid()):
+        marker.write_text(str(pid))
+        assert start_again().returncode == 0
+        for _ in range(60):  # the chain it started ends and takes its marker away
+            if not marker.exists():
+                break
+            time.sleep(0.5)
+        assert not marker.exists()
+    for name in (f"{prefix}-seed0",):
+        Path(f"/tmp/run-{name}.log").unlink(missing_ok=True)
+        Path(f"/tmp/run-{name}.pid").unlink(missing_ok=True)
 
 
 def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks():

@@ -266,6 +266,14 @@ def test_schema_bound_json_is_compact_by_default_in_the_served_and_the_in_proces
             EngineConfig(engine="vllm", vllm_args=own)
         theirs = argv(compact_json=False, vllm_args=own)  # off: the user's own settings reach vLLM, once
         assert sum(a.startswith("--structured-outputs-config") for a in theirs) == 1
+    # vLLM's dotted form: dashes in the flag only, the field as vLLM names it, a value always (read as JSON)
+    dotted = argv(compact_json=False, vllm_args={"structured_outputs_config.disable_any_whitespace": True,
+                                                 "compilation-config.use_cudagraph": False,
+                                                 "structured_outputs_config.backend": "xgrammar"})
+    for flag, value in (("--structured-outputs-config.disable_any_whitespace", "true"),
+                        ("--compilation-config.use_cudagraph", "false"),
+                        ("--structured-outputs-config.backend", '"xgrammar"')):
+        assert dotted[dotted.index(flag) + 1] == value
     with pytest.warns(UserWarning, match="compact_json"):
         EngineConfig(engine="transformers", compact_json=False)
     # the in-process judge engine: the same default, a user's own setting kept, a bad variable named

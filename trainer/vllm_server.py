@@ -393,7 +393,12 @@ class VLLMServer(ServerProcess):
         if self.chat_template_file is not None:
             argv += ["--chat-template", str(self.chat_template_file)]
         for key, value in c.vllm_args.items():
-            flag = "--" + vllm_flag_name(key).replace("_", "-")
+            base, dot, fields = vllm_flag_name(key).partition(".")
+            flag = "--" + base.replace("_", "-") + dot + fields  # a config's field names keep their underscores
+            if dot:  # vLLM's dotted form (`--a-config.field VALUE`) always takes a value, which it reads as JSON
+                if value is not None:
+                    argv += [flag, json.dumps(value)]
+                continue
             if value is True:
                 argv.append(flag)
             elif value is not False and value is not None:

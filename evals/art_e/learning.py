@@ -216,7 +216,8 @@ def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0,
 
 
 # run.json keys that may differ between seeds of one configuration (names, paths, stopping rules, what they did)
-# (`commit` too: a later commit that changes what a run does shows in its other keys, such as `compact_json`)
+# (`commit` too, though a commit can change what a run does without another key showing it: the seeds' mean names
+# the commits when they differ)
 _PER_RUN = {"seed", "name", "out", "report", "db", "time_budget_s", "steps", "steps_run", "steps_refused",
             "batches_refused", "policy_step", "seconds", "commit"}
 
@@ -266,7 +267,7 @@ def main(argv=None) -> None:
         except ValueError as e:  # a table that cannot be paired: a message, not a traceback
             ap.error(str(e))
 
-    runs, measured = {}, {}
+    runs, measured, commits = {}, {}, {}
     for f in args.folders:
         after = "after.parquet" if (f / "after.parquet").is_file() else latest_eval(f)
         if args.step is not None:
@@ -285,6 +286,7 @@ def main(argv=None) -> None:
                 else f"{f.name} ({after}, no after.parquet)")
         runs[name] = read(f, after)
         measured[name] = (measured_step(f, after), _configuration(f))
+        commits[name] = json.loads((f / "run.json").read_text()).get("commit") if (f / "run.json").is_file() else None
     rows = []
     for name, (before, after) in runs.items():
         common = before.index.intersection(after.index)
@@ -301,6 +303,10 @@ def main(argv=None) -> None:
             before = np.mean([b.loc[common, "correct"].astype(float) for b, _ in runs.values()], axis=0)
             after = np.mean([a.loc[common, "correct"].astype(float) for _, a in runs.values()], axis=0)
             rows.append({"run": "seeds' mean", **paired(before, after)})
+            if len(set(commits.values())) > 1:
+                print("note: these seeds ran from different commits (" + ", ".join(
+                    f"{n} {c[:12] if c else 'unknown'}" for n, c in commits.items()) + "); the mean assumes the "
+                    "commits between them do not change what a run does")
     if rows:
         print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     for name, (before, after) in runs.items():

@@ -3,8 +3,8 @@
 # before it has ended: two side by side do not fit an H100 with 32k-token passes, the trainer's memory plan refused
 # the second on 2026-12-07, and a vLLM starting beside another still profiling its memory fails: 2026-12-05), then
 # watched until WATCH_S. Each seed is evals/device/art_e_run.sh PREFIX-seedS BUDGET_S ARGS --seed S; the chain runs
-# in the background (its log: /tmp/art_e_chain.log; /tmp/art_e_chain.running holds its pid while it runs, and a
-# second chain is refused while that one lives).
+# in the background (its log: /tmp/art_e_chain.log; $ART_E_CHAIN_MARKER, default /tmp/art_e_chain.running, holds
+# its pid while it runs, and a second chain is refused while that one lives).
 #   usage: bash evals/device/art_e_seeds.sh PREFIX BUDGET_S WATCH_S SEED [SEED ...] -- [email_agent.py arguments]
 #   e.g.   bash evals/device/art_e_seeds.sh ruler-ref 900 560 0 1 -- --reward ruler --judge self \
 #              --judge-sees-reference --gpu-memory-utilization 0.3 --steps 6
@@ -24,9 +24,10 @@ if [ "${ART_E_DRY_RUN:-0}" = 1 ]; then
   for s in "${seeds[@]}"; do bash "$root/evals/device/art_e_run.sh" "$prefix-seed$s" "$budget" "$@" --seed "$s" | paste -sd' '; done
   exit 0
 fi
-chain_alive() { [ -f /tmp/art_e_chain.running ] && kill -0 "$(cat /tmp/art_e_chain.running)" 2> /dev/null; }
+marker=${ART_E_CHAIN_MARKER:-/tmp/art_e_chain.running}  # the chain's pid while it runs (collect.sh reads it too)
+chain_alive() { [ -f "$marker" ] && grep -qs art_e_seeds "/proc/$(cat "$marker")/cmdline"; }  # not a reused pid
 if [ "${ART_E_CHAIN:-0}" = 1 ]; then  # the chain itself (started detached below): each seed once the one before ended
-  echo $$ > /tmp/art_e_chain.running; trap 'rm -f /tmp/art_e_chain.running' EXIT
+  echo $$ > "$marker"; trap 'rm -f "$marker"' EXIT
   t0=$SECONDS
   for s in "${seeds[@]}"; do  # a seed that does not start ends the chain: the rest would fail the same way
     name="$prefix-seed$s"
@@ -36,7 +37,7 @@ if [ "${ART_E_CHAIN:-0}" = 1 ]; then  # the chain itself (started detached below
   done
   exit 0
 fi
-chain_alive && { echo "art_e_seeds.sh: a chain of seeds is still running (pid $(cat /tmp/art_e_chain.running))" >&2
+chain_alive && { echo "art_e_seeds.sh: a chain of seeds is still running (pid $(cat "$marker"))" >&2
                  exit 3; }
 t0=$SECONDS
 ART_E_CHAIN=1 setsid nohup bash "$0" "$prefix" "$budget" "$watch" "${seeds[@]}" -- "$@" > /tmp/art_e_chain.log 2>&1 \

@@ -3,7 +3,8 @@
 # to end, then put the reports and the run logs under $OUT (the device tool brings them back).
 #   usage: bash evals/device/collect.sh SECONDS
 end=$((SECONDS+$1))
-chain() { [ -f /tmp/art_e_chain.running ] && kill -0 "$(cat /tmp/art_e_chain.running)" 2> /dev/null; }  # art_e_seeds.sh's
+marker=${ART_E_CHAIN_MARKER:-/tmp/art_e_chain.running}  # art_e_seeds.sh's chain: its pid while it runs
+chain() { [ -f "$marker" ] && grep -qs art_e_seeds "/proc/$(cat "$marker")/cmdline"; }
 running() { pgrep -f examples/email_agent.py > /dev/null || chain; }
 while [ $SECONDS -lt $end ] && running; do sleep 10; done
 for f in /tmp/run-*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -E "^step [0-9]+: reward|Error|error:" | tail -6; done
