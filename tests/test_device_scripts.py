@@ -119,6 +119,29 @@ def test_seeds_run_one_after_another_and_collect_waits_for_the_chain(tmp_path):
         Path(f"/tmp/run-{name}.pid").unlink(missing_ok=True)
 
 
+def test_resplit_cuts_the_parts_again_to_the_same_bytes(tmp_path):
+    """A working tree that grew makes old parts too large for a device call; resplit.sh cuts them again."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "evals" / "device" / "resplit.sh"
+    data = os.urandom(5 * 2**20 + 123)
+    for i, (a, b) in enumerate(((0, 3 * 2**20), (3 * 2**20, len(data)))):
+        (tmp_path / ".gpukit" / f"d{i}").mkdir(parents=True)
+        (tmp_path / ".gpukit" / f"d{i}" / "part").write_bytes(data[a:b])
+
+    def resplit(*prefixes: str):
+        return subprocess.run(["bash", str(script), *prefixes], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "PART_MB": "1"}, timeout=60)
+
+    done = resplit("d")
+    assert done.returncode == 0 and "d: 2 parts -> 6 parts of at most 1 MiB" in done.stdout, done.stderr
+    parts = [tmp_path / ".gpukit" / f"d{i}" / "part" for i in range(6)]
+    assert b"".join(p.read_bytes() for p in parts) == data and max(p.stat().st_size for p in parts) == 2**20
+    assert not (tmp_path / ".gpukit" / "d6").exists() and [p.name for p in (tmp_path / ".gpukit").iterdir()
+                                                            if p.name.startswith(".")] == []
+    assert resplit("k").returncode == 3 and resplit("kd").returncode == 2 and resplit().returncode == 2
+
+
 def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks():
     from evals.gpu_judge_meta import parse_args
 

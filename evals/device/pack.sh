@@ -9,6 +9,8 @@
 #                                          PandaLM) and Qwen2.5-Coder-1.5B-Instruct as a GGUF joined from the 22 PyPI
 #                                          wheels it is published in. Send the k parts first: one_gpu_split.sh can run
 #                                          on them alone, then the d parts serve judge_run.sh and art_e_run.sh.
+# The part size follows the working tree (part_mb.sh); when the tree grows past what the parts were cut for,
+# `bash evals/device/resplit.sh k d` (or x) cuts them again without downloading anything.
 # Then one `run` call per part, back to back (the machine goes back after 30 s idle), carrying .gpukit/xI (or kI,
 # dI): `mkdir -p /tmp/gpukit && cp .gpukit/xI/part /tmp/gpukit/pI` (kI: pI as well; dI: `/tmp/gpukit/dI`);
 # evals/device/join_parts.sh joins and installs them on the host.
