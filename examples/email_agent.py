@@ -56,7 +56,7 @@ from ruler_rl.judges import DEFAULT_RUBRIC
 from ruler_rl.judges.errors import JudgeError
 from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from ruler_rl.trainer.runlog import plot_train_report
-from ruler_rl.trainer.vllm_server import vllm_available
+from ruler_rl.trainer.vllm_server import resolved_engine
 
 try:
     from evals.art_e import harness
@@ -268,11 +268,15 @@ async def main(argv=None) -> None:
     await model.register(backend)
     report_dir = args.report or model.run_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
-    run_info = dict(vars(args))  # written now, and again with the steps run once they are done
-    on_vllm = args.engine == "vllm" or (args.engine == "auto" and vllm_available())
+    run_info = dict(vars(args))  # written now, at each refused batch, and with the steps run once they are done
+    engine = model.config.engine
     run_info.update(software_versions(),  # what a run's numbers depend on beyond its arguments
-                    compact_json=model.config.engine.compact_json if on_vllm else None)
-    (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))  # paths as text
+                    compact_json=engine.compact_json if resolved_engine(engine) == "vllm" else None)
+
+    def save_run_info() -> None:
+        (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))  # paths as text
+
+    save_run_info()
     question_mix(train + test).to_csv(report_dir / "questions.csv", index=False)
     correctness = spec_params(args.correctness_judge)
     if args.judge == "self":  # the base weights on the policy's own server: step 0 stays served however far it trains
@@ -354,7 +358,7 @@ async def main(argv=None) -> None:
             except FloatingPointError as exc:  # refused and rolled back by the trainer: nothing of it was applied
                 refused.append(step)
                 run_info["batches_refused"] = [*run_info.get("batches_refused", []), batch[0]]
-                (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
+                save_run_info()
                 print(f"step {step + 1} refused ({exc}): its groups are dropped, the policy stays at step "
                       f"{await model.get_step()}, and a new batch is drawn", flush=True)
                 if len(refused) >= MAX_REFUSED_IN_A_ROW and refused[-MAX_REFUSED_IN_A_ROW] == refused[-1]:
@@ -378,7 +382,7 @@ async def main(argv=None) -> None:
         after.to_parquet(report_dir / "after.parquet", index=False)
         run_info.update(steps_run=steps_run, steps_refused=refused, policy_step=await model.get_step(),
                         seconds=round(time.monotonic() - launched, 1))
-        (report_dir / "run.json").write_text(json.dumps(run_info, indent=2, default=str))
+        save_run_info()
     finally:
         await backend.close()
 

@@ -69,7 +69,8 @@ def test_seeds_run_one_after_another_and_collect_waits_for_the_chain(tmp_path):
     root, out, log = tmp_path / "root", tmp_path / "out", tmp_path / "starts.log"
     (root / "evals" / "device").mkdir(parents=True)
     out.mkdir()
-    shutil.copy(repo / "evals" / "device" / "collect.sh", root / "evals" / "device")
+    for script in ("collect.sh", "chain.sh"):
+        shutil.copy(repo / "evals" / "device" / script, root / "evals" / "device")
     (root / "evals" / "device" / "art_e_run.sh").write_text(
         'name=$1; echo "$name start $(date +%s.%N)" >> "$STARTS"\n'
         '((exec -a "standin-run $name" sleep 1.5); '

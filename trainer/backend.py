@@ -235,11 +235,9 @@ def _state_on_cpu(peft_model, optimizer) -> tuple[dict, dict]:
 def _engine_kind(cfg) -> str:
     """The engine `cfg` asks for (`auto`: vLLM when installed, else transformers), its settings checked against
     it: `offload_during_rollouts` needs a colocated, sleeping vLLM, and vLLM does not serve float32."""
-    kind = cfg.engine.engine
-    if kind == "auto":
-        from ruler_rl.trainer.vllm_server import vllm_available
+    from ruler_rl.trainer.vllm_server import resolved_engine
 
-        kind = "vllm" if vllm_available() else "transformers"
+    kind = resolved_engine(cfg.engine)
     if cfg.offload_during_rollouts and (kind != "vllm" or cfg.engine.placement != "colocated"
                                         or not cfg.engine.enable_sleep_mode):
         raise ValueError("offload_during_rollouts frees the trainer's GPU memory for a colocated vLLM during "

@@ -60,6 +60,14 @@ def vllm_available() -> bool:
     return torch.cuda.is_available()
 
 
+def resolved_engine(config: EngineConfig) -> str:
+    """The engine `config.engine` names, `auto` resolved: `vllm` when vLLM is installed and a CUDA GPU is present
+    (`vllm_available`), else `transformers`."""
+    if config.engine != "auto":
+        return config.engine
+    return "vllm" if vllm_available() else "transformers"
+
+
 def default_parsers(model_type: str, chat_template: str | None) -> tuple[str, str | None]:
     """(tool-call parser, reasoning parser) for a model family, by vLLM's parser names.
 

@@ -222,22 +222,24 @@ _PER_RUN = {"seed", "name", "out", "report", "db", "time_budget_s", "steps", "st
             "batches_refused", "policy_step", "seconds", "commit"}
 
 
-def measured_step(folder: Path, after: str) -> int | None:
-    """The policy step the table `after` of `folder` measured: NNNN of eval-stepNNNN.parquet, the run's
-    `policy_step` (run.json) for after.parquet; None where run.json does not say."""
+def run_info(folder: Path) -> dict | None:
+    """The report folder's run.json (`examples/email_agent.py`), or None where it has none."""
+    path = folder / "run.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def measured_step(after: str, info: dict | None) -> int | None:
+    """The policy step the table `after` measured: NNNN of eval-stepNNNN.parquet, the run's `policy_step` (its
+    run.json, `info`) for after.parquet; None where run.json does not say."""
     found = re.fullmatch(r"eval-step(\d{4})\.parquet", after)
     if found:
         return int(found.group(1))
-    path = folder / "run.json"
-    step = json.loads(path.read_text()).get("policy_step") if path.is_file() else None
+    step = (info or {}).get("policy_step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _configuration(folder: Path) -> dict | None:
-    path = folder / "run.json"
-    if not path.is_file():
-        return None
-    return {k: v for k, v in json.loads(path.read_text()).items() if k not in _PER_RUN}
+def _configuration(info: dict | None) -> dict | None:
+    return None if info is None else {k: v for k, v in info.items() if k not in _PER_RUN}
 
 
 def main(argv=None) -> None:
@@ -269,12 +271,13 @@ def main(argv=None) -> None:
 
     runs, measured, commits = {}, {}, {}
     for f in args.folders:
+        info = run_info(f)
         after = "after.parquet" if (f / "after.parquet").is_file() else latest_eval(f)
         if args.step is not None:
             at = f"eval-step{args.step:04d}.parquet"
-            after = at if (f / at).is_file() else after if after == "after.parquet" and measured_step(
-                f, after) == args.step else None
-            if after is None:
+            if (f / at).is_file():
+                after = at
+            elif after != "after.parquet" or measured_step(after, info) != args.step:
                 print(f"{f.name}: not measured at policy step {args.step}; left out")
                 continue
         if after is None:  # the before count alone: nothing to pair it with
@@ -285,8 +288,8 @@ def main(argv=None) -> None:
         name = (f.name if after == "after.parquet" else f"{f.name} ({after})" if (f / "after.parquet").is_file()
                 else f"{f.name} ({after}, no after.parquet)")
         runs[name] = read(f, after)
-        measured[name] = (measured_step(f, after), _configuration(f))
-        commits[name] = json.loads((f / "run.json").read_text()).get("commit") if (f / "run.json").is_file() else None
+        measured[name] = (measured_step(after, info), _configuration(info))
+        commits[name] = (info or {}).get("commit")
     rows = []
     for name, (before, after) in runs.items():
         common = before.index.intersection(after.index)

@@ -24,8 +24,7 @@ if [ "${ART_E_DRY_RUN:-0}" = 1 ]; then
   for s in "${seeds[@]}"; do bash "$root/evals/device/art_e_run.sh" "$prefix-seed$s" "$budget" "$@" --seed "$s" | paste -sd' '; done
   exit 0
 fi
-marker=${ART_E_CHAIN_MARKER:-/tmp/art_e_chain.running}  # the chain's pid while it runs (collect.sh reads it too)
-chain_alive() { [ -f "$marker" ] && grep -qs art_e_seeds "/proc/$(cat "$marker")/cmdline"; }  # not a reused pid
+source "$(dirname "$0")/chain.sh"  # $marker, chain_alive
 if [ "${ART_E_CHAIN:-0}" = 1 ]; then  # the chain itself (started detached below): each seed once the one before ended
   echo $$ > "$marker"; trap 'rm -f "$marker"' EXIT
   t0=$SECONDS
@@ -42,6 +41,6 @@ chain_alive && { echo "art_e_seeds.sh: a chain of seeds is still running (pid $(
 t0=$SECONDS
 ART_E_CHAIN=1 setsid nohup bash "$0" "$prefix" "$budget" "$watch" "${seeds[@]}" -- "$@" > /tmp/art_e_chain.log 2>&1 \
   < /dev/null &
-sleep 5; cat /tmp/art_e_chain.log
+sleep 5  # the chain has written its marker, so collect.sh waits for it
 bash "$root/evals/device/collect.sh" $((watch - (SECONDS - t0)))
 cat /tmp/art_e_chain.log

@@ -3,11 +3,10 @@
 # to end, then put the reports and the run logs under $OUT (the device tool brings them back).
 #   usage: bash evals/device/collect.sh SECONDS
 end=$((SECONDS+$1))
-marker=${ART_E_CHAIN_MARKER:-/tmp/art_e_chain.running}  # art_e_seeds.sh's chain: its pid while it runs
-chain() { [ -f "$marker" ] && grep -qs art_e_seeds "/proc/$(cat "$marker")/cmdline"; }
-running() { pgrep -f examples/email_agent.py > /dev/null || chain; }
+source "$(dirname "$0")/chain.sh"  # art_e_seeds.sh's chain: $marker, chain_alive
+running() { pgrep -f examples/email_agent.py > /dev/null || chain_alive; }
 while [ $SECONDS -lt $end ] && running; do sleep 10; done
 for f in /tmp/run-*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -E "^step [0-9]+: reward|Error|error:" | tail -6; done
 tar czf "$OUT/report.tgz" -C /tmp report 2>/dev/null
 tar czf "$OUT/logs.tgz" /tmp/run-*.log 2>/dev/null
-echo "still running: $(pgrep -f examples/email_agent.py | wc -l)$(chain && echo ', the seed chain too')"
+echo "still running: $(pgrep -f examples/email_agent.py | wc -l)$(chain_alive && echo ', the seed chain too')"
