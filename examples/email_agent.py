@@ -55,7 +55,7 @@ from ruler_rl import TrajectoryGroup, gather_trajectory_groups, ruler_score_grou
 from ruler_rl.judges import DEFAULT_RUBRIC
 from ruler_rl.judges.errors import JudgeError
 from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
-from ruler_rl.trainer.runlog import plot_train_report
+from ruler_rl.trainer.runlog import plot_train_report, software_versions
 from ruler_rl.trainer.vllm_server import resolved_engine
 
 try:
@@ -72,25 +72,6 @@ except ModuleNotFoundError as exc:
                      "lives in evals/, which is not installed here (in the checkout: bash .ci/setup)") from None
 
 MAX_REFUSED_IN_A_ROW = 3  # batches the trainer may refuse in a row before the training loop ends
-
-
-def software_versions() -> dict:
-    """The checkout's commit, `-dirty` when its files differ from it (None outside a git checkout, or where the
-    checkout came without its .git), and the vLLM version (None without vLLM)."""
-    import importlib.metadata
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"],
-                                cwd=Path(__file__).resolve().parent, check=True, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    try:
-        vllm = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        vllm = None
-    return {"commit": commit, "vllm": vllm}
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -20,6 +20,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from ruler_rl import Trajectory, TrajectoryGroup, gather_trajectory_groups
 from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
+from ruler_rl.trajectory import choice_to_message
 
 SYSTEM = ("You are playing 2048. Merge equal tiles to reach 2048. Reply with one word: left, right, up or down.")
 MOVES = ("left", "right", "up", "down")
@@ -71,7 +72,8 @@ async def play(client, name: str, rng: random.Random, max_moves: int) -> Traject
     for _ in range(max_moves):
         shown = "\n".join(" ".join(f"{v or '.':>4}" for v in r) for r in board)
         messages.append({"role": "user", "content": f"Board:\n{shown}\nYour move?"})
-        reply = await client.chat.completions.create(model=name, messages=messages,
+        history = [m if isinstance(m, dict) else choice_to_message(m) for m in messages]  # Choices as messages
+        reply = await client.chat.completions.create(model=name, messages=history,
                                                      max_tokens=6, temperature=1.0)
         messages.append(reply.choices[0])
         word = re.search(r"left|right|up|down", (reply.choices[0].message.content or "").lower())

@@ -30,7 +30,8 @@ async def gather_trajectory_groups(
     an empty group; training skips it).
 
     `max_exceptions`: how many rollouts may raise (an int) or what fraction of them (a float < 1) before
-    the whole gather fails with TooManyExceptions; rollouts that raised are kept in `group.exceptions`.
+    the whole gather fails with TooManyExceptions, whose message carries the first exception and its traceback;
+    rollouts that raised are kept in `group.exceptions`.
     Tracing (`ruler_rl.tracing`) configured without the `langfuse` package raises `MissingExtraError` before any
     rollout runs.
     """
@@ -44,11 +45,13 @@ async def gather_trajectory_groups(
     # is raised now, not after the first group's rollouts finished
     tracer = tracing.current_tracer()
     bar = tqdm(total=len(items), desc=pbar_desc, unit="group", disable=pbar_desc is None)
-    state = {"exceptions": 0, "trajectories": 0}
+    state = {"exceptions": 0, "trajectories": 0, "first": None}
 
     async def one(g) -> TrajectoryGroup | None:
         group = g if isinstance(g, TrajectoryGroup) else await g
         state["exceptions"] += len(group.exceptions)
+        if group.exceptions and state["first"] is None:
+            state["first"] = group.exceptions[0]
         state["trajectories"] += len(group) + len(group.exceptions)
         tracing.rollouts_gathered(tracer, group)  # ids and rollout traces, when tracing is on; never raises
         if after_each is not None and len(group) > 0:  # a group whose every rollout raised has nothing to score
@@ -65,8 +68,10 @@ async def gather_trajectory_groups(
     limit = max_exceptions if isinstance(max_exceptions, int) or max_exceptions >= 1 \
         else max_exceptions * max(1, state["trajectories"])
     if state["exceptions"] > limit:
+        first = state["first"]
         raise TooManyExceptions(f"{state['exceptions']} of {state['trajectories']} rollouts raised "
-                                f"(max_exceptions={max_exceptions})")
+                                f"(max_exceptions={max_exceptions}); the first: {first.type}: {first.message}\n"
+                                f"{first.traceback}")
     kept = [g for g in results if g is not None]
     if len(kept) < len(results):
         log.info("after_each dropped %d of %d groups", len(results) - len(kept), len(results))

@@ -306,8 +306,10 @@ async def test_gather_rescoring_dropping_and_exception_limits():
                                            TrajectoryGroup([ok(3), boom()])], after_each=rescore,
                                           max_exceptions=1, pbar_desc=None)
     assert [[t.reward for t in g] for g in kept] == [[10, 20], [30]]
-    with pytest.raises(TooManyExceptions, match="1 of 2"):
+    with pytest.raises(TooManyExceptions, match="1 of 2") as raised:
         await gather_trajectory_groups([TrajectoryGroup([ok(1), boom()])], pbar_desc=None)
+    assert "RuntimeError" in str(raised.value) and "rollout failed" in str(raised.value)  # the first, named
+    assert "in boom" in str(raised.value)  # with its traceback
     half = await gather_trajectory_groups([TrajectoryGroup([ok(1), boom()])], max_exceptions=0.5, pbar_desc=None)
     assert [len(g) for g in half] == [1] and len(half[0].exceptions) == 1
     with pytest.raises(TypeError):

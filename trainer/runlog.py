@@ -1,5 +1,6 @@
 """The run log: one JSON line per training step in `{run_dir}/history.jsonl`, a DataFrame to analyse it,
-a PNG of the reward and loss curves (`ruler train-report RUN`), and W&B when asked for."""
+a PNG of the reward and loss curves (`ruler train-report RUN`), W&B when asked for, and the software versions a
+run's report records (`software_versions`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,30 @@ def append_row(run_dir: str | Path, row: dict, *, wandb_run=None) -> None:
         f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
     if wandb_run is not None:
         wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=row.get("step"))
+
+
+def software_versions() -> dict:
+    """The ruler-rl checkout's commit, `-dirty` when its files differ from it (None for an installed wheel, outside
+    a git checkout, or where the checkout came without its .git), and the vLLM version (None without vLLM)."""
+    import importlib.metadata
+    import subprocess
+
+    here = Path(__file__).resolve()
+
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=here.parent, check=True, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
+    try:  # only a checkout of ruler-rl itself: a wheel inside some other repository's venv names no commit
+        ours = (Path(git("rev-parse", "--show-toplevel")) / "trainer" / here.name).resolve() == here
+        commit = (git("describe", "--always", "--dirty", "--abbrev=40") or None) if ours else None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    try:
+        vllm = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        vllm = None
+    return {"commit": commit, "vllm": vllm}
 
 
 def load_run_log(run_dir: str | Path):

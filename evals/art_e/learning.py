@@ -152,7 +152,7 @@ def _resampled(groups: list[list[int]], rng, resamples: int = 4000) -> np.ndarra
     return totals[rng.integers(0, len(groups), size=(resamples, len(groups)))].sum(axis=1)
 
 
-def _share(groups: list[list[int]], rng, resamples: int = 4000) -> tuple[float, float, float]:
+def share_interval(groups: list[list[int]], rng, resamples: int = 4000) -> tuple[float, float, float]:
     """Share of right rollouts over `groups` (each a list of 0/1) and its 95% bootstrap interval over groups."""
     boot = _resampled(groups, rng, resamples)
     boot = boot[:, 0] / boot[:, 1]
@@ -195,7 +195,7 @@ def training_curve(groups_jsonl: str | Path, *, block: int = 4, seed: int = 0,
     table = []
     for _, gs in sorted(blocks.items()):
         rs = [r for g in gs for r in g["rollouts"]]
-        share, low, high = _share(right_of(gs), rng)
+        share, low, high = share_interval(right_of(gs), rng)
         art = [r["art_reward"] for r in rs if r.get("art_reward") is not None]
         turns = [r["turns"] for r in rs if r.get("turns") is not None]
         steps = [int(g["step"]) for g in gs]

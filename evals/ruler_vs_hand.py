@@ -1,0 +1,196 @@
+"""RULER against a hand-written reward (issue #36, table 3): tic-tac-toe runs of `examples/tic_tac_toe.py`, read
+from their report folders and compared on the game's own reward over held-out games.
+
+    python -m evals.ruler_vs_hand DIR [DIR ...] [--step N]
+
+Each folder is one run (`--report DIR`): run.json (its reward, `hand` or `ruler`, and seed) and
+eval-stepNNNN.csv (the same held-out games, greedy, at policy step NNNN; step 0 is the untrained model). Printed:
+
+- per run: the held-out hand reward (win 1, draw 0.5, loss 0, illegal -1) and win/draw/loss/illegal counts at
+  step 0 and at the compared step, with the paired difference (a bootstrap over games, 95%);
+- per seed run with both rewards: the RULER run minus the hand-reward run at the compared step, paired by game
+  (both runs measure the same opponents' seeds), and over all such seeds the mean of that difference per game;
+- per RULER run: how the judge's scores ranked the games of each training group against the hand reward: over
+  every pair of games in a group whose hand rewards differ, "agree" when RULER ranks the better game higher, a
+  tie, or "disagree" (accuracy counts ties as misses, with a bootstrap interval over groups).
+
+The compared step is `--step N` where given, else the largest policy step every run measured; a run without it is
+named and left out of the comparisons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from evals.art_e.learning import paired, share_interval
+
+EVAL_FILE = re.compile(r"eval-step(\d{4,})\.csv")
+RESULTS = ("win", "draw", "loss", "illegal")
+
+
+@dataclass
+class Run:
+    folder: Path
+    reward: str
+    seed: int
+    evals: dict[int, pd.DataFrame]  # policy step -> one row per held-out game, indexed by the game's seed
+
+    @property
+    def label(self) -> str:
+        return f"{self.reward} seed {self.seed} ({self.folder.name})"
+
+
+def load_run(folder: str | Path) -> Run:
+    """One report folder of `examples/tic_tac_toe.py`; a clear error when it is not one."""
+    folder = Path(folder)
+    info_path = folder / "run.json"
+    if not info_path.is_file():
+        raise ValueError(f"{folder} has no run.json: not a report folder of examples/tic_tac_toe.py")
+    info = json.loads(info_path.read_text())
+    if info.get("reward") not in ("hand", "ruler") or not isinstance(info.get("seed"), int):
+        raise ValueError(f"{info_path} names no reward ('hand' or 'ruler') and seed: not a tic-tac-toe run")
+    evals = {}
+    for path in sorted(folder.glob("eval-step*.csv")):
+        if (m := EVAL_FILE.fullmatch(path.name)) is None:
+            continue
+        table = pd.read_csv(path)
+        missing = {"seed", "result", "reward"} - set(table.columns)
+        if missing:
+            raise ValueError(f"{path} lacks the columns {sorted(missing)}")
+        evals[int(m.group(1))] = table.set_index("seed").sort_index()
+    if 0 not in evals:
+        raise ValueError(f"{folder} has no eval-step0000.csv: the untrained model was not measured")
+    return Run(folder, info["reward"], info["seed"], evals)
+
+
+def measure(table: pd.DataFrame) -> dict:
+    counts = table["result"].value_counts()
+    return {"games": len(table), "hand_reward": float(table["reward"].mean()),
+            **{r: int(counts.get(r, 0)) for r in RESULTS}}
+
+
+def common_games(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Both tables' hand rewards over the games both hold, matched by seed."""
+    seeds = a.index.intersection(b.index)
+    if not len(seeds):
+        raise ValueError("the two measures hold no held-out game in common")
+    return a.loc[seeds, "reward"].to_numpy(float), b.loc[seeds, "reward"].to_numpy(float)
+
+
+def judge_agreement(groups_jsonl: str | Path, *, seed: int = 0) -> dict:
+    """How the training reward ranked each scored group's games against their hand reward (module docstring)."""
+    agree = ties = disagree = 0
+    per_group = []  # per group with a pair to compare: 1 for each pair the reward ranked right, 0 otherwise
+    for line in Path(groups_jsonl).read_text().splitlines():
+        g = json.loads(line)
+        if not g.get("scored"):
+            continue
+        rows = [(r["hand_reward"], r["reward"]) for r in g["rollouts"] if r.get("reward") is not None]
+        outcomes = []
+        for i, (hand_a, score_a) in enumerate(rows):
+            for hand_b, score_b in rows[i + 1:]:
+                if hand_a == hand_b:
+                    continue
+                better, worse = (score_a, score_b) if hand_a > hand_b else (score_b, score_a)
+                outcomes.append(int(better > worse))
+                agree += better > worse
+                ties += better == worse
+                disagree += better < worse
+        if outcomes:
+            per_group.append(outcomes)
+    pairs = agree + ties + disagree
+    low = high = float("nan")
+    if per_group:
+        _, low, high = share_interval(per_group, np.random.default_rng(seed))
+    return {"groups": len(per_group), "pairs": pairs, "agree": agree, "ties": ties, "disagree": disagree,
+            "accuracy": agree / pairs if pairs else float("nan"), "accuracy_low": low, "accuracy_high": high}
+
+
+def compared_step(runs: list[Run], step: int | None) -> int:
+    """`step`, or the largest policy step every run measured (0 at least: every run has its untrained measure)."""
+    if step is not None:
+        return step
+    return max(set.intersection(*(set(r.evals) for r in runs)))
+
+
+def report(runs: list[Run], step: int | None = None) -> dict[str, pd.DataFrame]:
+    """The three tables of the module docstring, as DataFrames: `runs`, `rewards` (RULER minus hand per seed, and
+    the seeds' mean), `agreement`."""
+    if not runs:
+        raise ValueError("no run given")
+    at = compared_step(runs, step)
+    rows, measured = [], []
+    for r in runs:
+        row = {"run": r.label, "reward": r.reward, "seed": r.seed, "step": at,
+               **{f"before_{k}": v for k, v in measure(r.evals[0]).items()}}
+        if at in r.evals:
+            measured.append(r)
+            row.update({f"after_{k}": v for k, v in measure(r.evals[at]).items() if k != "games"})
+            d = paired(*common_games(r.evals[0], r.evals[at]))
+            row.update(difference=d["difference"], low=d["low"], high=d["high"])
+        rows.append(row)
+    by_seed: dict[int, dict[str, Run]] = {}
+    for r in measured:
+        if r.reward in by_seed.setdefault(r.seed, {}):
+            raise ValueError(f"two {r.reward} runs of seed {r.seed}: {by_seed[r.seed][r.reward].folder} and "
+                             f"{r.folder}")
+        by_seed[r.seed][r.reward] = r
+    pairs = {s: p for s, p in sorted(by_seed.items()) if set(p) == {"hand", "ruler"}}
+    compare = []
+    for s, p in pairs.items():
+        hand, ruler = common_games(p["hand"].evals[at], p["ruler"].evals[at])
+        compare.append({"seeds": str(s), "step": at, **{k: v for k, v in paired(hand, ruler).items()
+                                                       if k != "questions"}, "games": len(hand)})
+    if len(pairs) > 1:  # per game, the mean over seeds of each reward's result: the games are shared
+        tables = {kind: pd.concat([p[kind].evals[at]["reward"] for p in pairs.values()], axis=1).dropna()
+                  for kind in ("hand", "ruler")}
+        games = tables["hand"].index.intersection(tables["ruler"].index)
+        d = paired(tables["hand"].loc[games].mean(axis=1).to_numpy(), tables["ruler"].loc[games].mean(axis=1)
+                   .to_numpy())
+        compare.append({"seeds": "mean of " + ", ".join(map(str, pairs)), "step": at,
+                        **{k: v for k, v in d.items() if k != "questions"}, "games": len(games)})
+    compare = pd.DataFrame(compare).rename(columns={"before": "hand", "after": "ruler", "difference": "ruler_minus_hand"})
+    agreement = pd.DataFrame([{"run": r.label, **judge_agreement(r.folder / "groups.jsonl")} for r in runs
+                              if r.reward == "ruler" and (r.folder / "groups.jsonl").is_file()])
+    return {"runs": pd.DataFrame(rows), "rewards": compare, "agreement": agreement}
+
+
+def main(argv=None) -> dict[str, pd.DataFrame]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folders", nargs="+", type=Path, help="report folders of examples/tic_tac_toe.py")
+    ap.add_argument("--step", type=int, default=None, help="the policy step compared (default: the largest every "
+                    "run measured)")
+    args = ap.parse_args(argv)
+    if args.step is not None and args.step < 0:
+        ap.error("--step must be >= 0")
+    try:
+        runs = [load_run(f) for f in args.folders]
+        tables = report(runs, args.step)
+    except ValueError as exc:
+        ap.error(str(exc))
+    at = tables["runs"]["step"].iloc[0]
+    runs_table = tables["runs"]
+    missing = (runs_table.loc[runs_table["difference"].isna(), "run"] if "difference" in runs_table
+               else runs_table["run"]).tolist()
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(f"held-out hand reward, step 0 and step {at}:")
+        print(tables["runs"].to_string(index=False))
+        if missing:
+            print(f"not measured at step {at}, left out of the comparisons: {', '.join(missing)}")
+        print("\nRULER minus hand reward, paired by game:")
+        print(tables["rewards"].to_string(index=False) if len(tables["rewards"]) else "(no seed ran both rewards)")
+        if len(tables["agreement"]):
+            print("\nthe RULER judge against the hand reward, within training groups:")
+            print(tables["agreement"].to_string(index=False))
+    return tables
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""examples/tic_tac_toe.py and evals.ruler_vs_hand (issue #36, table 3): the game's results and rewards, the
+closing message the judge reads, held-out games seeded apart from training, a CPU run's report folder, and the
+comparison of RULER and hand-reward runs read from report folders."""
+
+import importlib.util
+import json
+import types
+
+import pandas as pd
+import pytest
+
+from evals import ruler_vs_hand
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("tic_tac_toe", "examples/tic_tac_toe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Player:
+    """An OpenAI-like client whose replies come from `policy(board)`: the game logic is tested apart from a model
+    (the CPU run below plays the real embedded one through the trainer's server)."""
+
+    def __init__(self, policy):
+        self.policy, self.requests = policy, []
+        self.chat = types.SimpleNamespace(completions=types.SimpleNamespace(create=self.create))
+
+    async def create(self, *, model, messages, max_tokens, temperature):
+        from openai.types.chat import ChatCompletion
+
+        self.requests.append(messages)
+        assert all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)  # sendable as JSON
+        board = messages[-1]["content"].split("\n")[1:4]
+        text = self.policy([c for row in board for c in row.split()])
+        return ChatCompletion.model_validate({
+            "id": "x", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
+
+
+def first_free(board):
+    return str(board.index(".") + 1)
+
+
+async def test_results_rewards_and_the_closing_message():
+    example = load_example()
+    seen = {}
+    for seed in range(60):  # first-free-square X against random O: wins, losses and draws all occur
+        game = await example.play(Player(first_free), "m", seed, max_tokens=8, temperature=1.0)
+        result = game.metadata["result"]
+        seen[result] = seen.get(result, 0) + 1
+        assert game.reward == {"win": 1.0, "draw": 0.5, "loss": 0.0}[result] and game.metadata["seed"] == seed
+        last = game.messages_and_choices[-1]
+        assert last["role"] == "user" and last["content"].startswith("Final board:")
+        assert last["content"].endswith(example.OUTCOMES[result])
+        final = [c for row in last["content"].split("\n")[1:4] for c in row.split()]
+        assert example.winner(final) == {"win": "X", "loss": "O", "draw": "draw"}[result]
+        assert game.metrics["moves"] == final.count("X")
+    assert set(seen) == {"win", "loss", "draw"}, seen
+    again = [(await example.play(Player(first_free), "m", 7, max_tokens=8, temperature=1.0)).messages()
+             for _ in range(2)]
+    assert again[0] == again[1]  # the opponent's moves come from the seed alone
+
+    for reply, said in (("hello", "no square number"), ("5", "square 5 is taken")):
+        player = Player(lambda board, reply=reply: reply)
+        game = await example.play(player, "m", 3, max_tokens=8, temperature=1.0)
+        if reply == "5":  # the first 5 is legal; the second is X's own square
+            assert game.metrics["moves"] == 2 and len(player.requests) == 2
+            assert player.requests[1][2]["role"] == "assistant"  # the first reply went back as a message
+        assert (game.reward, game.metadata["result"], game.metrics["illegal"]) == (-1.0, "illegal", 1)
+        assert f"Illegal move ({said})" in game.messages_and_choices[-1]["content"]
+
+
+def test_training_opponents_never_meet_held_out_ones():
+    example = load_example()
+    seeds = {example.training_seed(run, batch, group) for run in (0, 1, 12) for batch in (1, 2, 10**6)
+             for group in (0, 1, 21)}
+    assert len(seeds) == 27  # distinct; text, never a held-out game's integer seed (EVAL_SEED + i)
+    assert not any(isinstance(s, int) for s in seeds)
+
+
+def test_bad_arguments_are_refused():
+    example = load_example()
+    for argv in (["--group-size", "1"], ["--steps", "-1"], ["--eval-games", "0"], ["--lr", "0"],
+                 ["--time-budget-s", "0"], ["--reward", "hand", "--judge", "x/y"],
+                 ["--reward", "ruler", "--judge", "self", "--engine", "transformers"], ["--reward", "art"]):
+        with pytest.raises(SystemExit):
+            example.parse_args(argv)
+    args = example.parse_args(["--reward", "ruler", "--judge", "self", "--engine", "vllm"])
+    assert (args.reward, args.judge, args.steps) == ("ruler", "self", 20)
+
+
+@pytest.mark.slow
+async def test_a_cpu_run_writes_a_report_the_comparison_reads(tmp_path, capsys):
+    example = load_example()
+    report = tmp_path / "hand"
+    await example.main(["--steps", "1", "--groups", "1", "--group-size", "2", "--eval-games", "3",
+                        "--engine", "transformers", "--out", str(tmp_path / "runs"), "--report", str(report)])
+    run = json.loads((report / "run.json").read_text())
+    assert (run["reward"], run["steps_run"], run["eval_seed"]) == ("hand", 1, example.EVAL_SEED)
+    assert run["before"]["games"] == 3 and "commit" in run
+    before = pd.read_csv(report / "eval-step0000.csv")
+    assert before["seed"].tolist() == [example.EVAL_SEED + i for i in range(3)]
+    assert set(before["result"]) <= {"win", "draw", "loss", "illegal"}
+    group = json.loads((report / "groups.jsonl").read_text().splitlines()[0])
+    assert group["seed"] == example.training_seed(0, 1, 0) and len(group["rollouts"]) == 2
+    assert all(r["reward"] == r["hand_reward"] for r in group["rollouts"])  # the hand reward was trained on
+    tables = ruler_vs_hand.main([str(report)])
+    assert tables["runs"]["before_games"].tolist() == [3]
+
+
+def write_run(folder, reward, seed, evals, groups=()):
+    """A report folder as examples/tic_tac_toe.py writes it: evals maps a policy step to each game's result."""
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"reward": reward, "seed": seed}))
+    rewards = {"win": 1.0, "draw": 0.5, "loss": 0.0, "illegal": -1.0}
+    for step, results in evals.items():
+        pd.DataFrame({"seed": [1000 + i for i in range(len(results))], "result": results,
+                      "reward": [rewards[r] for r in results], "moves": 1}).to_csv(
+            folder / f"eval-step{step:04d}.csv", index=False)
+    with open(folder / "groups.jsonl", "w") as f:
+        for rollouts in groups:
+            f.write(json.dumps({"scored": True, "rollouts": [{"hand_reward": h, "reward": r} for h, r in rollouts]})
+                    + "\n")
+    return folder
+
+
+def test_the_comparison_pairs_games_and_seeds(tmp_path):
+    before = ["illegal"] * 10
+    runs = [write_run(tmp_path / "h0", "hand", 0, {0: before, 5: ["win"] * 10, 10: ["win"] * 10}),
+            write_run(tmp_path / "r0", "ruler", 0, {0: before, 5: ["loss"] * 5 + ["win"] * 5},
+                      groups=[[(1.0, 0.9), (0.0, 0.1), (-1.0, 0.1)], [(1.0, 0.5), (1.0, 0.2)]]),
+            write_run(tmp_path / "h1", "hand", 1, {0: before, 5: ["draw"] * 10}),
+            write_run(tmp_path / "r1", "ruler", 1, {0: before, 5: ["draw"] * 10})]
+    tables = ruler_vs_hand.report([ruler_vs_hand.load_run(f) for f in runs])
+    by_run = tables["runs"].set_index("run")
+    assert (by_run["step"] == 5).all()  # the largest step every run measured
+    assert by_run.loc["hand seed 0 (h0)", "difference"] == pytest.approx(2.0)
+    assert by_run.loc["ruler seed 0 (r0)", ["after_win", "after_loss"]].tolist() == [5, 5]
+    rewards = tables["rewards"].set_index("seeds")
+    assert rewards.loc["0", "ruler_minus_hand"] == pytest.approx(-0.5)
+    assert rewards.loc["1", "ruler_minus_hand"] == pytest.approx(0.0)
+    assert rewards.loc["mean of 0, 1", "ruler_minus_hand"] == pytest.approx(-0.25)
+    assert rewards.loc["1", "low"] == rewards.loc["1", "high"] == 0
+    agreement = tables["agreement"].iloc[0]  # pairs with different hand rewards: (1, 0) agree, (1, -1) agree,
+    assert (agreement["pairs"], agreement["agree"], agreement["ties"], agreement["disagree"]) == (3, 2, 1, 0)
+    assert agreement["groups"] == 1  # (0, -1) tie; the second group's hand rewards are equal: no pair
+    at_ten = ruler_vs_hand.report([ruler_vs_hand.load_run(runs[0]), ruler_vs_hand.load_run(runs[1])], step=10)
+    assert at_ten["runs"]["difference"].isna().tolist() == [False, True] and not len(at_ten["rewards"])
+
+
+def test_the_comparison_refuses_what_it_cannot_read(tmp_path):
+    with pytest.raises(ValueError, match="no run.json"):
+        ruler_vs_hand.load_run(tmp_path)
+    write_run(tmp_path / "x", "art", 0, {0: ["win"]})
+    with pytest.raises(ValueError, match="names no reward"):
+        ruler_vs_hand.load_run(tmp_path / "x")
+    write_run(tmp_path / "y", "hand", 0, {5: ["win"]})
+    with pytest.raises(ValueError, match="eval-step0000.csv"):
+        ruler_vs_hand.load_run(tmp_path / "y")
+    twice = [ruler_vs_hand.load_run(write_run(tmp_path / n, "hand", 0, {0: ["win"]})) for n in ("a", "b")]
+    with pytest.raises(ValueError, match="two hand runs of seed 0"):
+        ruler_vs_hand.report(twice)
+    with pytest.raises(SystemExit):
+        ruler_vs_hand.main([str(tmp_path / "x")])
+
+
+def test_the_device_runs_pass_the_example_parser():
+    """evals/device/ttt_runs.sh's runs (a hand-reward and a RULER run per seed) parse with the example's own parser,
+    so a wrong combination fails here, not after minutes of device time."""
+    import os
+    import subprocess
+
+    done = subprocess.run(["bash", "evals/device/ttt_runs.sh", "500", "560", "0", "3", "--", "--steps", "30"],
+                          capture_output=True, text=True, env={**os.environ, "TTT_DRY_RUN": "1"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    runs = [load_example().parse_args(line.split()[1:]) for line in done.stdout.splitlines()]
+    assert [(a.reward, a.seed, a.judge) for a in runs] == [("hand", 0, None), ("ruler", 0, "self"),
+                                                           ("hand", 3, None), ("ruler", 3, "self")]
+    assert {(a.steps, a.time_budget_s, a.engine, a.eval_every) for a in runs} == {(30, 500.0, "vllm", 5)}
+    assert len({a.report for a in runs}) == 4
+    bad = subprocess.run(["bash", "evals/device/ttt_runs.sh", "500", "560", "x"], capture_output=True, text=True,
+                         env={**os.environ, "TTT_DRY_RUN": "1"}, timeout=60)
+    assert bad.returncode == 2 and "not a non-negative integer" in bad.stderr
