@@ -4,7 +4,8 @@ from their report folders and compared on the game's own reward over held-out ga
     python -m evals.ruler_vs_hand DIR [DIR ...] [--step N]
 
 Each folder is one run (`--report DIR`): run.json (its reward, `hand` or `ruler`, and seed) and
-eval-stepNNNN.csv (the same held-out games, greedy, at policy step NNNN; step 0 is the untrained model). Printed:
+eval-stepNNNN.csv (the same held-out games at policy step NNNN, at one or more temperatures, 0 where the file names
+none; step 0 is the untrained model). Each table is given per temperature that every run measured. Printed:
 
 - per run: the held-out hand reward (win 1, draw 0.5, loss 0, illegal -1) and win/draw/loss/illegal counts at
   step 0 and at the compared step, with the paired difference (a bootstrap over games, 95%);
@@ -12,7 +13,10 @@ eval-stepNNNN.csv (the same held-out games, greedy, at policy step NNNN; step 0 
   (both runs measure the same opponents' seeds), and over all such seeds the mean of that difference per game;
 - per RULER run: how the judge's scores ranked the games of each training group against the hand reward: over
   every pair of games in a group whose hand rewards differ, "agree" when RULER ranks the better game higher, a
-  tie, or "disagree" (accuracy counts ties as misses, with a bootstrap interval over groups).
+  tie, or "disagree" (accuracy counts ties as misses, with a bootstrap interval over groups);
+- per run, the training curve (groups.jsonl): the hand reward and the share of illegal moves of the training
+  games (sampled at temperature 1, on training opponents: not a held-out measure) in blocks of `--block` loop
+  steps. A run whose judge failed every group (never trained) is the control: the untrained policy's games.
 
 The compared step is `--step N` where given, else the largest policy step every run measured; a run without it is
 named and left out of the comparisons.
@@ -40,7 +44,7 @@ class Run:
     folder: Path
     reward: str
     seed: int
-    evals: dict[int, pd.DataFrame]  # policy step -> one row per held-out game, indexed by the game's seed
+    evals: dict[int, pd.DataFrame]  # policy step -> one row per held-out game and temperature
 
     @property
     def label(self) -> str:
@@ -64,7 +68,11 @@ def load_run(folder: str | Path) -> Run:
         missing = {"seed", "result", "reward"} - set(table.columns)
         if missing:
             raise ValueError(f"{path} lacks the columns {sorted(missing)}")
-        evals[int(m.group(1))] = table.set_index("seed").sort_index()
+        if "temperature" not in table.columns:  # written before --eval-temperatures: greedy
+            table["temperature"] = 0.0
+        if table.duplicated(["seed", "temperature"]).any():
+            raise ValueError(f"{path} holds a game twice at one temperature")
+        evals[int(m.group(1))] = table
     if 0 not in evals:
         raise ValueError(f"{folder} has no eval-step0000.csv: the untrained model was not measured")
     return Run(folder, info["reward"], info["seed"], evals)
@@ -76,8 +84,13 @@ def measure(table: pd.DataFrame) -> dict:
             **{r: int(counts.get(r, 0)) for r in RESULTS}}
 
 
+def at(table: pd.DataFrame, temperature: float) -> pd.DataFrame:
+    """The games played at `temperature`, indexed by their seed."""
+    return table[table["temperature"] == temperature].set_index("seed").sort_index()
+
+
 def common_games(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Both tables' hand rewards over the games both hold, matched by seed."""
+    """Both tables' hand rewards over the games both hold (tables of one temperature, indexed by seed)."""
     seeds = a.index.intersection(b.index)
     if not len(seeds):
         raise ValueError("the two measures hold no held-out game in common")
@@ -113,6 +126,18 @@ def judge_agreement(groups_jsonl: str | Path, *, seed: int = 0) -> dict:
             "accuracy": agree / pairs if pairs else float("nan"), "accuracy_low": low, "accuracy_high": high}
 
 
+def training_curve(groups_jsonl: str | Path, *, block: int = 5) -> list[dict]:
+    """The training games' hand reward and illegal share in blocks of `block` loop steps (module docstring)."""
+    if block < 1:
+        raise ValueError("block must be >= 1")
+    games: dict[int, list[float]] = {}
+    for line in Path(groups_jsonl).read_text().splitlines():
+        g = json.loads(line)
+        games.setdefault(g["step"] // block, []).extend(r["hand_reward"] for r in g["rollouts"])
+    return [{"steps": f"{b * block}-{b * block + block - 1}", "games": len(v), "hand_reward": float(np.mean(v)),
+             "illegal": float(np.mean([x == -1 for x in v]))} for b, v in sorted(games.items())]
+
+
 def compared_step(runs: list[Run], step: int | None) -> int:
     """`step`, or the largest policy step every run measured (0 at least: every run has its untrained measure)."""
     if step is not None:
@@ -120,46 +145,60 @@ def compared_step(runs: list[Run], step: int | None) -> int:
     return max(set.intersection(*(set(r.evals) for r in runs)))
 
 
-def report(runs: list[Run], step: int | None = None) -> dict[str, pd.DataFrame]:
-    """The three tables of the module docstring, as DataFrames: `runs`, `rewards` (RULER minus hand per seed, and
-    the seeds' mean), `agreement`."""
+def report(runs: list[Run], step: int | None = None, *, block: int = 5) -> dict[str, pd.DataFrame]:
+    """The tables of the module docstring, as DataFrames: `runs` and `rewards` (RULER minus hand per seed, and the
+    seeds' mean) with a row per temperature every run measured at step 0, `agreement` and `training`."""
     if not runs:
         raise ValueError("no run given")
-    at = compared_step(runs, step)
-    rows, measured = [], []
-    for r in runs:
-        row = {"run": r.label, "reward": r.reward, "seed": r.seed, "step": at,
-               **{f"before_{k}": v for k, v in measure(r.evals[0]).items()}}
-        if at in r.evals:
-            measured.append(r)
-            row.update({f"after_{k}": v for k, v in measure(r.evals[at]).items() if k != "games"})
-            d = paired(*common_games(r.evals[0], r.evals[at]))
-            row.update(difference=d["difference"], low=d["low"], high=d["high"])
-        rows.append(row)
-    by_seed: dict[int, dict[str, Run]] = {}
-    for r in measured:
-        if r.reward in by_seed.setdefault(r.seed, {}):
-            raise ValueError(f"two {r.reward} runs of seed {r.seed}: {by_seed[r.seed][r.reward].folder} and "
-                             f"{r.folder}")
-        by_seed[r.seed][r.reward] = r
-    pairs = {s: p for s, p in sorted(by_seed.items()) if set(p) == {"hand", "ruler"}}
-    compare = []
-    for s, p in pairs.items():
-        hand, ruler = common_games(p["hand"].evals[at], p["ruler"].evals[at])
-        compare.append({"seeds": str(s), "step": at, **{k: v for k, v in paired(hand, ruler).items()
-                                                       if k != "questions"}, "games": len(hand)})
-    if len(pairs) > 1:  # per game, the mean over seeds of each reward's result: the games are shared
-        tables = {kind: pd.concat([p[kind].evals[at]["reward"] for p in pairs.values()], axis=1).dropna()
-                  for kind in ("hand", "ruler")}
-        games = tables["hand"].index.intersection(tables["ruler"].index)
-        d = paired(tables["hand"].loc[games].mean(axis=1).to_numpy(), tables["ruler"].loc[games].mean(axis=1)
-                   .to_numpy())
-        compare.append({"seeds": "mean of " + ", ".join(map(str, pairs)), "step": at,
-                        **{k: v for k, v in d.items() if k != "questions"}, "games": len(games)})
+    step_at = compared_step(runs, step)
+    temperatures = sorted(set.intersection(*(set(r.evals[0]["temperature"]) for r in runs)))
+    if not temperatures:
+        raise ValueError("the runs measured no temperature in common")
+    rows, compare = [], []
+    for temperature in temperatures:
+        measured = []
+        for r in runs:
+            before = at(r.evals[0], temperature)
+            row = {"run": r.label, "reward": r.reward, "seed": r.seed, "temperature": temperature, "step": step_at,
+                   **{f"before_{k}": v for k, v in measure(before).items()}}
+            after = at(r.evals[step_at], temperature) if step_at in r.evals else None
+            if after is not None and len(after):
+                measured.append((r, after))
+                row.update({f"after_{k}": v for k, v in measure(after).items() if k != "games"})
+                d = paired(*common_games(before, after))
+                row.update(difference=d["difference"], low=d["low"], high=d["high"])
+            rows.append(row)
+        compare += _rewards(measured, temperature, step_at)
     compare = pd.DataFrame(compare).rename(columns={"before": "hand", "after": "ruler", "difference": "ruler_minus_hand"})
     agreement = pd.DataFrame([{"run": r.label, **judge_agreement(r.folder / "groups.jsonl")} for r in runs
                               if r.reward == "ruler" and (r.folder / "groups.jsonl").is_file()])
-    return {"runs": pd.DataFrame(rows), "rewards": compare, "agreement": agreement}
+    training = pd.DataFrame([{"run": r.label, **row} for r in runs if (r.folder / "groups.jsonl").is_file()
+                             for row in training_curve(r.folder / "groups.jsonl", block=block)])
+    return {"runs": pd.DataFrame(rows), "rewards": compare, "agreement": agreement, "training": training}
+
+
+def _rewards(measured: list[tuple[Run, pd.DataFrame]], temperature: float, step_at: int) -> list[dict]:
+    """RULER minus hand reward at one temperature: per seed that ran both, and the seeds' mean per game."""
+    by_seed: dict[int, dict[str, pd.DataFrame]] = {}
+    for r, table in measured:
+        if r.reward in by_seed.setdefault(r.seed, {}):
+            raise ValueError(f"two {r.reward} runs of seed {r.seed} (one is {r.folder})")
+        by_seed[r.seed][r.reward] = table
+    pairs = {s: p for s, p in sorted(by_seed.items()) if set(p) == {"hand", "ruler"}}
+    out = []
+    for s, p in pairs.items():
+        hand, ruler = common_games(p["hand"], p["ruler"])
+        out.append({"seeds": str(s), "temperature": temperature, "step": step_at,
+                    **{k: v for k, v in paired(hand, ruler).items() if k != "questions"}, "games": len(hand)})
+    if len(pairs) > 1:  # per game, the mean over seeds of each reward's result: the games are shared
+        tables = {kind: pd.concat([p[kind]["reward"] for p in pairs.values()], axis=1).dropna()
+                  for kind in ("hand", "ruler")}
+        games = tables["hand"].index.intersection(tables["ruler"].index)
+        d = paired(tables["hand"].loc[games].mean(axis=1).to_numpy(),
+                   tables["ruler"].loc[games].mean(axis=1).to_numpy())
+        out.append({"seeds": "mean of " + ", ".join(map(str, pairs)), "temperature": temperature, "step": step_at,
+                    **{k: v for k, v in d.items() if k != "questions"}, "games": len(games)})
+    return out
 
 
 def main(argv=None) -> dict[str, pd.DataFrame]:
@@ -167,12 +206,15 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
     ap.add_argument("folders", nargs="+", type=Path, help="report folders of examples/tic_tac_toe.py")
     ap.add_argument("--step", type=int, default=None, help="the policy step compared (default: the largest every "
                     "run measured)")
+    ap.add_argument("--block", type=int, default=5, help="loop steps a block of the training curve")
     args = ap.parse_args(argv)
     if args.step is not None and args.step < 0:
         ap.error("--step must be >= 0")
+    if args.block < 1:
+        ap.error("--block must be >= 1")
     try:
         runs = [load_run(f) for f in args.folders]
-        tables = report(runs, args.step)
+        tables = report(runs, args.step, block=args.block)
     except ValueError as exc:
         ap.error(str(exc))
     at = tables["runs"]["step"].iloc[0]
@@ -189,6 +231,9 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
         if len(tables["agreement"]):
             print("\nthe RULER judge against the hand reward, within training groups:")
             print(tables["agreement"].to_string(index=False))
+        if len(tables["training"]):
+            print(f"\ntraining games (temperature 1, training opponents), in blocks of {args.block} loop steps:")
+            print(tables["training"].to_string(index=False))
     return tables
 
 

@@ -6,10 +6,15 @@ beside each rollout's RULER score in groups.jsonl, never trained on). Every game
 message, the final board and the result ("You won.", "Illegal move ..."), which the judge reads like any other
 message; the model is not trained on it.
 
-The held-out measure: `--eval-games` games, greedy, against opponents seeded apart from every training game (the
-same games for every run, so runs pair game by game), before training, every `--eval-every` policy steps and
-after: eval-stepNNNN.csv in the report folder (one row per game: its seed, result, hand reward, moves). Compare
-runs with `python -m evals.ruler_vs_hand REPORT [REPORT ...]`.
+Training games are sampled at temperature 1, each against its own opponent. The held-out measure:
+`--eval-games` games against opponents seeded apart from every training game (the same games for every run, so
+runs pair game by game), at each of `--eval-temperatures` (greedy by default; sampled moves are seeded per game and
+move, so every run and step samples from the same random numbers), before training, every `--eval-every` policy steps and after:
+eval-stepNNNN.csv in the report folder (one row per game and temperature: its seed, result, hand reward, moves).
+Compare runs with `python -m evals.ruler_vs_hand REPORT [REPORT ...]`. The report folder also holds run.json (the
+arguments, software versions, the measures' summaries, steps run, and `stopped` when the judge failed every group
+of MAX_UNSCORED_IN_A_ROW steps in a row) and groups.jsonl (each training game's hand reward beside the reward it
+was trained on).
 
     python examples/tic_tac_toe.py --steps 2                        # embedded SmolLM2 on CPU (slow, weak)
     python examples/tic_tac_toe.py --base-model Qwen/Qwen2.5-1.5B-Instruct --engine vllm --steps 30 --seed 0
@@ -34,6 +39,7 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from ruler_rl import Trajectory, TrajectoryGroup, gather_trajectory_groups, ruler_score_group
+from ruler_rl.errors import JudgeError, TrajectoryError
 from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from ruler_rl.trainer.runlog import software_versions
 from ruler_rl.trainer.vllm_server import resolved_engine
@@ -46,6 +52,7 @@ REWARDS = {"win": 1.0, "draw": 0.5, "loss": 0.0, "illegal": -1.0}
 OUTCOMES = {"win": "You won.", "draw": "It is a draw.", "loss": "You lost: O has three in a row."}
 EVAL_SEED = 10**9  # held-out opponents are seeded EVAL_SEED + i; training ones by text (training_seed)
 MAX_REFUSED_IN_A_ROW = 3  # batches the trainer may refuse in a row before the training loop ends
+MAX_UNSCORED_IN_A_ROW = 3  # steps in a row whose every group the judge failed before the training loop ends
 
 
 def winner(board: list[str]) -> str | None:
@@ -59,16 +66,20 @@ def show(board: list[str]) -> str:
     return "\n".join(" ".join(board[r * 3:r * 3 + 3]) for r in range(3))
 
 
-async def play(client, name: str, seed: int | str, *, max_tokens: int, temperature: float) -> Trajectory:
-    """One game as X against an O that plays uniformly at random (its moves drawn from `seed`)."""
+async def play(client, name: str, seed: int | str, *, max_tokens: int, temperature: float,
+               sample_seed: int | None = None) -> Trajectory:
+    """One game as X against an O that plays uniformly at random (its moves drawn from `seed`); with
+    `sample_seed`, the model's n-th move is sampled with the request seed `sample_seed + n` (a sampled game that
+    can be played again)."""
     rng = random.Random(seed)
     board = ["."] * 9
     messages: list = [{"role": "system", "content": SYSTEM}]
     while True:
         messages.append({"role": "user", "content": f"Board:\n{show(board)}\nYour move?"})
         history = [m if isinstance(m, dict) else choice_to_message(m) for m in messages]  # Choices as messages
+        seeded = {} if sample_seed is None else {"seed": sample_seed + board.count("X")}
         reply = await client.chat.completions.create(model=name, messages=history, max_tokens=max_tokens,
-                                                     temperature=temperature)
+                                                     temperature=temperature, **seeded)
         choice = reply.choices[0]
         messages.append(choice)
         move = re.search(r"[1-9]", choice.message.content or "")
@@ -97,15 +108,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reward", default="hand", choices=["hand", "ruler"],
                     help="the game's own reward, or RULER's ranking of each group")
-    ap.add_argument("--judge", default=None, help="--reward ruler: the RULER judge, a litellm model, or 'self': the "
+    ap.add_argument("--judge", default=None, help="--reward ruler: the RULER judge, a litellm model (MODEL@URL for "
+                    "an OpenAI-compatible server at URL, e.g. hosted_vllm/judge@http://127.0.0.1:8001/v1), or 'self': the "
                     "policy's own vLLM server with its untrained weights (step 0; --engine vllm) (default: RULER's "
                     "default judge, the embedded SmolLM2-135M, near chance)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--groups", type=int, default=4, help="groups a step (each one opponent seed)")
-    ap.add_argument("--group-size", type=int, default=6, help="games a group")
+    ap.add_argument("--groups", type=int, default=4, help="groups a step")
+    ap.add_argument("--group-size", type=int, default=6, help="games a group, each against its own opponent seed")
     ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--max-seq-length", type=int, default=None, help="the longest sequence served and trained "
+                    "(default 1024; 8192 with --judge self, where it is also the judge's context: RULER's prompt for "
+                    "a group is kept 512 tokens below it)")
     ap.add_argument("--max-tokens", type=int, default=8, help="per move")
     ap.add_argument("--eval-games", type=int, default=200, help="held-out games measured before and after")
+    ap.add_argument("--eval-temperatures", type=float, nargs="+", default=[0.0], help="each held-out measure plays "
+                    "the games at each of these temperatures (0: greedy; above 0 each move is sampled with a request "
+                    "seed drawn from the game's, so every measure plays the same sampled games a policy would)")
     ap.add_argument("--eval-every", type=int, default=0, help="also measure them whenever the policy reaches a "
                     "multiple of N steps (0: before and after only)")
     ap.add_argument("--concurrency", type=int, default=64, help="held-out games in flight")
@@ -131,51 +149,69 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.group_size < 2:
         ap.error("--group-size must be >= 2: GRPO and RULER compare games within a group")
+    if any(not 0 <= t <= 2 for t in args.eval_temperatures) or \
+            len(set(args.eval_temperatures)) < len(args.eval_temperatures):
+        ap.error("--eval-temperatures: distinct values in [0, 2]")
     if args.lr <= 0:
         ap.error("--lr must be > 0")
     if args.time_budget_s is not None and args.time_budget_s <= 0:
         ap.error("--time-budget-s must be > 0")
     if args.judge and args.reward != "ruler":
         ap.error("--judge is the RULER judge: use it with --reward ruler")
+    if args.max_seq_length is None:
+        args.max_seq_length = 8192 if args.judge == "self" else 1024
+    if args.max_seq_length < (2048 if args.judge == "self" else 256):
+        ap.error("--max-seq-length must be >= 256, and >= 2048 with --judge self (the judge's context)")
+    if args.judge and "@" in args.judge and not re.fullmatch(r"[^@\s]+@https?://\S+", args.judge):
+        ap.error("--judge MODEL@URL: a litellm model, then the server's http(s) URL")
     if args.judge == "self" and args.engine != "vllm":  # the CPU server serves only the latest adapter, not step 0
         ap.error("--judge self needs --engine vllm: only vLLM keeps serving the untrained weights (step 0) beside "
                  "the trained adapter")
     return args
 
 
-def training_seed(run_seed: int, batch: int, group: int) -> str:
-    """The opponent seed of one training group: text, so never one of the held-out games' integer seeds."""
-    return f"train-{run_seed}-{batch}-{group}"
+def training_seed(run_seed: int, batch: int, group: int, game: int) -> str:
+    """The opponent seed of one training game: text, so never one of the held-out games' integer seeds. Each game
+    of a group has its own: with one opponent for the whole group, a policy that has turned deterministic plays
+    the same game eight times, every group ties and training stops (tic-tac-toe on Qwen2.5-Coder-1.5B,
+    2026-12-07: all groups tied from the seventh update on)."""
+    return f"train-{run_seed}-{batch}-{group}-{game}"
 
 
-async def evaluate(model: TrainableModel, args, report_dir: Path) -> dict:
-    """The policy as served now on the held-out games, greedy: written as eval-stepNNNN.csv; its summary returned."""
+async def evaluate(model: TrainableModel, args, report_dir: Path) -> list[dict]:
+    """The policy as served now on the held-out games at each of `--eval-temperatures`: written as
+    eval-stepNNNN.csv (one row per game and temperature); a summary per temperature returned."""
     import pandas as pd
 
     step = await model.get_step()
     client, name = model.openai_client(), model.get_inference_name(step)
     gate = asyncio.Semaphore(args.concurrency)
 
-    async def one(i: int) -> Trajectory:
+    async def one(i: int, temperature: float) -> dict:
         async with gate:
-            return await play(client, name, EVAL_SEED + i, max_tokens=args.max_tokens, temperature=0.0)
+            game = await play(client, name, EVAL_SEED + i, max_tokens=args.max_tokens, temperature=temperature,
+                              sample_seed=(EVAL_SEED + i) * 10 if temperature > 0 else None)
+        return {"seed": game.metadata["seed"], "temperature": temperature, "result": game.metadata["result"],
+                "reward": game.reward, "moves": game.metrics["moves"]}
 
-    games = await asyncio.gather(*(one(i) for i in range(args.eval_games)))
-    table = pd.DataFrame([{"seed": g.metadata["seed"], "result": g.metadata["result"], "reward": g.reward,
-                           "moves": g.metrics["moves"]} for g in games])
+    table = pd.DataFrame(await asyncio.gather(*(one(i, t) for t in args.eval_temperatures
+                                                for i in range(args.eval_games))))
     table.to_csv(report_dir / f"eval-step{step:04d}.csv", index=False)
-    counts = table["result"].value_counts()
-    summary = {"step": step, "games": len(table), "mean_reward": round(float(table["reward"].mean()), 4),
-               **{r: int(counts.get(r, 0)) for r in REWARDS}}
-    print(f"held-out at policy step {step}: {summary}", flush=True)
-    return summary
+    summaries = []
+    for temperature, games in table.groupby("temperature", sort=False):
+        counts = games["result"].value_counts()
+        summaries.append({"step": step, "temperature": temperature, "games": len(games),
+                          "mean_reward": round(float(games["reward"].mean()), 4),
+                          **{r: int(counts.get(r, 0)) for r in REWARDS}})
+        print(f"held-out at policy step {step}: {summaries[-1]}", flush=True)
+    return summaries
 
 
 async def main(argv=None) -> None:
     launched = time.monotonic()
     args = parse_args(argv)
     name = args.name or f"ttt-{args.reward}-seed{args.seed}"
-    engine = EngineConfig(engine=args.engine, max_seq_length=1024,
+    engine = EngineConfig(engine=args.engine, max_seq_length=args.max_seq_length,
                           **({"gpu_memory_utilization": args.gpu_memory_utilization}
                              if args.gpu_memory_utilization is not None else {}),
                           **({"enable_sleep_mode": False} if args.no_sleep else {}),
@@ -195,20 +231,30 @@ async def main(argv=None) -> None:
     if args.judge == "self":  # the base weights on the policy's own server: step 0 stays served however far it trains
         judge = f"hosted_vllm/{model.get_inference_name(0)}"
         judge_params = {"api_base": model.inference_base_url, "api_key": model.inference_api_key}
+    elif args.judge and "@" in args.judge:
+        judge, url = args.judge.split("@", 1)
+        judge_params = {"api_base": url, "api_key": "local"}  # a local server; litellm needs some key
     else:
         judge, judge_params = args.judge, None
     where = {"step": 0, "batch": 0}
+    judge_errors: list[str] = []  # the judge's failures, as text, in the order they came
 
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
         scored = group
-        if args.reward == "ruler":  # None (the group is dropped, not trained on) when the judge fails
-            scored = await ruler_score_group(group, judge, judge_params, swallow_exceptions=True)
-        rows = [{"result": t.metadata["result"], "hand_reward": t.reward,
+        if args.reward == "ruler":  # a group the judge fails is dropped, not trained on
+            budget = {"max_prompt_tokens": args.max_seq_length - 512} if args.judge == "self" else {}
+            try:
+                scored = await ruler_score_group(group, judge, judge_params, **budget)
+            except (JudgeError, TrajectoryError) as exc:
+                judge_errors.append(f"{type(exc).__name__}: {exc}")
+                print(f"group dropped, the judge failed: {judge_errors[-1]}", flush=True)
+                scored = None
+        rows = [{"seed": t.metadata["seed"], "result": t.metadata["result"], "hand_reward": t.reward,
                  "reward": (s.reward if scored is not None else None)}
                 for t, s in zip(group.trajectories, (scored or group).trajectories, strict=True)]
         with open(report_dir / "groups.jsonl", "a") as f:
-            f.write(json.dumps({**where, "seed": group.trajectories[0].metadata["seed"], "reward": args.reward,
-                                "scored": scored is not None, "rollouts": rows}) + "\n")
+            f.write(json.dumps({**where, "reward": args.reward, "scored": scored is not None, "rollouts": rows})
+                    + "\n")
         return scored
 
     client = model.openai_client()
@@ -219,7 +265,7 @@ async def main(argv=None) -> None:
                              "untrained model can no longer be measured in this run; start a new --name")
         if step == 0:
             run_info["before"] = await evaluate(model, args, report_dir)
-        evaluated, refused, steps_run = step, [], 0
+        evaluated, refused, steps_run, unscored = step, [], 0, 0
         while step < args.steps:
             if args.time_budget_s is not None and time.monotonic() - launched > args.time_budget_s:
                 print(f"--time-budget-s {args.time_budget_s:g} spent: stopping at step {step} of {args.steps}",
@@ -228,10 +274,18 @@ async def main(argv=None) -> None:
             where["step"], where["batch"] = step, where["batch"] + 1
             name_now = model.get_inference_name(await model.get_step())  # behind `step` after tied groups
             groups = await gather_trajectory_groups(
-                [TrajectoryGroup(play(client, name_now, training_seed(args.seed, where["batch"], g),
+                [TrajectoryGroup(play(client, name_now, training_seed(args.seed, where["batch"], g, i),
                                       max_tokens=args.max_tokens, temperature=1.0)
-                                 for _ in range(args.group_size)) for g in range(args.groups)],
+                                 for i in range(args.group_size)) for g in range(args.groups)],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.1)
+            # every group dropped: the judge failed them all; a judge that cannot work (a context too short for
+            # its prompt, on 2026-12-07 for 40 steps) stops the run instead of training on nothing
+            unscored = unscored + 1 if args.reward == "ruler" and not groups else 0
+            if unscored >= MAX_UNSCORED_IN_A_ROW:
+                run_info["stopped"] = (f"the judge failed every group of {unscored} steps in a row; the last "
+                                       f"error: {judge_errors[-1] if judge_errors else 'none recorded'}")
+                print(f"stopping: {run_info['stopped']}", flush=True)
+                break
             try:
                 row = await model.train(groups, TrainConfig(learning_rate=args.lr))
             except FloatingPointError as exc:  # refused and rolled back by the trainer: nothing of it was applied
@@ -248,13 +302,13 @@ async def main(argv=None) -> None:
                   f"hand reward of the games {sum(hand) / max(len(hand), 1):.3f}", flush=True)
             policy = await model.get_step()
             if args.eval_every and policy != evaluated and policy % args.eval_every == 0 and step < args.steps:
-                run_info.setdefault("during", []).append(await evaluate(model, args, report_dir))
+                run_info.setdefault("during", []).extend(await evaluate(model, args, report_dir))
                 evaluated = policy
                 save_run_info()
         if await model.get_step() != evaluated:  # else the last measure is of this policy already
             run_info["after"] = await evaluate(model, args, report_dir)
         run_info.update(steps_run=steps_run, batches_refused=refused, policy_step=await model.get_step(),
-                        seconds=round(time.monotonic() - launched, 1))
+                        judge_errors=len(judge_errors), seconds=round(time.monotonic() - launched, 1))
         save_run_info()
     finally:
         await backend.close()

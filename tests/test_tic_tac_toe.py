@@ -27,10 +27,11 @@ class Player:
         self.policy, self.requests = policy, []
         self.chat = types.SimpleNamespace(completions=types.SimpleNamespace(create=self.create))
 
-    async def create(self, *, model, messages, max_tokens, temperature):
+    async def create(self, *, model, messages, max_tokens, temperature, **extra):
         from openai.types.chat import ChatCompletion
 
         self.requests.append(messages)
+        self.extra = getattr(self, "extra", []) + [extra]
         assert all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)  # sendable as JSON
         board = messages[-1]["content"].split("\n")[1:4]
         text = self.policy([c for row in board for c in row.split()])
@@ -61,6 +62,9 @@ async def test_results_rewards_and_the_closing_message():
     again = [(await example.play(Player(first_free), "m", 7, max_tokens=8, temperature=1.0)).messages()
              for _ in range(2)]
     assert again[0] == again[1]  # the opponent's moves come from the seed alone
+    seeded = Player(first_free)
+    await example.play(seeded, "m", 7, max_tokens=8, temperature=1.0, sample_seed=70)
+    assert [e["seed"] for e in seeded.extra] == [70 + n for n in range(len(seeded.extra))]  # one per move
 
     for reply, said in (("hello", "no square number"), ("5", "square 5 is taken")):
         player = Player(lambda board, reply=reply: reply)
@@ -74,9 +78,9 @@ async def test_results_rewards_and_the_closing_message():
 
 def test_training_opponents_never_meet_held_out_ones():
     example = load_example()
-    seeds = {example.training_seed(run, batch, group) for run in (0, 1, 12) for batch in (1, 2, 10**6)
-             for group in (0, 1, 21)}
-    assert len(seeds) == 27  # distinct; text, never a held-out game's integer seed (EVAL_SEED + i)
+    seeds = {example.training_seed(run, batch, group, game) for run in (0, 1, 12) for batch in (1, 2, 10**6)
+             for group in (0, 1, 21) for game in (0, 3)}
+    assert len(seeds) == 54  # distinct; text, never a held-out game's integer seed (EVAL_SEED + i)
     assert not any(isinstance(s, int) for s in seeds)
 
 
@@ -84,30 +88,51 @@ def test_bad_arguments_are_refused():
     example = load_example()
     for argv in (["--group-size", "1"], ["--steps", "-1"], ["--eval-games", "0"], ["--lr", "0"],
                  ["--time-budget-s", "0"], ["--reward", "hand", "--judge", "x/y"],
-                 ["--reward", "ruler", "--judge", "self", "--engine", "transformers"], ["--reward", "art"]):
+                 ["--reward", "ruler", "--judge", "self", "--engine", "transformers"], ["--reward", "art"],
+                 ["--eval-temperatures", "0", "0"], ["--eval-temperatures", "3"], ["--max-seq-length", "100"],
+                 ["--reward", "ruler", "--judge", "self", "--engine", "vllm", "--max-seq-length", "1024"],
+                 ["--reward", "ruler", "--judge", "x@localhost:8000"]):
         with pytest.raises(SystemExit):
             example.parse_args(argv)
     args = example.parse_args(["--reward", "ruler", "--judge", "self", "--engine", "vllm"])
-    assert (args.reward, args.judge, args.steps) == ("ruler", "self", 20)
+    assert (args.reward, args.judge, args.steps, args.max_seq_length) == ("ruler", "self", 20, 8192)
+    assert (example.parse_args([]).max_seq_length, example.parse_args([]).eval_temperatures) == (1024, [0.0])
 
 
 @pytest.mark.slow
-async def test_a_cpu_run_writes_a_report_the_comparison_reads(tmp_path, capsys):
+async def test_cpu_runs_write_reports_and_a_failing_judge_stops_its_run(tmp_path, judge):
+    """Two CPU runs of the embedded model: the hand reward, and RULER with a judge that refuses every request (as
+    a server whose context is too short for the prompt did on 2026-12-07, for 40 steps that trained nothing)."""
     example = load_example()
-    report = tmp_path / "hand"
-    await example.main(["--steps", "1", "--groups", "1", "--group-size", "2", "--eval-games", "3",
-                        "--engine", "transformers", "--out", str(tmp_path / "runs"), "--report", str(report)])
-    run = json.loads((report / "run.json").read_text())
+    common = ["--groups", "1", "--group-size", "2", "--eval-games", "3", "--eval-temperatures", "0", "1",
+              "--engine", "transformers", "--out", str(tmp_path / "runs")]
+    hand = tmp_path / "hand"
+    await example.main(["--steps", "1", "--report", str(hand), *common])
+    run = json.loads((hand / "run.json").read_text())
     assert (run["reward"], run["steps_run"], run["eval_seed"]) == ("hand", 1, example.EVAL_SEED)
-    assert run["before"]["games"] == 3 and "commit" in run
-    before = pd.read_csv(report / "eval-step0000.csv")
-    assert before["seed"].tolist() == [example.EVAL_SEED + i for i in range(3)]
+    assert [b["temperature"] for b in run["before"]] == [0.0, 1.0] and "commit" in run and "stopped" not in run
+    before = pd.read_csv(hand / "eval-step0000.csv")
+    assert before["seed"].tolist() == [example.EVAL_SEED + i for i in range(3)] * 2
     assert set(before["result"]) <= {"win", "draw", "loss", "illegal"}
-    group = json.loads((report / "groups.jsonl").read_text().splitlines()[0])
-    assert group["seed"] == example.training_seed(0, 1, 0) and len(group["rollouts"]) == 2
+    group = json.loads((hand / "groups.jsonl").read_text().splitlines()[0])
+    assert [r["seed"] for r in group["rollouts"]] == [example.training_seed(0, 1, 0, i) for i in range(2)]
     assert all(r["reward"] == r["hand_reward"] for r in group["rollouts"])  # the hand reward was trained on
-    tables = ruler_vs_hand.main([str(report)])
-    assert tables["runs"]["before_games"].tolist() == [3]
+
+    judge.script = ["400"] * 50
+    ruler = tmp_path / "ruler"
+    await example.main(["--reward", "ruler", "--judge", f"openai/fake-judge@{judge.params['api_base']}",
+                        "--steps", "6", "--name", "failing", "--report", str(ruler), *common])
+    run = json.loads((ruler / "run.json").read_text())
+    # the loop stopped at the third step without a scored group, before training on it; nothing was trained
+    assert run["steps_run"] == example.MAX_UNSCORED_IN_A_ROW - 1 and run["policy_step"] == 0
+    assert run["judge_errors"] == example.MAX_UNSCORED_IN_A_ROW
+    assert run["stopped"].startswith(f"the judge failed every group of {example.MAX_UNSCORED_IN_A_ROW} steps")
+    assert "JudgeConfigError" in run["stopped"] and len(judge.requests) == example.MAX_UNSCORED_IN_A_ROW
+
+    tables = ruler_vs_hand.main([str(hand), str(ruler)])
+    assert tables["runs"]["temperature"].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert tables["agreement"]["pairs"].tolist() == [0]  # the judge scored nothing
+    assert tables["training"]["games"].tolist() == [2, 6]
 
 
 def write_run(folder, reward, seed, evals, groups=()):
@@ -121,8 +146,8 @@ def write_run(folder, reward, seed, evals, groups=()):
             folder / f"eval-step{step:04d}.csv", index=False)
     with open(folder / "groups.jsonl", "w") as f:
         for rollouts in groups:
-            f.write(json.dumps({"scored": True, "rollouts": [{"hand_reward": h, "reward": r} for h, r in rollouts]})
-                    + "\n")
+            f.write(json.dumps({"step": 0, "scored": True,
+                                "rollouts": [{"hand_reward": h, "reward": r} for h, r in rollouts]}) + "\n")
     return folder
 
 
@@ -146,6 +171,8 @@ def test_the_comparison_pairs_games_and_seeds(tmp_path):
     agreement = tables["agreement"].iloc[0]  # pairs with different hand rewards: (1, 0) agree, (1, -1) agree,
     assert (agreement["pairs"], agreement["agree"], agreement["ties"], agreement["disagree"]) == (3, 2, 1, 0)
     assert agreement["groups"] == 1  # (0, -1) tie; the second group's hand rewards are equal: no pair
+    training = tables["training"].set_index("run").loc["ruler seed 0 (r0)"]  # hand rewards 1, 0, -1, 1, 1
+    assert (training["games"], training["hand_reward"], training["illegal"]) == (5, pytest.approx(0.4), 0.2)
     at_ten = ruler_vs_hand.report([ruler_vs_hand.load_run(runs[0]), ruler_vs_hand.load_run(runs[1])], step=10)
     assert at_ten["runs"]["difference"].isna().tolist() == [False, True] and not len(at_ten["rewards"])
 

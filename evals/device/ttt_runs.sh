@@ -37,17 +37,17 @@ args() {  # one run's arguments: reward $1, seed $2, then the caller's
   shift 2
   printf '%s\n' examples/tic_tac_toe.py --engine vllm --base-model /tmp/models/qwen15 --reward "$reward" \
     ${judge[@]+"${judge[@]}"} --seed "$seed" --steps 40 --groups 4 --group-size 8 --lr 1e-4 \
-    --eval-games 200 --eval-every 5 --gpu-memory-utilization 0.12 --no-sleep --enforce-eager \
-    --time-budget-s "$budget" --name "$name" --out "/tmp/runs/$name" --report "/tmp/report/$name" "$@"
+    --max-seq-length 8192 --eval-games 200 --eval-temperatures 0 1 --eval-every 5 --gpu-memory-utilization 0.12 \
+    --no-sleep --enforce-eager --time-budget-s "$budget" --name "$name" --out "/tmp/runs/$name" --report "/tmp/report/$name" "$@"
 }
 if [ "${TTT_DRY_RUN:-0}" = 1 ]; then
-  for s in "${seeds[@]}"; do for r in hand ruler; do args "$r" "$s" "$@" | paste -sd' '; done; done
+  for s in "${seeds[@]}"; do for r in ${TTT_REWARDS:-hand ruler}; do args "$r" "$s" "$@" | paste -sd' '; done; done
   exit 0
 fi
 if [ "${TTT_CHAIN:-0}" = 1 ]; then  # the chain itself (started detached below)
   echo $$ > "$marker"; trap 'rm -f "$marker"' EXIT
   t0=$SECONDS
-  for s in "${seeds[@]}"; do for r in hand ruler; do
+  for s in "${seeds[@]}"; do for r in ${TTT_REWARDS:-hand ruler}; do
     name="ttt-$r-seed$s"; mapfile -t cmd < <(args "$r" "$s" "$@")
     setsid nohup python3 "${cmd[@]}" > "/tmp/run-$name.log" 2>&1 < /dev/null &
     pid=$!; echo "started $name (pid $pid) at $((SECONDS - t0)) s"
