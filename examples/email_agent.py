@@ -30,7 +30,8 @@ summary.csv (accuracy with its 95% interval, sources, ART's reward, turns, befor
 and curves.png (the training curves), questions.csv (the mix of question kinds), and run.json (the
 arguments, and `steps_run`, `policy_step`, `steps_refused`). A batch the trainer refuses (a non-finite
 gradient: nothing of it is applied) is dropped and a new one drawn; MAX_REFUSED_IN_A_ROW refused in a row end
-the training loop, and the run still measures the policy as it is. Accuracy is the matcher's (plus the
+the training loop, and the run still measures the policy as it is; so do MAX_UNSCORED_IN_A_ROW steps in a row
+whose every group a judge failed (run.json's `stopped` names the last error, `judge_errors` counts them). Accuracy is the matcher's (plus the
 correctness judge's, if given); the RULER judge's scores are rewards for training, never accuracy.
 
 Unlike the other examples this one runs from a checkout of the ruler-rl repository: the ART·E task (inbox
@@ -52,8 +53,8 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from ruler_rl import TrajectoryGroup, gather_trajectory_groups, ruler_score_group
+from ruler_rl.errors import JudgeError, TrajectoryError
 from ruler_rl.judges import DEFAULT_RUBRIC
-from ruler_rl.judges.errors import JudgeError
 from ruler_rl.trainer import EngineConfig, LocalBackend, ModelConfig, TrainableModel, TrainConfig
 from ruler_rl.trainer.runlog import plot_train_report, software_versions
 from ruler_rl.trainer.vllm_server import resolved_engine
@@ -72,6 +73,7 @@ except ModuleNotFoundError as exc:
                      "lives in evals/, which is not installed here (in the checkout: bash .ci/setup)") from None
 
 MAX_REFUSED_IN_A_ROW = 3  # batches the trainer may refuse in a row before the training loop ends
+MAX_UNSCORED_IN_A_ROW = 3  # steps in a row whose every group a judge failed before the training loop ends
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -275,14 +277,19 @@ async def main(argv=None) -> None:
                 g = await grade(traj, scenario, max_turns=args.max_turns, judge_model=correctness[0],
                                 judge_params=correctness[1], idk_reward=args.idk_reward)
             except JudgeError as exc:  # no reward can be trusted for this group: it is not trained on
+                judge_errors.append(f"{type(exc).__name__}: {exc}")
                 print(f"group dropped, the correctness judge failed: {exc}", flush=True)
                 return None
             traj.metrics["art_reward"], traj.metrics["correct"] = g.reward, int(g.correct)
         if args.reward == "ruler":  # None (the group is dropped) when the judge fails
             budget = {"max_prompt_tokens": args.judge_max_prompt_tokens} if args.judge_max_prompt_tokens else {}
             rubric = reference_rubric(scenario.answer) if args.judge_sees_reference else DEFAULT_RUBRIC
-            scored = await ruler_score_group(group, ruler_judge, ruler_params, rubric=rubric, swallow_exceptions=True,
-                                             **budget)
+            try:
+                scored = await ruler_score_group(group, ruler_judge, ruler_params, rubric=rubric, **budget)
+            except (JudgeError, TrajectoryError) as exc:
+                judge_errors.append(f"{type(exc).__name__}: {exc}")
+                print(f"group dropped, the RULER judge failed: {judge_errors[-1]}", flush=True)
+                scored = None
         else:
             scored = group
         log_group(scenario, scored if scored is not None else group, scored is not None)
@@ -300,6 +307,7 @@ async def main(argv=None) -> None:
                                 "reward": args.reward, "scored": scored, "rollouts": rows}, default=str) + "\n")
 
     current_step = [0]
+    judge_errors: list[str] = []  # every judge failure (RULER's or the correctness judge's), as text
     batch = [0]  # the batches drawn so far, refused ones included (a refused step's replacement has the same step)
 
     def budget_spent() -> bool:
@@ -317,6 +325,7 @@ async def main(argv=None) -> None:
             before.to_parquet(report_dir / "before.parquet", index=False)
         evaluated = start  # the policy step last measured on the test questions (before: the start)
         refused: list[int] = []  # batches the trainer refused (a non-finite gradient), by their loop step
+        unscored = 0  # steps in a row whose every group a judge failed
         step = start
         while step < args.steps:
             if budget_spent():
@@ -334,6 +343,12 @@ async def main(argv=None) -> None:
                                            tool_choice=args.tool_choice)
                                  for _ in range(args.group_size)) for s in picked],
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.25)
+            unscored = 0 if groups else unscored + 1  # every group dropped: a judge failed them all
+            if unscored >= MAX_UNSCORED_IN_A_ROW:  # a judge that cannot work stops the run, not 200 empty steps
+                run_info["stopped"] = (f"a judge failed every group of {unscored} steps in a row; the last error: "
+                                       f"{judge_errors[-1] if judge_errors else 'none recorded'}")
+                print(f"stopping: {run_info['stopped']}; measuring the policy as it is", flush=True)
+                break
             try:
                 row = await model.train(groups, TrainConfig(learning_rate=args.lr, loss=args.loss))
             except FloatingPointError as exc:  # refused and rolled back by the trainer: nothing of it was applied
@@ -362,7 +377,7 @@ async def main(argv=None) -> None:
         after = await evaluate(model, test, args.db, args, "after", correctness)
         after.to_parquet(report_dir / "after.parquet", index=False)
         run_info.update(steps_run=steps_run, steps_refused=refused, policy_step=await model.get_step(),
-                        seconds=round(time.monotonic() - launched, 1))
+                        judge_errors=len(judge_errors), seconds=round(time.monotonic() - launched, 1))
         save_run_info()
     finally:
         await backend.close()

@@ -280,7 +280,7 @@ async def main(argv=None) -> None:
                 after_each=score, pbar_desc=f"step {step}", max_exceptions=0.1)
             # every group dropped: the judge failed them all; a judge that cannot work (a context too short for
             # its prompt, on 2026-12-07 for 40 steps) stops the run instead of training on nothing
-            unscored = unscored + 1 if args.reward == "ruler" and not groups else 0
+            unscored = 0 if groups else unscored + 1
             if unscored >= MAX_UNSCORED_IN_A_ROW:
                 run_info["stopped"] = (f"the judge failed every group of {unscored} steps in a row; the last "
                                        f"error: {judge_errors[-1] if judge_errors else 'none recorded'}")

@@ -122,3 +122,18 @@ async def test_a_refused_batch_is_dropped_and_three_in_a_row_end_training_but_no
     assert run["compact_json"] is None  # the CPU engine has no JSON grammar setting
     assert run["commit"] is None or len(run["commit"].removesuffix("-dirty")) == 40  # None outside a git checkout
     assert (report / "after.parquet").is_file() and (report / "summary.csv").is_file()
+
+
+async def test_a_judge_that_fails_every_group_ends_training_but_not_the_measure(tmp_path, judge):
+    """A RULER judge that refuses every request (on 2026-12-07 a judge server whose context was too short refused
+    every tic-tac-toe group for 40 steps, and the run trained on nothing without stopping)."""
+    judge.script = ["400"] * 50
+    example = load_example()
+    report = tmp_path / "report"
+    await example.main(small_run(tmp_path, "--steps", "10", "--reward", "ruler",
+                                 "--judge", f"openai/fake-judge@{judge.params['api_base']}"))
+    run = json.loads((report / "run.json").read_text())
+    assert run["judge_errors"] == example.MAX_UNSCORED_IN_A_ROW == len(judge.requests)
+    assert run["stopped"].startswith(f"a judge failed every group of {example.MAX_UNSCORED_IN_A_ROW} steps in a row")
+    assert "JudgeConfigError" in run["stopped"] and run["policy_step"] == 0
+    assert (report / "after.parquet").is_file()  # measured all the same

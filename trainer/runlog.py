@@ -69,6 +69,7 @@ def load_run_log(run_dir: str | Path):
 def plot_train_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Reward (mean ± std) and loss per step, to a PNG (default `{run_dir}/train-report.png`)."""
     import matplotlib
+    import pandas as pd
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -77,6 +78,9 @@ def plot_train_report(run_dir: str | Path, out: str | Path | None = None) -> Pat
     if df.empty or "step" not in df:
         raise ValueError(f"the run log in {run_dir} has no steps yet")
     df = df.drop_duplicates("step", keep="last").sort_values("step")
+    for column in ("reward_mean", "reward_std", "loss", "kl"):  # a step with no group logs nulls: NaN, not objects
+        if column in df:
+            df[column] = pd.to_numeric(df[column], errors="coerce")
     out = Path(out) if out else Path(run_dir) / "train-report.png"
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.plot(df["step"], df["reward_mean"], marker="o", color="#4C72B0")
