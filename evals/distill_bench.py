@@ -56,6 +56,7 @@ import shlex
 import signal
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -279,30 +280,57 @@ def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_m
     return DistillVLLM(config, served_name=SERVED, log_dir=log_dir, port=port or None)
 
 
-async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_groups: int = 160, test_groups: int = 60,
+async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, train_groups: int = 160, test_groups: int = 60,
                     group_size: int = 4, max_turns: int = 4, temperature: float = 1.0, concurrency: int = 64,
                     steps: int = 200, lr: float = 2e-4, batch_size: int = 8, seed: int = 0,
                     model_dir: str = VLLM_MODEL, judge_dir: Path = Path("/tmp/distill-bench/judge"),
                     port: int = 0, gpu_memory_utilization: float = 0.3, enforce_eager: bool = False,
-                    llmbar_limit: int = 50, llmbar_root: Path | None = None, dry_run: bool = False) -> dict:
+                    llmbar_limit: int = 50, llmbar_root: Path | None = None, dry_run: bool = False,
+                    teacher: str | None = None, teacher_cache: Path | None = None, since: datetime | None = None,
+                    holdout: float = 0.2, llmbar_sets: tuple[str, ...] = ("llmbar-natural",)) -> dict:
     """The whole measurement in one process under `budget_s` seconds of wall clock: serve the policy (vLLM;
     `dry_run`: the embedded model in process on the CPU), sample train and test groups from `data`
     (`inbox.db`, `scenarios.jsonl`), measure the untrained student while the SFT runs, load the distilled
-    adapter into the same server and measure it, LLMBar Natural if its data is there and time is left.
+    adapter into the same server and measure it, LLMBar (`llmbar_sets`) if its data is there and time is left.
+
+    With `teacher` (a judge's litellm model string) the teacher is that judge instead of ART·E's rubric: its
+    judgments recorded in `teacher_cache` (a judge cache: `ruler_rl.cache.export_judgments`, from `since` on)
+    are the data, split by group (`holdout` of the groups held out, seeded), and nothing is sampled (`data` is
+    not read). The report then holds `paired`: the distilled minus the untrained student's agreement with the
+    teacher over the same held-out pairs, with a paired-bootstrap interval over groups
+    (`ruler_rl.trainer.distill.paired_agreement`).
 
     Each phase stops early rather than overrun (sampling by about 40% of the budget, SFT 60 s before the end)
     and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase (the
     budget's end recorded as "budget of N s reached during phase X", `run_within_budget`)."""
     from evals.judge_meta import DEFAULT_ROOT, evaluate
+    from ruler_rl.cache import export_judgments
     from ruler_rl.judges import DEFAULT_RUBRIC
     from ruler_rl.labels import load_user_dataset
-    from ruler_rl.trainer.distill import agreement, from_labels, labelled_groups
+    from ruler_rl.trainer.distill import (
+        agreement,
+        from_cache,
+        from_labels,
+        labelled_groups,
+        paired_agreement,
+        split_by_group,
+    )
     from ruler_rl.trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
-    db, scenarios = Path(data) / "inbox.db", Path(data) / "scenarios.jsonl"
-    for path in (db, scenarios):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: --data must hold inbox.db and scenarios.jsonl")
+    db, scenarios = (Path(data) / "inbox.db", Path(data) / "scenarios.jsonl") if data is not None else (None, None)
+    if teacher is None:
+        if data is None:
+            raise ValueError("give data (ART·E's rubric on sampled groups) or teacher with teacher_cache")
+        for path in (db, scenarios):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} is missing: --data must hold inbox.db and scenarios.jsonl")
+    elif teacher_cache is None or not Path(teacher_cache).is_dir():
+        raise FileNotFoundError(f"teacher_cache {teacher_cache} is not a folder: the judge cache holding the "
+                                f"teacher's judgments")
+    if not 0 < holdout < 1:
+        raise ValueError(f"holdout must be in (0, 1), got {holdout!r}")
+    if isinstance(llmbar_sets, str) or not all(isinstance(x, str) and x.startswith("llmbar-") for x in llmbar_sets):
+        raise ValueError(f"llmbar_sets must be LLMBar set names (llmbar-natural, ...), got {llmbar_sets!r}")
     if budget_s < 30:
         raise ValueError("budget_s must be >= 30")
     if min(train_groups, test_groups, steps, batch_size, concurrency) < 1 or group_size < 2:
@@ -329,25 +357,39 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
         report["policy"] = policy
         ph.done("serve", t)
 
-        t = ph.begin("sample")
-        deadline = ph.at(budget_s * 0.4)
-        common = {"policy": policy, "db": db, "scenarios": scenarios, "group_size": group_size,
-                  "max_turns": max_turns, "temperature": temperature, "seed": seed, "concurrency": concurrency,
-                  "params": params, "tool_mode": "text", "deadline": deadline, "grace_s": 20.0}
-        tr, te = await asyncio.gather(
-            sample_groups(split="train", groups=train_groups, out=out / "train.jsonl", **common),
-            sample_groups(split="test", groups=test_groups, out=out / "test.jsonl", **common))
-        report["sample"] = {"train": tr, "test": te}
-        print(f"[distill-bench] sampled: {json.dumps(report['sample'])[:1500]}", flush=True)
-        ph.done("sample", t)
+        if teacher is not None:  # a judge's cached judgments are the data: nothing to sample
+            t = ph.begin("teacher_data")
+            judgments, exported = export_judgments(Path(teacher_cache), teacher, since=since)
+            found, unusable = from_cache(judgments)
+            if len({e.group for e in found}) < 2:
+                raise RuntimeError(f"{len(found)} usable judgments of {teacher} in {teacher_cache} (since {since}): "
+                                   f"too few groups to hold some out; judges recorded there: {exported.models}")
+            train_ex, test_ex = split_by_group(found, holdout, seed=seed)
+            report["teacher"] = {"judge": teacher, "cache": str(teacher_cache), "since": str(since),
+                                 "judgments": exported.exported, "usable": len(found), "unusable": unusable,
+                                 "groups": len({e.group for e in found}),
+                                 "heldout_groups": len({e.group for e in test_ex})}
+            ph.done("teacher_data", t)
+        else:
+            t = ph.begin("sample")
+            deadline = ph.at(budget_s * 0.4)
+            common = {"policy": policy, "db": db, "scenarios": scenarios, "group_size": group_size,
+                      "max_turns": max_turns, "temperature": temperature, "seed": seed, "concurrency": concurrency,
+                      "params": params, "tool_mode": "text", "deadline": deadline, "grace_s": 20.0}
+            tr, te = await asyncio.gather(
+                sample_groups(split="train", groups=train_groups, out=out / "train.jsonl", **common),
+                sample_groups(split="test", groups=test_groups, out=out / "test.jsonl", **common))
+            report["sample"] = {"train": tr, "test": te}
+            print(f"[distill-bench] sampled: {json.dumps(report['sample'])[:1500]}", flush=True)
+            ph.done("sample", t)
 
-        def examples(path: Path):
-            pairs, groups, _, _ = load_user_dataset(path)
-            return from_labels(labelled_groups([*pairs, *groups]), DEFAULT_RUBRIC, seed=seed)
+            def examples(path: Path):
+                pairs, groups, _, _ = load_user_dataset(path)
+                return from_labels(labelled_groups([*pairs, *groups]), DEFAULT_RUBRIC, seed=seed)
 
-        if not tr["groups"] or not te["groups"]:
-            raise RuntimeError("no graded groups with differing rewards to train or test on")
-        train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
+            if not tr["groups"] or not te["groups"]:
+                raise RuntimeError("no graded groups with differing rewards to train or test on")
+            train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
         report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
         judge_params = {**params, "temperature": 0.0}  # greedy, as the local judge (vLLM's default is 1)
 
@@ -371,7 +413,7 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
                           full_forward=full_forward, on_step=on_step)
             except OutOfTime:
                 pass
-            save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": "ART·E rubric",
+            save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": teacher or "ART·E rubric",
                                                        "steps": len(history)})
 
         async def before_eval():
@@ -381,8 +423,14 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
             ph.done("eval_untrained", b)
             return result
 
-        # the untrained student is measured while the SFT trains (both on the GPU; the server's is capped)
-        before, _ = await asyncio.gather(before_eval(), asyncio.to_thread(sft))
+        # the untrained student is measured while the SFT trains (both on the GPU; the server's is capped). In a dry
+        # run both load transformers models in this process, and two loads at once in two threads raced
+        # ("Cannot copy out of meta tensor", 2026-12-07): one after the other there
+        if dry_run:
+            before = await before_eval()
+            await asyncio.to_thread(sft)
+        else:
+            before, _ = await asyncio.gather(before_eval(), asyncio.to_thread(sft))
         report["untrained"] = before.row()
         report.update(history=history, sft_steps=len(history), sft_steps_asked=steps)
         ph.done("sft_and_eval_untrained", t)
@@ -395,6 +443,7 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
             after_judge = f"local/{Path(judge_dir).resolve()}"
         after = await agreement(after_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
         report["distilled"] = after.row()
+        report["paired"] = paired_agreement(test_ex, before, after, seed=seed)
         ph.done("eval_distilled", t)
 
         root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
@@ -404,17 +453,20 @@ async def gpu_bench(*, data: Path, out: Path, budget_s: float = 400, train_group
             report["llmbar_natural"] = {"skipped": f"{ph.left():.0f} s left of the budget"}
         elif llmbar_limit:
             t = ph.begin("llmbar")
-            bar = {}
-            for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
-                try:  # stops 10 s before the budget's end, leaving time to write the report
-                    summary, _ = await asyncio.wait_for(
-                        evaluate(["llmbar-natural"], judge, params=judge_params, limit=llmbar_limit, root=root,
-                                 concurrency=concurrency, progress=False, cache=False), max(5.0, ph.left() - 10))
-                except TimeoutError:
-                    raise BudgetReached(ph.budget_reached() + f" (judging LLMBar Natural as the {label} "
-                                        "judge)") from None
-                bar[label] = summary.iloc[0].to_dict()
-            report["llmbar_natural"] = bar
+            report["llmbar"] = {}
+            for dataset in llmbar_sets:
+                bar = report["llmbar"][dataset] = {}
+                for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
+                    try:  # stops 10 s before the budget's end, leaving time to write the report
+                        summary, _ = await asyncio.wait_for(
+                            evaluate([dataset], judge, params=judge_params, limit=llmbar_limit, root=root,
+                                     concurrency=concurrency, progress=False, cache=False), max(5.0, ph.left() - 10))
+                    except TimeoutError:
+                        raise BudgetReached(ph.budget_reached() + f" (judging {dataset} as the {label} "
+                                            "judge)") from None
+                    bar[label] = summary.iloc[0].to_dict()
+                if dataset == "llmbar-natural":  # the key earlier reports (and readers of them) use
+                    report["llmbar_natural"] = bar
             ph.done("llmbar", t)
 
     try:
@@ -436,7 +488,8 @@ def write_report(out: Path, report: dict) -> None:
     by its budget or an error still writes what it has)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    lines = ["# Distilled judge vs the ART·E rubric", "", f"Rerun: `{report.get('command', '')}`", "",
+    teacher = (report.get("teacher") or {}).get("judge") or "the ART·E rubric"
+    lines = [f"# Distilled judge vs {teacher}", "", f"Rerun: `{report.get('command', '')}`", "",
              "| student | pairwise accuracy | Kendall tau | ties | pairs | no valid answer |",
              "|---|---|---|---|---|---|"]
     for label in ("untrained", "distilled"):
@@ -444,10 +497,17 @@ def write_report(out: Path, report: dict) -> None:
         if r:
             lines.append(f"| {label} | {r['pairwise_accuracy']:.3f} | {r['kendall_tau']:.3f} | {r['ties']:.3f} | "
                          f"{r['pairs']} | {r['errors']} |")
-    bar = report.get("llmbar_natural") or {}
-    if "distilled" in bar and "untrained" in bar:
-        lines += ["", ("LLMBar Natural accuracy: untrained "
-                  f"{bar['untrained']['accuracy']:.3f}, distilled {bar['distilled']['accuracy']:.3f}")]
+    p = report.get("paired")
+    if p:
+        lines += ["", f"Distilled minus untrained, over the same {p['pairs']} teacher-ordered held-out pairs: "
+                      f"{p['difference']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] (paired bootstrap over "
+                      f"{p['groups']} groups)"]
+    bars = report.get("llmbar") or ({"llmbar-natural": report["llmbar_natural"]} if report.get("llmbar_natural")
+                                    else {})
+    for dataset, bar in bars.items():
+        if "distilled" in bar and "untrained" in bar:
+            lines += ["", (f"{dataset} accuracy: untrained "
+                      f"{bar['untrained']['accuracy']:.3f}, distilled {bar['distilled']['accuracy']:.3f}")]
     if report.get("phases"):
         lines += ["", "Seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in report["phases"].items())]
     if report.get("error"):
@@ -486,7 +546,8 @@ def make_data(out: Path, *, mailboxes: list[Path] | None = None, test_inboxes: l
     return counts
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (its checks across arguments are in `main`)."""
     p = argparse.ArgumentParser(prog="python -m evals.distill_bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sample", help="Roll out ART·E groups and grade them with ART's rubric.")
@@ -524,7 +585,15 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--llmbar-root", type=Path, default=None, help="judge-meta data root (../shared/data/judge-meta)")
     g = sub.add_parser("gpu", help="Everything in one command under a time budget: serve SmolLM2 with vLLM, sample, "
                                    "distil, measure before and after.")
-    g.add_argument("--data", type=Path, required=True, help="folder with inbox.db and scenarios.jsonl")
+    g.add_argument("--data", type=Path, default=None, help="folder with inbox.db and scenarios.jsonl (not read "
+                   "with --teacher)")
+    g.add_argument("--teacher", default=None, help="a judge's litellm model string: its judgments in "
+                   "--teacher-cache are the data instead of ART·E's rubric on sampled groups")
+    g.add_argument("--teacher-cache", type=Path, default=None, help="the judge cache holding the teacher's judgments")
+    g.add_argument("--since", default=None, help="--teacher: only judgments stored from this ISO date-time on (UTC "
+                   "unless given)")
+    g.add_argument("--holdout", type=float, default=0.2, help="--teacher: the share of groups held out")
+    g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], help="LLMBar sets measured (both judges)")
     g.add_argument("--out", type=Path, required=True, help="report.json, README.md, train/test JSONL, vLLM's log")
     g.add_argument("--budget-s", type=float, default=400)
     g.add_argument("--train-groups", type=int, default=160)
@@ -546,12 +615,27 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--llmbar-root", type=Path, default=None, help="judge-meta data root (holds LLMBar/)")
     g.add_argument("--dry-run", action="store_true",
                    help="CPU plumbing check: the embedded model in process instead of vLLM, tiny sizes")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     if a.cmd == "data":
         make_data(a.out, mailboxes=a.mailbox, test_inboxes=a.test_inboxes, per_inbox=a.per_inbox, seed=a.seed,
                   llmbar_root=a.llmbar_root)
         return 0
     if a.cmd == "gpu":
+        if (a.teacher is None) == (a.data is None):
+            p.error("gpu: give --data (ART·E's rubric on sampled groups) or --teacher with --teacher-cache")
+        if a.teacher is None and (a.teacher_cache or a.since):
+            p.error("--teacher-cache and --since go with --teacher")
+        try:
+            since = datetime.fromisoformat(a.since) if a.since else None
+        except ValueError:
+            p.error(f"--since: not an ISO 8601 date or date-time: {a.since!r}")
+        if since is not None and since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
         sizes = {"train_groups": a.train_groups, "test_groups": a.test_groups, "group_size": a.group_size,
                      "max_turns": a.max_turns, "steps": a.steps, "batch_size": a.batch_size, "llmbar_limit": a.llmbar_limit}
         if a.dry_run:
@@ -562,10 +646,11 @@ def main(argv: list[str] | None = None) -> int:
                                        judge_dir=a.judge_dir, port=a.port,
                                        gpu_memory_utilization=a.gpu_memory_utilization,
                                        enforce_eager=a.enforce_eager, llmbar_root=a.llmbar_root,
-                                       dry_run=a.dry_run, **sizes))
-        print(json.dumps({k: report.get(k) for k in ("sample", "train_prompts", "test_prompts", "sft_steps",
-                                                      "untrained", "distilled", "llmbar_natural", "phases",
-                                                      "seconds", "error")}, default=str))
+                                       dry_run=a.dry_run, teacher=a.teacher, teacher_cache=a.teacher_cache,
+                                       since=since, holdout=a.holdout, llmbar_sets=tuple(a.llmbar_sets), **sizes))
+        print(json.dumps({k: report.get(k) for k in ("sample", "teacher", "train_prompts", "test_prompts",
+                                                      "sft_steps", "untrained", "distilled", "paired", "llmbar",
+                                                      "phases", "seconds", "error")}, default=str))
         return 1 if report.get("error") else 0
     if a.cmd == "sample":
         result = asyncio.run(sample_groups(policy=a.policy, db=a.db, scenarios=a.scenarios, split=a.split,

@@ -3,7 +3,8 @@
 With `--engine server` (default) it starts `vllm serve` on loopback and judges through `hosted_vllm/<name>`
 (real HTTP); with `--engine in-process` it uses the `vllm-engine/<path>` litellm provider (an AsyncLLM in
 this process). It runs `evals.judge_meta.evaluate` over every dataset with k=1 and k=3 and writes
-summary.csv, detail.csv and run.json (pairs/s, start-up time) to --out after each dataset. Before that, on the
+summary.csv, detail.csv and run.json (pairs/s, start-up time, when each dataset began) to --out after each
+dataset; the judge cache (every judgment, with its prompt: `ruler distill --teacher` reads it) is OUT/judge-cache. Before that, on the
 same server: with `--injection-groups N`, `evals.judge_injection` over N groups (injection.json); then with
 `--answer-accuracy`, ART·E's labelled answer pairs graded with it as the correctness judge
 (`evals.art_e.answer_accuracy`, answer-accuracy.json). A follow-up that fails makes the script exit non-zero.
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -48,10 +50,13 @@ def run_eval(args, judge: str, params: dict | None, ready_s: float) -> None:
 
     from evals.judge_meta import DATASETS, evaluate
 
-    started, summaries, details = time.perf_counter(), [], []
+    started, summaries, details, stages = time.perf_counter(), [], [], []
 
     async def each_dataset() -> None:
         for dataset in DATASETS:
+            # when each dataset's judgments began (UTC): `ruler distill --since` selects one set's judgments from the
+            # judge cache by it (the sets run one after another)
+            stages.append({"dataset": dataset, "started": datetime.now(UTC).isoformat()})
             summary, detail = await evaluate([dataset], judge, params=params, ks=(1, 3), limit=args.limit,
                                              concurrency=args.concurrency, progress=False, max_prompt_tokens=7000)
             summaries.append(summary)
@@ -60,7 +65,7 @@ def run_eval(args, judge: str, params: dict | None, ready_s: float) -> None:
             pd.concat(details, ignore_index=True).to_csv(args.out / "detail.csv", index=False)
             (args.out / "run.json").write_text(json.dumps({
                 "judge": judge, "vllm_ready_s": ready_s, "eval_wall_s": time.perf_counter() - started,
-                "datasets_done": len(summaries)}))
+                "datasets_done": len(summaries), "stages": stages}))
             print(summary.to_string(), flush=True)
 
     asyncio.run(each_dataset())

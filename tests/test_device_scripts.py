@@ -158,3 +158,16 @@ def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks(
     assert (short.model, short.concurrency) == (full.model, full.concurrency) == ("/tmp/models/qwen15", 256)
     late = judge_dry_run("--limit", "100", "--meta-only")  # recognised wherever it stands
     assert (late.limit, late.answer_accuracy, late.injection_groups) == (100, False, 0)
+
+
+def test_the_distillation_run_passes_the_bench_parser():
+    """evals/device/distill_run.sh (table 2): its arguments parse with evals.distill_bench's own parser, teacher mode
+    (no --data), every LLMBar set, and later arguments override."""
+    from evals.distill_bench import build_parser
+
+    done = dry("distill_run.sh", "--steps", "100", var="DISTILL_DRY_RUN")
+    assert done.returncode == 0, done.stderr
+    args = build_parser().parse_args(done.stdout.splitlines())
+    assert (args.cmd, args.teacher, args.data, args.steps) == ("gpu", "hosted_vllm/qwen15", None, 100)
+    assert args.teacher_cache.name == "judge-cache" and args.since.startswith("2026-")
+    assert args.llmbar_sets == ["llmbar-natural", "llmbar-faireval", "llmbar-llmeval2", "llmbar-mtbench"]

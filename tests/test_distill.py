@@ -24,6 +24,7 @@ from ruler_rl.trainer.distill import (
     from_cache,
     from_labels,
     group_key,
+    paired_agreement,
     render_answer,
     shown_ids,
     split_by_group,
@@ -176,6 +177,38 @@ def test_agreement_figures_count_ties_as_wrong_and_errors_apart():
         agreement_figures("j", teacher[:1], [{"1": 1.0, "2": 0.0}])
 
 
+def test_paired_agreement_counts_the_same_pairs_and_resamples_groups():
+    from ruler_rl.trainer.distill import TeacherExample
+
+    def ex(group, scores):
+        ids = sorted(scores)
+        return TeacherExample(messages=[], ids=ids, scores=scores, explanations={i: "" for i in ids}, answer="",
+                              group=group)
+
+    three = {"1": 1.0, "2": 0.5, "3": 0.0}  # 3 ordered pairs
+    two = {"1": 0.0, "2": 1.0}  # 1 ordered pair
+    examples = [ex("a", three), ex("a", three), ex("b", two), ex("c", two)]
+    before = agreement_figures("u", [e.scores for e in examples],
+                               [{"1": 0.5, "2": 0.5, "3": 0.5}, None, {"1": 1.0, "2": 0.0}, {"1": 0.2, "2": 0.8}])
+    after = agreement_figures("d", [e.scores for e in examples],
+                              [{"1": 0.9, "2": 0.5, "3": 0.1}, {"1": 0.9, "2": 0.5, "3": 0.1}, None,
+                               {"1": 0.1, "2": 0.9}])
+    paired = paired_agreement(examples, before, after)
+    # 8 teacher-ordered pairs; before: 0 + 0 (no answer: wrong) + 0 + 1 = 1 right; after: 3 + 3 + 0 (no answer) + 1
+    assert (paired["groups"], paired["pairs"]) == (3, 8)
+    assert (paired["before"], paired["after"], paired["difference"]) == (1 / 8, 7 / 8, 6 / 8)
+    assert paired["low"] <= paired["difference"] <= paired["high"]
+    # resampling groups: group a alone (+6 of its 6 pairs) gives +1 (1 draw in 27, beyond the 2.5% tail); groups b
+    # (reversed before, no answer after) and c (right both times) gain nothing: draws of them alone give 0
+    assert paired["high"] == pytest.approx(1.0) and paired["low"] == 0
+    same = paired_agreement(examples, after, after)
+    assert (same["difference"], same["low"], same["high"]) == (0, 0, 0)
+    with pytest.raises(ValueError, match="measured on these 3 examples"):
+        paired_agreement(examples[:3], before, after)
+    with pytest.raises(ValueError, match="no held-out"):
+        paired_agreement([], before, after)
+
+
 def test_user_dataset_rows_become_labelled_groups(tmp_path):
     from ruler_rl.labels import load_user_dataset
     from ruler_rl.trainer.distill import labelled_groups
@@ -265,6 +298,10 @@ def test_distill_20_steps_beats_the_untrained_student_and_loads_as_a_judge(tmp_p
     assert result["heldout"] == 4 and before["judge"] == "local/smollm2-135m-instruct"
     assert after["errors"] == 0 and after["pairs"] == 12
     assert after["pairwise_accuracy"] > before["pairwise_accuracy"], (before, after)
+    paired = result["paired"]  # the same 12 pairs for both (no invalid answer), resampled by group
+    assert paired["pairs"] == 12 and paired["difference"] == pytest.approx(paired["after"] - paired["before"])
+    assert paired["after"] == pytest.approx(after["pairwise_accuracy"])
+    assert paired["low"] <= paired["difference"] <= paired["high"]
     print(f"distill test: {time.perf_counter() - started:.0f} s; before {before}; after {after}")
 
     # the folder is a judge like any other: a litellm model string, scoring a group through RULER

@@ -134,3 +134,52 @@ def test_data_folder_is_made_from_mailboxes_split_by_inbox_and_never_overwritten
     assert (out / "inbox.db").is_file() and not (out / "judge-meta").exists() and counts["llmbar"] is False
     with pytest.raises(FileExistsError):
         make_data(out, mailboxes=[ENRON_DIR / "beck-s.tar.gz"])
+
+
+async def test_gpu_bench_with_a_judge_as_teacher_refuses_what_it_cannot_use(tmp_path):
+    with pytest.raises(ValueError, match="give data"):
+        await gpu_bench(data=None, out=tmp_path / "out", dry_run=True)
+    with pytest.raises(FileNotFoundError, match="teacher_cache"):
+        await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=tmp_path / "no",
+                        dry_run=True)
+    for bad in ({"holdout": 1.0}, {"llmbar_sets": "llmbar-natural"}, {"llmbar_sets": ("pandalm",)}):
+        with pytest.raises(ValueError):
+            await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=tmp_path,
+                            dry_run=True, **bad)
+    from evals.distill_bench import main
+
+    for argv in (["gpu", "--out", str(tmp_path)], ["gpu", "--out", str(tmp_path), "--data", str(tmp_path),
+                                                   "--teacher", "x/y"],
+                 ["gpu", "--out", str(tmp_path), "--data", str(tmp_path), "--since", "2026-12-01"],
+                 ["gpu", "--out", str(tmp_path), "--teacher", "x/y", "--teacher-cache", str(tmp_path),
+                  "--since", "yesterday"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+
+
+@pytest.mark.slow  # ~1 min: two SFT steps, and two held-out prompts judged twice by the embedded model on the CPU
+async def test_gpu_bench_distils_a_judges_cached_judgments_and_pairs_the_two_students(tmp_path, judge):
+    """Table 2 of evals/reports/judges: the teacher is a judge (here the scripted one, by its GOOD/OK/BAD markers),
+    its judgments read from the judge cache from --since on, split by group; nothing is sampled."""
+    from datetime import UTC, datetime
+
+    from ruler_rl.scoring import ruler_result
+    from tests.helpers import convo
+
+    cache = tmp_path / "cache"
+    await ruler_result([convo("GOOD early"), convo("BAD early")], "openai/fake-judge", judge.params, cache=str(cache))
+    since = datetime.now(UTC)
+    for topic in ("tea", "rain", "maps", "bees", "salt"):
+        await ruler_result([convo(f"GOOD {topic}"), convo(f"BAD {topic}")], "openai/fake-judge", judge.params,
+                           cache=str(cache))
+    report = await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=cache,
+                             since=since, holdout=0.4, dry_run=True, steps=2, batch_size=2, llmbar_limit=0,
+                             budget_s=900, judge_dir=tmp_path / "judge")
+    assert "error" not in report, report.get("error")
+    assert report["teacher"]["usable"] == 5 and report["teacher"]["groups"] == 5  # the early judgment left out
+    assert report["teacher"]["heldout_groups"] == 2 and report["test_prompts"] == 2 and report["train_prompts"] == 3
+    assert "sample" not in report
+    paired = report["paired"]
+    assert paired["pairs"] == 2 and paired["groups"] == 2  # one teacher-ordered pair in each held-out group
+    assert paired["difference"] == pytest.approx(paired["after"] - paired["before"])
+    assert (tmp_path / "out" / "README.md").read_text().startswith("# Distilled judge vs openai/fake-judge")

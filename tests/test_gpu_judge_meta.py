@@ -4,6 +4,7 @@ leaves that dataset's rows on disk (the device call that runs it has a hard time
 import argparse
 import asyncio
 import json
+from datetime import datetime
 
 import pandas as pd
 import pytest
@@ -46,7 +47,12 @@ def test_a_complete_run_writes_every_dataset(tmp_path, monkeypatch):
     run_eval(argparse.Namespace(limit=None, concurrency=4, out=tmp_path), "hosted_vllm/judge", None, 1.0)
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary["dataset"].tolist() == [d for d in judge_meta.DATASETS for _ in (1, 3)]
-    assert json.loads((tmp_path / "run.json").read_text())["datasets_done"] == len(judge_meta.DATASETS)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["datasets_done"] == len(judge_meta.DATASETS)
+    # when each set began, in order: `ruler distill --since` selects one set's judgments from the cache by it
+    assert [s["dataset"] for s in run["stages"]] == list(judge_meta.DATASETS)
+    started = [datetime.fromisoformat(s["started"]) for s in run["stages"]]
+    assert started == sorted(started) and all(t.tzinfo is not None for t in started)
 
 
 def test_the_judge_server_samples_compact_json_as_the_library_engines_do():

@@ -280,6 +280,40 @@ async def agreement(judge: str, examples: list[TeacherExample], *, params: dict 
     return agreement_figures(judge, [e.scores for e in examples], list(student))
 
 
+def paired_agreement(examples: list[TeacherExample], before: Agreement, after: Agreement, *,
+                     resamples: int = 4000, seed: int = 0) -> dict:
+    """How much `after` (the distilled judge) agrees with the teacher beyond `before` (the untrained one) on the
+    same held-out `examples`: the pairwise accuracy of each (ties and prompts without a valid answer count as
+    wrong, so both are measured over the same pairs) and their difference, with a 95% paired-bootstrap interval
+    that resamples *groups* (every ordering of one group moves together: they are not independent).
+    Returns {"groups", "pairs", "before", "after", "difference", "low", "high"}."""
+    import numpy as np
+
+    if not examples:
+        raise ValueError("no held-out examples to compare on")
+    for name, a in (("before", before), ("after", after)):
+        if not isinstance(a, Agreement) or len(a.scores) != len(examples):
+            raise ValueError(f"{name} must be the Agreement measured on these {len(examples)} examples")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples must be an integer >= 1, got {resamples!r}")
+    totals: dict[str, list[int]] = {}  # group -> [right before, right after, pairs]
+    for ex, b, a in zip(examples, before.scores, after.scores, strict=True):
+        pairs = pair_counts(ex.scores, ex.scores)[2]
+        row = totals.setdefault(ex.group, [0, 0, 0])
+        row[0] += pair_counts(b, ex.scores)[0] if b is not None else 0
+        row[1] += pair_counts(a, ex.scores)[0] if a is not None else 0
+        row[2] += pairs
+    table = np.array([v for v in totals.values() if v[2]], float)
+    if not len(table):
+        raise ValueError("the teacher orders no pair in these examples")
+    picks = table[np.random.default_rng(seed).integers(0, len(table), size=(resamples, len(table)))].sum(axis=1)
+    boot = (picks[:, 1] - picks[:, 0]) / picks[:, 2]
+    right_before, right_after, pairs = table.sum(axis=0)
+    return {"groups": len(table), "pairs": int(pairs), "before": right_before / pairs, "after": right_after / pairs,
+            "difference": (right_after - right_before) / pairs, "low": float(np.quantile(boot, 0.025)),
+            "high": float(np.quantile(boot, 0.975))}
+
+
 # ---- GRPO with an agreement-with-teacher reward (`ruler distill --method grpo`) ----
 
 TIE_TOLERANCE = 1e-9

@@ -95,13 +95,20 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     SFT (or, `grpo` from a hub id, for the untrained adapter) is dropped, and CUDA's cache emptied, before GRPO
     loads its own. Bad input (a bool or a float where an integer is asked, a non-positive rate...) is a
     ValueError before anything is read. Returns {"train",
-    "heldout", "untrained", "distilled" (Agreement rows), "history" (SFT's rows, then GRPO's), "method",
-    "out"}."""
+    "heldout", "untrained", "distilled" (Agreement rows), "paired" (`paired_agreement`: distilled minus untrained
+    with its interval), "history" (SFT's rows, then GRPO's), "method", "out"}."""
     from ruler_rl.cache import default_cache_dir, export_judgments
     from ruler_rl.judges.rubrics import get_rubric
     from ruler_rl.labels import load_user_dataset
     from ruler_rl.trainer.checkpoints import save_checkpoint
-    from ruler_rl.trainer.distill import agreement, from_cache, from_labels, labelled_groups, split_by_group
+    from ruler_rl.trainer.distill import (
+        agreement,
+        from_cache,
+        from_labels,
+        labelled_groups,
+        paired_agreement,
+        split_by_group,
+    )
     from ruler_rl.trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
     if method not in METHODS:
@@ -201,7 +208,8 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     model = tokenizer = None
     after = await agreement(f"local/{out}", held, cache=judge_cache)
     return {"train": len(train), "heldout": len(held), "untrained": before.row(), "distilled": after.row(),
-            "history": history, "method": method, "out": str(out)}
+            "paired": paired_agreement(held, before, after, seed=seed), "history": history, "method": method,
+            "out": str(out)}
 
 
 GRPO_PROJECT, GRPO_NAME = "grpo", "student"
@@ -275,6 +283,10 @@ def print_agreement(result: dict) -> None:
         table.add_row(label, f"{r['pairwise_accuracy']:.3f}", f"{r['kendall_tau']:.3f}", f"{r['ties']:.3f}",
                       str(r["pairs"]), str(r["errors"]))
     console.print(table)
+    p = result["paired"]
+    console.print(f"distilled minus untrained, pairwise accuracy over the same {p['pairs']} teacher-ordered pairs "
+                  f"(no valid answer counted wrong): {p['difference']:+.3f}, 95% interval [{p['low']:+.3f}, "
+                  f"{p['high']:+.3f}] (paired bootstrap over {p['groups']} groups)", soft_wrap=True)
     console.print(f"judge: local/{result['out']}", soft_wrap=True)
 
 
