@@ -10,7 +10,9 @@ none; step 0 is the untrained model). Each table is given per temperature that e
 - per run: the held-out hand reward (win 1, draw 0.5, loss 0, illegal -1) and win/draw/loss/illegal counts at
   step 0 and at the compared step, with the paired difference (a bootstrap over games, 95%);
 - per seed run with both rewards: the RULER run minus the hand-reward run at the compared step, paired by game
-  (both runs measure the same opponents' seeds), and over all such seeds the mean of that difference per game;
+  (both runs measure the same opponents' seeds), and over all such seeds the mean of that difference per game
+  (its interval resamples games, the seeds held fixed: it says how sure these seeds' mean is, not how another
+  seed would fare);
 - per RULER run: how the judge's scores ranked the games of each training group against the hand reward: over
   every pair of games in a group whose hand rewards differ, "agree" when RULER ranks the better game higher, a
   tie, or "disagree" (accuracy counts ties as misses, with a bootstrap interval over groups);
@@ -18,8 +20,10 @@ none; step 0 is the untrained model). Each table is given per temperature that e
   games (sampled at temperature 1, on training opponents: not a held-out measure) in blocks of `--block` loop
   steps. A run whose judge failed every group (never trained) is the control: the untrained policy's games.
 
-The compared step is `--step N` where given, else the largest policy step every run measured; a run without it is
-named and left out of the comparisons.
+The compared step is `--step N` where given, else the largest policy step every trained run measured; a run without
+it is named and left out of the comparisons. A run whose policy never left step 0 (run.json's `policy_step` 0: e.g.
+its judge failed every group) is a control: listed with its untrained measure and its training games (the
+untrained policy's), never compared as one of the rewards.
 """
 
 from __future__ import annotations
@@ -45,10 +49,11 @@ class Run:
     reward: str
     seed: int
     evals: dict[int, pd.DataFrame]  # policy step -> one row per held-out game and temperature
+    trained: bool = True  # False: run.json says the policy never left step 0 (a control: the untrained games)
 
     @property
     def label(self) -> str:
-        return f"{self.reward} seed {self.seed} ({self.folder.name})"
+        return f"{self.reward} seed {self.seed} ({self.folder.name}){'' if self.trained else ', never trained'}"
 
 
 def load_run(folder: str | Path) -> Run:
@@ -57,25 +62,59 @@ def load_run(folder: str | Path) -> Run:
     info_path = folder / "run.json"
     if not info_path.is_file():
         raise ValueError(f"{folder} has no run.json: not a report folder of examples/tic_tac_toe.py")
-    info = json.loads(info_path.read_text())
-    if info.get("reward") not in ("hand", "ruler") or not isinstance(info.get("seed"), int):
-        raise ValueError(f"{info_path} names no reward ('hand' or 'ruler') and seed: not a tic-tac-toe run")
+    try:
+        info = json.loads(info_path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{info_path} is not JSON: {exc}") from None
+    seed = info.get("seed") if isinstance(info, dict) else None
+    if info.get("reward") not in ("hand", "ruler") or isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{info_path} names no reward ('hand' or 'ruler') and integer seed: not a tic-tac-toe run")
     evals = {}
     for path in sorted(folder.glob("eval-step*.csv")):
         if (m := EVAL_FILE.fullmatch(path.name)) is None:
             continue
+        step = int(m.group(1))
+        if step in evals:
+            raise ValueError(f"{folder} holds two measures of policy step {step}")
         table = pd.read_csv(path)
         missing = {"seed", "result", "reward"} - set(table.columns)
         if missing:
             raise ValueError(f"{path} lacks the columns {sorted(missing)}")
         if "temperature" not in table.columns:  # written before --eval-temperatures: greedy
             table["temperature"] = 0.0
+        unknown = set(table["result"]) - set(RESULTS)
+        if unknown:
+            raise ValueError(f"{path}: results {sorted(map(str, unknown))} are none of {', '.join(RESULTS)}")
+        for column in ("reward", "temperature"):
+            values = pd.to_numeric(table[column], errors="coerce")
+            if values.isna().any() or not np.isfinite(values).all():
+                raise ValueError(f"{path}: the {column} column holds a value that is not a finite number")
+            table[column] = values.astype(float)
         if table.duplicated(["seed", "temperature"]).any():
             raise ValueError(f"{path} holds a game twice at one temperature")
-        evals[int(m.group(1))] = table
+        evals[step] = table
     if 0 not in evals:
         raise ValueError(f"{folder} has no eval-step0000.csv: the untrained model was not measured")
-    return Run(folder, info["reward"], info["seed"], evals)
+    return Run(folder, info["reward"], seed, evals, trained=info.get("policy_step", 1) != 0)
+
+
+def _groups(groups_jsonl: str | Path) -> list[dict]:
+    """groups.jsonl's rows; a torn last line (a run killed mid-write) is left out, any other bad line is an error
+    naming the file and line."""
+    path = Path(groups_jsonl)
+    lines = path.read_text().splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number} is not JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get("rollouts"), list) or "step" not in row:
+            raise ValueError(f"{path}:{number} is not a group row (step, rollouts)")
+        rows.append(row)
+    return rows
 
 
 def measure(table: pd.DataFrame) -> dict:
@@ -101,8 +140,7 @@ def judge_agreement(groups_jsonl: str | Path, *, seed: int = 0) -> dict:
     """How the training reward ranked each scored group's games against their hand reward (module docstring)."""
     agree = ties = disagree = 0
     per_group = []  # per group with a pair to compare: 1 for each pair the reward ranked right, 0 otherwise
-    for line in Path(groups_jsonl).read_text().splitlines():
-        g = json.loads(line)
+    for g in _groups(groups_jsonl):
         if not g.get("scored"):
             continue
         rows = [(r["hand_reward"], r["reward"]) for r in g["rollouts"] if r.get("reward") is not None]
@@ -128,21 +166,24 @@ def judge_agreement(groups_jsonl: str | Path, *, seed: int = 0) -> dict:
 
 def training_curve(groups_jsonl: str | Path, *, block: int = 5) -> list[dict]:
     """The training games' hand reward and illegal share in blocks of `block` loop steps (module docstring)."""
-    if block < 1:
-        raise ValueError("block must be >= 1")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an integer >= 1, got {block!r}")
     games: dict[int, list[float]] = {}
-    for line in Path(groups_jsonl).read_text().splitlines():
-        g = json.loads(line)
+    for g in _groups(groups_jsonl):
         games.setdefault(g["step"] // block, []).extend(r["hand_reward"] for r in g["rollouts"])
     return [{"steps": f"{b * block}-{b * block + block - 1}", "games": len(v), "hand_reward": float(np.mean(v)),
              "illegal": float(np.mean([x == -1 for x in v]))} for b, v in sorted(games.items())]
 
 
 def compared_step(runs: list[Run], step: int | None) -> int:
-    """`step`, or the largest policy step every run measured (0 at least: every run has its untrained measure)."""
+    """`step`, or the largest policy step every trained run measured (runs that never trained, the controls, are
+    read at step 0 whatever the step; 0 when no run trained)."""
     if step is not None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
         return step
-    return max(set.intersection(*(set(r.evals) for r in runs)))
+    trained = [r for r in runs if r.trained]
+    return max(set.intersection(*(set(r.evals) for r in trained))) if trained else 0
 
 
 def report(runs: list[Run], step: int | None = None, *, block: int = 5) -> dict[str, pd.DataFrame]:
@@ -163,7 +204,8 @@ def report(runs: list[Run], step: int | None = None, *, block: int = 5) -> dict[
                    **{f"before_{k}": v for k, v in measure(before).items()}}
             after = at(r.evals[step_at], temperature) if step_at in r.evals else None
             if after is not None and len(after):
-                measured.append((r, after))
+                if r.trained:  # a control is not one of the rewards compared
+                    measured.append((r, after))
                 row.update({f"after_{k}": v for k, v in measure(after).items() if k != "games"})
                 d = paired(*common_games(before, after))
                 row.update(difference=d["difference"], low=d["low"], high=d["high"])
@@ -196,7 +238,7 @@ def _rewards(measured: list[tuple[Run, pd.DataFrame]], temperature: float, step_
         games = tables["hand"].index.intersection(tables["ruler"].index)
         d = paired(tables["hand"].loc[games].mean(axis=1).to_numpy(),
                    tables["ruler"].loc[games].mean(axis=1).to_numpy())
-        out.append({"seeds": "mean of " + ", ".join(map(str, pairs)), "temperature": temperature, "step": step_at,
+        out.append({"seeds": "mean of " + ", ".join(map(str, pairs)) + " (seeds fixed)", "temperature": temperature, "step": step_at,
                     **{k: v for k, v in d.items() if k != "questions"}, "games": len(games)})
     return out
 
@@ -219,8 +261,9 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
         ap.error(str(exc))
     at = tables["runs"]["step"].iloc[0]
     runs_table = tables["runs"]
-    missing = (runs_table.loc[runs_table["difference"].isna(), "run"] if "difference" in runs_table
-               else runs_table["run"]).tolist()
+    controls = {r.label for r in runs if not r.trained}
+    missing = sorted({run for run in (runs_table.loc[runs_table["difference"].isna(), "run"]
+                                      if "difference" in runs_table else runs_table["run"]) if run not in controls})
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(f"held-out hand reward, step 0 and step {at}:")
         print(tables["runs"].to_string(index=False))

@@ -52,6 +52,7 @@ REWARDS = {"win": 1.0, "draw": 0.5, "loss": 0.0, "illegal": -1.0}
 OUTCOMES = {"win": "You won.", "draw": "It is a draw.", "loss": "You lost: O has three in a row."}
 EVAL_SEED = 10**9  # held-out opponents are seeded EVAL_SEED + i; training ones by text (training_seed)
 MAX_REFUSED_IN_A_ROW = 3  # batches the trainer may refuse in a row before the training loop ends
+JUDGE_AT_URL = re.compile(r"(\S+)@(https?://\S+)")  # --judge MODEL@URL (greedy: the URL is after the last "@http")
 MAX_UNSCORED_IN_A_ROW = 3  # steps in a row whose every group the judge failed before the training loop ends
 
 
@@ -71,6 +72,14 @@ async def play(client, name: str, seed: int | str, *, max_tokens: int, temperatu
     """One game as X against an O that plays uniformly at random (its moves drawn from `seed`); with
     `sample_seed`, the model's n-th move is sampled with the request seed `sample_seed + n` (a sampled game that
     can be played again)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, str)):
+        raise TypeError(f"seed must be an int or a str (the opponent's moves come from it), got {seed!r}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
+        raise ValueError(f"temperature must be a number in [0, 2], got {temperature!r}")
+    if sample_seed is not None and (isinstance(sample_seed, bool) or not isinstance(sample_seed, int)):
+        raise TypeError(f"sample_seed must be an int or None, got {sample_seed!r}")
     rng = random.Random(seed)
     board = ["."] * 9
     messages: list = [{"role": "system", "content": SYSTEM}]
@@ -162,7 +171,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.max_seq_length = 8192 if args.judge == "self" else 1024
     if args.max_seq_length < (2048 if args.judge == "self" else 256):
         ap.error("--max-seq-length must be >= 256, and >= 2048 with --judge self (the judge's context)")
-    if args.judge and "@" in args.judge and not re.fullmatch(r"[^@\s]+@https?://\S+", args.judge):
+    if args.judge and "@http" in args.judge and not JUDGE_AT_URL.fullmatch(args.judge):
         ap.error("--judge MODEL@URL: a litellm model, then the server's http(s) URL")
     if args.judge == "self" and args.engine != "vllm":  # the CPU server serves only the latest adapter, not step 0
         ap.error("--judge self needs --engine vllm: only vLLM keeps serving the untrained weights (step 0) beside "
@@ -174,7 +183,10 @@ def training_seed(run_seed: int, batch: int, group: int, game: int) -> str:
     """The opponent seed of one training game: text, so never one of the held-out games' integer seeds. Each game
     of a group has its own: with one opponent for the whole group, a policy that has turned deterministic plays
     the same game eight times, every group ties and training stops (tic-tac-toe on Qwen2.5-Coder-1.5B,
-    2026-12-07: all groups tied from the seventh update on)."""
+    2026-12-07: from the seventh or eighth update on, most steps' groups all tied)."""
+    for name, value, low in (("run_seed", run_seed, 0), ("batch", batch, 1), ("group", group, 0), ("game", game, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return f"train-{run_seed}-{batch}-{group}-{game}"
 
 
@@ -217,6 +229,8 @@ async def main(argv=None) -> None:
                           **({"enable_sleep_mode": False} if args.no_sleep else {}),
                           **({"enforce_eager": True} if args.enforce_eager else {}))
     model = TrainableModel(name, "tic-tac-toe", args.base_model, ModelConfig(engine=engine, seed=args.seed))
+    if args.report is not None and any((args.report / f).exists() for f in ("run.json", "groups.jsonl")):
+        raise SystemExit(f"{args.report} already holds a run's report: give a new --report")
     backend = LocalBackend(args.out)
     await model.register(backend)
     report_dir = args.report or model.run_dir / "report"
@@ -231,8 +245,8 @@ async def main(argv=None) -> None:
     if args.judge == "self":  # the base weights on the policy's own server: step 0 stays served however far it trains
         judge = f"hosted_vllm/{model.get_inference_name(0)}"
         judge_params = {"api_base": model.inference_base_url, "api_key": model.inference_api_key}
-    elif args.judge and "@" in args.judge:
-        judge, url = args.judge.split("@", 1)
+    elif args.judge and (at_url := JUDGE_AT_URL.fullmatch(args.judge)):  # the model's name may hold "@" itself
+        judge, url = at_url.groups()
         judge_params = {"api_base": url, "api_key": "local"}  # a local server; litellm needs some key
     else:
         judge, judge_params = args.judge, None
@@ -260,11 +274,10 @@ async def main(argv=None) -> None:
     client = model.openai_client()
     try:
         step = await model.get_step()
-        if step > 0 and not (report_dir / "eval-step0000.csv").is_file():
-            raise SystemExit(f"{model.run_dir} is at step {step} and {report_dir} has no eval-step0000.csv: the "
-                             "untrained model can no longer be measured in this run; start a new --name")
-        if step == 0:
-            run_info["before"] = await evaluate(model, args, report_dir)
+        if step > 0:  # a run is one go: its opponents, loop steps and measures are not picked up again
+            raise SystemExit(f"{model.run_dir} is at step {step}: this example does not resume a run; start a new "
+                             "--name (or --out)")
+        run_info["before"] = await evaluate(model, args, report_dir)
         evaluated, refused, steps_run, unscored = step, [], 0, 0
         while step < args.steps:
             if args.time_budget_s is not None and time.monotonic() - launched > args.time_budget_s:

@@ -5,6 +5,8 @@ import json
 import shutil
 import subprocess
 
+import pytest
+
 from ruler_rl.trainer import runlog
 
 
@@ -21,9 +23,10 @@ def test_the_plot_reads_steps_whose_every_group_was_dropped(tmp_path):
 
 
 def test_software_versions_name_this_checkout_and_no_other_repository(tmp_path):
-    versions = runlog.software_versions()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    assert versions["commit"].removesuffix("-dirty") == head
+    found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        pytest.skip("not run from a git checkout of ruler-rl")
+    assert runlog.software_versions()["commit"].removesuffix("-dirty") == found.stdout.strip()
     # the module inside some other git repository (a wheel in a project's venv): that repository's commit is not ours
     other = tmp_path / "project"
     (other / "venv" / "trainer").mkdir(parents=True)

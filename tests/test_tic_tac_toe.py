@@ -2,8 +2,10 @@
 closing message the judge reads, held-out games seeded apart from training, a CPU run's report folder, and the
 comparison of RULER and hand-reward runs read from report folders."""
 
+import asyncio
 import importlib.util
 import json
+import random
 import types
 
 import pandas as pd
@@ -76,12 +78,58 @@ async def test_results_rewards_and_the_closing_message():
         assert f"Illegal move ({said})" in game.messages_and_choices[-1]["content"]
 
 
+async def test_held_out_games_sample_with_one_seed_per_game_and_move(tmp_path):
+    """evaluate(): greedy games send no seed; sampled ones send EVAL_SEED-derived seeds, distinct per game and move
+    and the same at every measure, so runs and steps are measured on the same random numbers."""
+    example = load_example()
+    player = Player(first_free)
+
+    class Model:  # what evaluate() asks of a TrainableModel
+        async def get_step(self):
+            return 3
+
+        def openai_client(self):
+            return player
+
+        def get_inference_name(self, step):
+            return f"m@{step}"
+
+    args = example.parse_args(["--eval-games", "4", "--eval-temperatures", "0", "1"])
+    summaries = await example.evaluate(Model(), args, tmp_path)
+    assert [s["temperature"] for s in summaries] == [0.0, 1.0] and {s["step"] for s in summaries} == {3}
+    table = pd.read_csv(tmp_path / "eval-step0003.csv")
+    assert len(table) == 8 and sorted(set(table["seed"])) == [example.EVAL_SEED + i for i in range(4)]
+    greedy = [e for e, m in zip(player.extra, player.requests, strict=True) if "seed" not in e]
+    sampled = [e["seed"] for e in player.extra if "seed" in e]
+    assert len(sampled) == len(set(sampled)) == int(table.query("temperature == 1")["moves"].sum())
+    assert len(greedy) == int(table.query("temperature == 0")["moves"].sum())
+    first = sorted(sampled)
+    player.extra, player.requests = [], []
+    await example.evaluate(Model(), args, tmp_path)
+    assert sorted(e["seed"] for e in player.extra if "seed" in e) == first  # the same seeds at the next measure
+
+
+def test_game_2048_sends_earlier_replies_back_as_messages():
+    """The replies kept in a trajectory are Choice objects; the next request must carry them as messages (they
+    went back as Choices, a 400 on the second move, 2026-12-07)."""
+    spec = importlib.util.spec_from_file_location("game_2048", "examples/game_2048.py")
+    game = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(game)
+
+    client = Player(lambda board: "left")  # asserts every message it is sent is a dict with a role
+    asyncio.run(game.play(client, "m", random.Random(0), 3))
+    assert len(client.requests) >= 2 and client.requests[1][2]["role"] == "assistant"
+
+
 def test_training_opponents_never_meet_held_out_ones():
     example = load_example()
     seeds = {example.training_seed(run, batch, group, game) for run in (0, 1, 12) for batch in (1, 2, 10**6)
              for group in (0, 1, 21) for game in (0, 3)}
     assert len(seeds) == 54  # distinct; text, never a held-out game's integer seed (EVAL_SEED + i)
     assert not any(isinstance(s, int) for s in seeds)
+    for bad in ((0, 0, 0, 0), (-1, 1, 0, 0), (0, 1, True, 0), (0, 1, 0, 1.5)):
+        with pytest.raises(ValueError):
+            example.training_seed(*bad)
 
 
 def test_bad_arguments_are_refused():
@@ -91,12 +139,22 @@ def test_bad_arguments_are_refused():
                  ["--reward", "ruler", "--judge", "self", "--engine", "transformers"], ["--reward", "art"],
                  ["--eval-temperatures", "0", "0"], ["--eval-temperatures", "3"], ["--max-seq-length", "100"],
                  ["--reward", "ruler", "--judge", "self", "--engine", "vllm", "--max-seq-length", "1024"],
-                 ["--reward", "ruler", "--judge", "x@localhost:8000"]):
+                 ["--reward", "ruler", "--judge", "x@http://"]):
         with pytest.raises(SystemExit):
             example.parse_args(argv)
     args = example.parse_args(["--reward", "ruler", "--judge", "self", "--engine", "vllm"])
     assert (args.reward, args.judge, args.steps, args.max_seq_length) == ("ruler", "self", 20, 8192)
     assert (example.parse_args([]).max_seq_length, example.parse_args([]).eval_temperatures) == (1024, [0.0])
+    at_url = example.JUDGE_AT_URL.fullmatch("hosted_vllm/ttt@0@http://127.0.0.1:8001/v1")  # a served step's name
+    assert at_url.groups() == ("hosted_vllm/ttt@0", "http://127.0.0.1:8001/v1")
+
+
+async def test_a_report_folder_holding_a_run_is_refused_before_anything_loads(tmp_path):
+    example = load_example()
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(SystemExit, match="already holds a run"):
+        await example.main(["--report", str(tmp_path), "--out", str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow
@@ -118,21 +176,29 @@ async def test_cpu_runs_write_reports_and_a_failing_judge_stops_its_run(tmp_path
     assert [r["seed"] for r in group["rollouts"]] == [example.training_seed(0, 1, 0, i) for i in range(2)]
     assert all(r["reward"] == r["hand_reward"] for r in group["rollouts"])  # the hand reward was trained on
 
-    judge.script = ["400"] * 50
+    # fails twice, scores the third step's group (the scripted judge: 0.3 for a game without its markers), then
+    # fails three times in a row: the run stops after its sixth step, the scored step having reset the count
+    judge.script = ["400", "400", "ok", "400", "400", "400"]
     ruler = tmp_path / "ruler"
     await example.main(["--reward", "ruler", "--judge", f"openai/fake-judge@{judge.params['api_base']}",
-                        "--steps", "6", "--name", "failing", "--report", str(ruler), *common])
+                        "--steps", "10", "--name", "failing", "--report", str(ruler), *common])
     run = json.loads((ruler / "run.json").read_text())
-    # the loop stopped at the third step without a scored group, before training on it; nothing was trained
-    assert run["steps_run"] == example.MAX_UNSCORED_IN_A_ROW - 1 and run["policy_step"] == 0
-    assert run["judge_errors"] == example.MAX_UNSCORED_IN_A_ROW
+    assert len(judge.requests) == 6 and run["judge_errors"] == 5
+    # the loop stopped at the sixth step, before training on it; the scored group alone had no learning signal
+    assert run["steps_run"] == 5 and run["policy_step"] == 0
     assert run["stopped"].startswith(f"the judge failed every group of {example.MAX_UNSCORED_IN_A_ROW} steps")
-    assert "JudgeConfigError" in run["stopped"] and len(judge.requests) == example.MAX_UNSCORED_IN_A_ROW
+    assert "JudgeConfigError" in run["stopped"]
+    groups = [json.loads(line) for line in (ruler / "groups.jsonl").read_text().splitlines()]
+    assert [g["scored"] for g in groups] == [False, False, True, False, False, False]
+    scored = groups[2]["rollouts"]  # the judge's score trained on, the game's own reward beside it
+    assert [r["reward"] for r in scored] == [0.3, 0.3]
+    assert all(r["hand_reward"] == example.REWARDS[r["result"]] for r in scored)
+    assert all(r["reward"] is None for g in groups if not g["scored"] for r in g["rollouts"])
 
     tables = ruler_vs_hand.main([str(hand), str(ruler)])
     assert tables["runs"]["temperature"].tolist() == [0.0, 0.0, 1.0, 1.0]
-    assert tables["agreement"]["pairs"].tolist() == [0]  # the judge scored nothing
-    assert tables["training"]["games"].tolist() == [2, 6]
+    assert tables["agreement"]["groups"].tolist() == [1]  # the one scored group (its two games may tie on hand)
+    assert tables["training"]["games"].tolist() == [2, 12]
 
 
 def write_run(folder, reward, seed, evals, groups=()):
@@ -166,7 +232,7 @@ def test_the_comparison_pairs_games_and_seeds(tmp_path):
     rewards = tables["rewards"].set_index("seeds")
     assert rewards.loc["0", "ruler_minus_hand"] == pytest.approx(-0.5)
     assert rewards.loc["1", "ruler_minus_hand"] == pytest.approx(0.0)
-    assert rewards.loc["mean of 0, 1", "ruler_minus_hand"] == pytest.approx(-0.25)
+    assert rewards.loc["mean of 0, 1 (seeds fixed)", "ruler_minus_hand"] == pytest.approx(-0.25)
     assert rewards.loc["1", "low"] == rewards.loc["1", "high"] == 0
     agreement = tables["agreement"].iloc[0]  # pairs with different hand rewards: (1, 0) agree, (1, -1) agree,
     assert (agreement["pairs"], agreement["agree"], agreement["ties"], agreement["disagree"]) == (3, 2, 1, 0)
@@ -175,6 +241,42 @@ def test_the_comparison_pairs_games_and_seeds(tmp_path):
     assert (training["games"], training["hand_reward"], training["illegal"]) == (5, pytest.approx(0.4), 0.2)
     at_ten = ruler_vs_hand.report([ruler_vs_hand.load_run(runs[0]), ruler_vs_hand.load_run(runs[1])], step=10)
     assert at_ten["runs"]["difference"].isna().tolist() == [False, True] and not len(at_ten["rewards"])
+
+
+def test_games_pair_by_seed_and_temperature_not_by_row(tmp_path):
+    """Rows in another order, a game missing, two temperatures: each game is compared with the same game."""
+    def table(folder, reward, rows):
+        folder.mkdir()
+        (folder / "run.json").write_text(json.dumps({"reward": reward, "seed": 0, "policy_step": 5}))
+        for step, found in rows.items():
+            pd.DataFrame(found, columns=["seed", "temperature", "result", "reward"]).to_csv(
+                folder / f"eval-step{step:04d}.csv", index=False)
+        return ruler_vs_hand.load_run(folder)
+
+    before = [(1, 0.0, "illegal", -1.0), (2, 0.0, "win", 1.0), (1, 1.0, "loss", 0.0), (2, 1.0, "loss", 0.0)]
+    hand = table(tmp_path / "hand", "hand", {0: before, 5: [(2, 1.0, "win", 1.0), (2, 0.0, "win", 1.0),
+                                                            (1, 1.0, "draw", 0.5), (1, 0.0, "win", 1.0)]})
+    ruler = table(tmp_path / "ruler", "ruler", {0: before, 5: [(2, 0.0, "win", 1.0), (1, 1.0, "loss", 0.0)]})
+    tables = ruler_vs_hand.report([hand, ruler])
+    runs = tables["runs"].set_index(["run", "temperature"])
+    assert runs.loc[(hand.label, 0.0), "difference"] == pytest.approx(1.0)  # game 1: -1 -> 1; game 2: 1 -> 1
+    assert runs.loc[(hand.label, 1.0), "difference"] == pytest.approx(0.75)  # game 1: 0 -> 0.5; game 2: 0 -> 1
+    assert runs.loc[(ruler.label, 0.0), "difference"] == pytest.approx(0.0)  # game 2 only: 1 -> 1
+    rewards = tables["rewards"].set_index("temperature")
+    assert (rewards.loc[0.0, "games"], rewards.loc[0.0, "ruler_minus_hand"]) == (1, 0.0)  # game 2: 1 vs 1
+    assert (rewards.loc[1.0, "games"], rewards.loc[1.0, "ruler_minus_hand"]) == (1, -0.5)  # game 1: 0 vs 0.5
+
+
+def test_a_run_that_never_trained_is_a_control_not_a_reward(tmp_path):
+    runs = [write_run(tmp_path / "h", "hand", 0, {0: ["illegal"], 5: ["win"]}),
+            write_run(tmp_path / "r", "ruler", 0, {0: ["illegal"], 5: ["win"]}),
+            write_run(tmp_path / "c", "ruler", 0, {0: ["illegal"]})]
+    info = json.loads((tmp_path / "c" / "run.json").read_text())
+    (tmp_path / "c" / "run.json").write_text(json.dumps({**info, "policy_step": 0}))
+    loaded = [ruler_vs_hand.load_run(f) for f in runs]
+    assert [r.trained for r in loaded] == [True, True, False]
+    tables = ruler_vs_hand.report(loaded)  # not "two ruler runs of seed 0", and step 5, not the control's 0
+    assert tables["rewards"]["step"].tolist() == [5] and tables["rewards"]["seeds"].tolist() == ["0"]
 
 
 def test_the_comparison_refuses_what_it_cannot_read(tmp_path):
@@ -191,6 +293,26 @@ def test_the_comparison_refuses_what_it_cannot_read(tmp_path):
         ruler_vs_hand.report(twice)
     with pytest.raises(SystemExit):
         ruler_vs_hand.main([str(tmp_path / "x")])
+    bad = write_run(tmp_path / "z", "hand", 0, {0: ["win"]})
+    (bad / "eval-step0000.csv").write_text("seed,result,reward\n1,won,1.0\n")
+    with pytest.raises(ValueError, match="none of win"):
+        ruler_vs_hand.load_run(bad)
+    (bad / "eval-step0000.csv").write_text("seed,result,reward,temperature\n1,win,1.0,nan\n")
+    with pytest.raises(ValueError, match="temperature column"):
+        ruler_vs_hand.load_run(bad)
+    (bad / "eval-step0000.csv").write_text("seed,result,reward\n1,win,1.0\n")
+    (bad / "eval-step00000.csv").write_text("seed,result,reward\n1,win,1.0\n")
+    with pytest.raises(ValueError, match="two measures of policy step 0"):
+        ruler_vs_hand.load_run(bad)
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text('{"step": 0, "scored": true, "rollouts": [{"hand_reward": 1, "reward": 0.9}, '
+                    '{"hand_reward": -1, "reward": 0.1}]}\n{"step": 1, "sco')
+    assert ruler_vs_hand.judge_agreement(torn)["agree"] == 1  # a torn last line (a killed run) is left out
+    torn.write_text('{"step": 0, "sco\n{"step": 1, "scored": true, "rollouts": []}\n')
+    with pytest.raises(ValueError, match="torn.jsonl:1"):
+        ruler_vs_hand.training_curve(torn)
+    with pytest.raises(ValueError, match="step must be"):
+        ruler_vs_hand.report([ruler_vs_hand.load_run(tmp_path / "a")], step=-1)
 
 
 def test_the_device_runs_pass_the_example_parser():
@@ -199,14 +321,21 @@ def test_the_device_runs_pass_the_example_parser():
     import os
     import subprocess
 
+    env = {k: v for k, v in os.environ.items() if k != "TTT_REWARDS"}  # the default: both rewards
     done = subprocess.run(["bash", "evals/device/ttt_runs.sh", "500", "560", "0", "3", "--", "--steps", "30"],
-                          capture_output=True, text=True, env={**os.environ, "TTT_DRY_RUN": "1"}, timeout=60)
+                          capture_output=True, text=True, env={**env, "TTT_DRY_RUN": "1"}, timeout=60)
     assert done.returncode == 0, done.stderr
     runs = [load_example().parse_args(line.split()[1:]) for line in done.stdout.splitlines()]
     assert [(a.reward, a.seed, a.judge) for a in runs] == [("hand", 0, None), ("ruler", 0, "self"),
                                                            ("hand", 3, None), ("ruler", 3, "self")]
     assert {(a.steps, a.time_budget_s, a.engine, a.eval_every) for a in runs} == {(30, 500.0, "vllm", 5)}
     assert len({a.report for a in runs}) == 4
-    bad = subprocess.run(["bash", "evals/device/ttt_runs.sh", "500", "560", "x"], capture_output=True, text=True,
-                         env={**os.environ, "TTT_DRY_RUN": "1"}, timeout=60)
-    assert bad.returncode == 2 and "not a non-negative integer" in bad.stderr
+    for argv, extra, said in ((["500", "560", "x"], {}, "seed 'x' is not"), (["5m", "560", "0"], {}, "BUDGET_S"),
+                              (["--collect"], {}, "WATCH_S"), (["500", "560", "0"], {"TTT_REWARDS": "hand art"},
+                                                                "'art': each is hand or ruler")):
+        bad = subprocess.run(["bash", "evals/device/ttt_runs.sh", *argv], capture_output=True, text=True,
+                             env={**env, "TTT_DRY_RUN": "1", **extra}, timeout=60)
+        assert bad.returncode == 2 and said in bad.stderr, (argv, bad.stderr)
+    only = subprocess.run(["bash", "evals/device/ttt_runs.sh", "500", "560", "0"], capture_output=True, text=True,
+                          env={**env, "TTT_DRY_RUN": "1", "TTT_REWARDS": "ruler"}, timeout=60)
+    assert [line.split()[line.split().index("--reward") + 1] for line in only.stdout.splitlines()] == ["ruler"]

@@ -8,8 +8,12 @@
 #   usage: bash evals/device/ttt_runs.sh BUDGET_S WATCH_S SEED [SEED ...] [-- tic_tac_toe.py arguments]
 #          bash evals/device/ttt_runs.sh --collect WATCH_S      # a later call: watch and collect again
 # Every part of evals/device/pack.sh must be in /tmp/gpukit (join_parts.sh installs them once). BUDGET_S is each
-# run's --time-budget-s (from its own launch). Later arguments override the fixed ones below.
-# TTT_DRY_RUN=1 prints each run's arguments, one run a line, and starts nothing.
+# run's --time-budget-s (from its own launch): a safety stop; give --steps so that every run ends by its steps, so
+# that both rewards run the same number of steps (RULER's steps are slower: on 2026-12-07 a shared budget stopped
+# them at 13-15 steps against the hand reward's 40). Later arguments override the fixed ones below.
+# TTT_REWARDS: the rewards run for each seed, in order (default "hand ruler"; each one of hand, ruler).
+# TTT_DRY_RUN=1 prints each run's arguments, one run a line, and starts nothing. A run whose report folder exists
+# (a second call on the same host) is refused by the example itself: use other seeds, or --collect.
 set -uo pipefail
 root=$PWD
 collect() {  # watch until $1 seconds from now, then bring the reports back
@@ -22,10 +26,17 @@ collect() {  # watch until $1 seconds from now, then bring the reports back
   tar czf "$OUT/ttt-logs.tgz" /tmp/run-ttt-*.log /tmp/ttt_chain.log 2>/dev/null
   echo "still running: $(pgrep -f examples/tic_tac_toe.py | wc -l)$(chain_alive && echo ', the chain too')"
 }
-marker=/tmp/ttt_chain.running
-chain_alive() { [ -f "$marker" ] && grep -qs ttt_runs "/proc/$(cat "$marker")/cmdline"; }
-[ "${1:-}" = --collect ] && { collect "$2"; exit 0; }
+chain_script=ttt_runs chain_marker=/tmp/ttt_chain.running
+source "$(dirname "$0")/chain.sh"  # $marker, chain_alive
+int() { [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "ttt_runs.sh: $1 '${2:-}' is not a non-negative integer" >&2; exit 2; }; }
+if [ "${1:-}" = --collect ]; then int WATCH_S "${2:-}"; collect "$2"; exit 0; fi
+int BUDGET_S "${1:-}"; int WATCH_S "${2:-}"
 budget=$1; watch=$2; shift 2
+read -r -a rewards <<< "${TTT_REWARDS:-hand ruler}"
+for r in "${rewards[@]}"; do
+  [ "$r" = hand ] || [ "$r" = ruler ] || { echo "ttt_runs.sh: TTT_REWARDS holds '$r': each is hand or ruler" >&2
+                                          exit 2; }
+done
 seeds=(); while [ $# -gt 0 ] && [ "$1" != -- ]; do seeds+=("$1"); shift; done
 [ $# -gt 0 ] && shift  # the --
 [ ${#seeds[@]} -gt 0 ] || { echo "ttt_runs.sh: no seed given" >&2; exit 2; }
@@ -36,18 +47,18 @@ args() {  # one run's arguments: reward $1, seed $2, then the caller's
   local reward=$1 seed=$2 name="ttt-$1-seed$2" judge=(); [ "$1" = ruler ] && judge=(--judge self)
   shift 2
   printf '%s\n' examples/tic_tac_toe.py --engine vllm --base-model /tmp/models/qwen15 --reward "$reward" \
-    ${judge[@]+"${judge[@]}"} --seed "$seed" --steps 40 --groups 4 --group-size 8 --lr 1e-4 \
+    ${judge[@]+"${judge[@]}"} --seed "$seed" --steps 20 --groups 4 --group-size 8 --lr 1e-4 \
     --max-seq-length 8192 --eval-games 200 --eval-temperatures 0 1 --eval-every 5 --gpu-memory-utilization 0.12 \
     --no-sleep --enforce-eager --time-budget-s "$budget" --name "$name" --out "/tmp/runs/$name" --report "/tmp/report/$name" "$@"
 }
 if [ "${TTT_DRY_RUN:-0}" = 1 ]; then
-  for s in "${seeds[@]}"; do for r in ${TTT_REWARDS:-hand ruler}; do args "$r" "$s" "$@" | paste -sd' '; done; done
+  for s in "${seeds[@]}"; do for r in "${rewards[@]}"; do args "$r" "$s" "$@" | paste -sd' '; done; done
   exit 0
 fi
 if [ "${TTT_CHAIN:-0}" = 1 ]; then  # the chain itself (started detached below)
   echo $$ > "$marker"; trap 'rm -f "$marker"' EXIT
   t0=$SECONDS
-  for s in "${seeds[@]}"; do for r in ${TTT_REWARDS:-hand ruler}; do
+  for s in "${seeds[@]}"; do for r in "${rewards[@]}"; do
     name="ttt-$r-seed$s"; mapfile -t cmd < <(args "$r" "$s" "$@")
     setsid nohup python3 "${cmd[@]}" > "/tmp/run-$name.log" 2>&1 < /dev/null &
     pid=$!; echo "started $name (pid $pid) at $((SECONDS - t0)) s"
@@ -68,6 +79,6 @@ export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LI
   > /tmp/convert.log 2>&1 || { tail -20 /tmp/convert.log; exit 5; }
 mkdir -p /tmp/report /tmp/runs
 TTT_CHAIN=1 setsid nohup bash "$0" "$budget" "$watch" "${seeds[@]}" -- "$@" > /tmp/ttt_chain.log 2>&1 < /dev/null &
-sleep 3  # the chain has written its marker
+for _ in $(seq 30); do [ -f "$marker" ] && break; sleep 1; done  # the chain has written its marker
 collect $((watch - (SECONDS - t0)))
 cat /tmp/ttt_chain.log
