@@ -59,6 +59,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from evals.judge_meta import LLMBAR
+
 
 def _policy(spec: str) -> tuple[str, dict]:
     model, _, url = spec.partition("@")
@@ -183,6 +185,7 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
 
 
 VLLM_MODEL = "/tmp/models/SmolLM2-135M-Instruct"
+LLMBAR_SETS = tuple(LLMBAR)
 SERVED = "smollm2"
 
 
@@ -259,6 +262,7 @@ def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_m
     """vLLM's OpenAI server for `model_dir` served as `smollm2`, with runtime LoRA loading on (the distilled
     adapter is loaded into the same server as `smollm2@1`); `ruler_rl.trainer.vllm_server.ServerProcess` starts it,
     waits for /health, loads adapters and stops it."""
+    from ruler_rl.judges.vllm_settings import COMPACT_JSON
     from ruler_rl.trainer.config import EngineConfig
     from ruler_rl.trainer.vllm_server import ServerProcess, lora_serving_rank
 
@@ -270,7 +274,10 @@ def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_m
                     "--served-model-name", SERVED, "--host", self.host, "--port", str(self.port),
                     "--gpu-memory-utilization", str(gpu_memory_utilization), "--max-model-len", "8192",
                     "--enable-lora", "--max-lora-rank", str(lora_serving_rank(lora_rank)), "--max-loras", "1",
-                    "--generation-config", "vllm", "--disable-uvicorn-access-log"]
+                    "--generation-config", "vllm", "--disable-uvicorn-access-log",
+                    # one-line JSON scores, as the library's vLLM engines ask (vLLM 0.24's default grammar let a
+                    # judge write whitespace until its token limit, 2026-12-07)
+                    "--structured-outputs-config", json.dumps(COMPACT_JSON)]
             return argv + (["--enforce-eager"] if enforce_eager else [])
 
         def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -329,8 +336,11 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                                 f"teacher's judgments")
     if not 0 < holdout < 1:
         raise ValueError(f"holdout must be in (0, 1), got {holdout!r}")
-    if isinstance(llmbar_sets, str) or not all(isinstance(x, str) and x.startswith("llmbar-") for x in llmbar_sets):
-        raise ValueError(f"llmbar_sets must be LLMBar set names (llmbar-natural, ...), got {llmbar_sets!r}")
+    if not dry_run and not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} holds no config.json: the student's Hugging Face folder (on the GPU host "
+                                "/tmp/gpukit/install.sh converts SmolLM2 there)")
+    if isinstance(llmbar_sets, str) or not llmbar_sets or not all(x in LLMBAR for x in llmbar_sets):
+        raise ValueError(f"llmbar_sets must be LLMBar set names ({', '.join(LLMBAR)}), got {llmbar_sets!r}")
     if budget_s < 30:
         raise ValueError("budget_s must be >= 30")
     if min(train_groups, test_groups, steps, batch_size, concurrency) < 1 or group_size < 2:
@@ -395,7 +405,8 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
 
         t = ph.begin("sft_and_eval_untrained")
         config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
-        sft_deadline = ph.at(budget_s - (60 if llmbar_limit else 40))
+        # room after the SFT: the distilled student's measure, and both students on each LLMBar set
+        sft_deadline = ph.at(budget_s - (40 + 45 * len(llmbar_sets) if llmbar_limit else 40))
         history: list[dict] = []
 
         class OutOfTime(Exception):
@@ -448,13 +459,14 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
 
         root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
         if llmbar_limit and not (root / "LLMBar").is_dir():
-            report["llmbar_natural"] = {"skipped": f"no LLMBar data under {root}"}
-        elif llmbar_limit and ph.left() < 30:
-            report["llmbar_natural"] = {"skipped": f"{ph.left():.0f} s left of the budget"}
+            report["llmbar"] = {d: {"skipped": f"no LLMBar data under {root}"} for d in llmbar_sets}
         elif llmbar_limit:
             t = ph.begin("llmbar")
             report["llmbar"] = {}
-            for dataset in llmbar_sets:
+            for dataset in llmbar_sets:  # a set the budget has no room for is skipped, saying so: not an error
+                if ph.left() < 30:
+                    report["llmbar"][dataset] = {"skipped": f"{ph.left():.0f} s left of the budget"}
+                    continue
                 bar = report["llmbar"][dataset] = {}
                 for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
                     try:  # stops 10 s before the budget's end, leaving time to write the report
@@ -462,11 +474,11 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                             evaluate([dataset], judge, params=judge_params, limit=llmbar_limit, root=root,
                                      concurrency=concurrency, progress=False, cache=False), max(5.0, ph.left() - 10))
                     except TimeoutError:
-                        raise BudgetReached(ph.budget_reached() + f" (judging {dataset} as the {label} "
-                                            "judge)") from None
+                        bar[label] = {"skipped": ph.budget_reached() + f" (judging {dataset} as the {label} judge)"}
+                        break
                     bar[label] = summary.iloc[0].to_dict()
-                if dataset == "llmbar-natural":  # the key earlier reports (and readers of them) use
-                    report["llmbar_natural"] = bar
+            if "llmbar-natural" in report["llmbar"]:  # the key earlier reports (and readers of them) use
+                report["llmbar_natural"] = report["llmbar"]["llmbar-natural"]
             ph.done("llmbar", t)
 
     try:
@@ -500,12 +512,16 @@ def write_report(out: Path, report: dict) -> None:
     p = report.get("paired")
     if p:
         lines += ["", f"Distilled minus untrained, over the same {p['pairs']} teacher-ordered held-out pairs: "
-                      f"{p['difference']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] (paired bootstrap over "
-                      f"{p['groups']} groups)"]
+                      f"{p['difference']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] with a tie counted wrong, "
+                      f"{p['difference_half']:+.3f} [{p['low_half']:+.3f}, {p['high_half']:+.3f}] with a tie worth "
+                      f"one half (paired bootstrap over {p['groups']} groups); a judge that always prefers the "
+                      f"trajectory shown first agrees on {p['first_shown']:.3f} of them"]
     bars = report.get("llmbar") or ({"llmbar-natural": report["llmbar_natural"]} if report.get("llmbar_natural")
                                     else {})
     for dataset, bar in bars.items():
-        if "distilled" in bar and "untrained" in bar:
+        if "skipped" in bar:
+            lines += ["", f"{dataset}: skipped, {bar['skipped']}"]
+        elif all("accuracy" in bar.get(label, {}) for label in ("untrained", "distilled")):
             lines += ["", (f"{dataset} accuracy: untrained "
                       f"{bar['untrained']['accuracy']:.3f}, distilled {bar['distilled']['accuracy']:.3f}")]
     if report.get("phases"):
@@ -593,7 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--since", default=None, help="--teacher: only judgments stored from this ISO date-time on (UTC "
                    "unless given)")
     g.add_argument("--holdout", type=float, default=0.2, help="--teacher: the share of groups held out")
-    g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], help="LLMBar sets measured (both judges)")
+    g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], choices=list(LLMBAR_SETS),
+                   help="LLMBar sets measured (both judges)")
     g.add_argument("--out", type=Path, required=True, help="report.json, README.md, train/test JSONL, vLLM's log")
     g.add_argument("--budget-s", type=float, default=400)
     g.add_argument("--train-groups", type=int, default=160)

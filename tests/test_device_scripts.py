@@ -3,6 +3,7 @@ must pass examples/email_agent.py's own parser. On 2026-12-06 the script passed 
 run, which refused it on the GPU host after 200 s of device time; a dry run here catches that. The same holds for
 evals/device/judge_run.sh's arguments against evals.gpu_judge_meta's parser."""
 
+import json
 import os
 import subprocess
 
@@ -160,14 +161,24 @@ def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks(
     assert (late.limit, late.answer_accuracy, late.injection_groups) == (100, False, 0)
 
 
-def test_the_distillation_run_passes_the_bench_parser():
+def test_the_distillation_run_passes_the_bench_parser(tmp_path):
     """evals/device/distill_run.sh (table 2): its arguments parse with evals.distill_bench's own parser, teacher mode
     (no --data), every LLMBar set, and later arguments override."""
     from evals.distill_bench import build_parser
 
-    done = dry("distill_run.sh", "--steps", "100", var="DISTILL_DRY_RUN")
+    meta = tmp_path / "qwen15"
+    meta.mkdir()
+    (meta / "run.json").write_text(json.dumps({"judge": "hosted_vllm/qwen15", "stages": [
+        {"dataset": "llmbar-natural", "started": "2026-12-07T14:30:00+00:00"},
+        {"dataset": "pandalm", "started": "2026-12-07T14:33:10.5+00:00"}]}))
+    done = subprocess.run(["bash", "evals/device/distill_run.sh", "--steps", "100"], capture_output=True, text=True,
+                          env={**os.environ, "DISTILL_DRY_RUN": "1", "DISTILL_META": str(meta)}, timeout=60)
     assert done.returncode == 0, done.stderr
     args = build_parser().parse_args(done.stdout.splitlines())
     assert (args.cmd, args.teacher, args.data, args.steps) == ("gpu", "hosted_vllm/qwen15", None, 100)
-    assert args.teacher_cache.name == "judge-cache" and args.since.startswith("2026-")
+    assert args.teacher_cache == meta / "judge-cache" and args.since == "2026-12-07T14:33:10.5+00:00"  # PandaLM's
     assert args.llmbar_sets == ["llmbar-natural", "llmbar-faireval", "llmbar-llmeval2", "llmbar-mtbench"]
+    (meta / "run.json").write_text(json.dumps({"judge": "hosted_vllm/qwen15", "stages": []}))  # cut before PandaLM
+    done = subprocess.run(["bash", "evals/device/distill_run.sh"], capture_output=True, text=True,
+                          env={**os.environ, "DISTILL_DRY_RUN": "1", "DISTILL_META": str(meta)}, timeout=60)
+    assert done.returncode == 2 and "no PandaLM stage" in done.stderr

@@ -121,6 +121,11 @@ def test_teacher_examples_from_cache_and_labels_and_split_by_group(tmp_path):
     # every ordering of one group has one key; another group another
     assert group_key(msgs) == group_key(build_prompt(_group_convs("GOOD a", "BAD b", "OK c"), RUBRIC).messages)
     assert group_key(msgs) != group_key(build_prompt(_group_convs("GOOD a", "BAD b", "OK d"), RUBRIC).messages)
+    # a pair judged as [a, b] and again as [b, a] (judge_meta's two orders) is one group, though the ids swap
+    ab = build_prompt(_group_convs("GOOD a", "BAD b"), RUBRIC).messages
+    ba = build_prompt(_group_convs("BAD b", "GOOD a"), RUBRIC).messages
+    assert shown_ids(ab) == shown_ids(ba) == ["1", "2"] and ab[1]["content"] != ba[1]["content"]
+    assert group_key(ab) == group_key(ba)
 
     groups = [LabelledGroup(f"g{k}", _group_convs(f"excellent {k}", f"terrible {k}", f"mediocre {k}"), [2, 0, 1])
               for k in range(10)]
@@ -198,11 +203,24 @@ def test_paired_agreement_counts_the_same_pairs_and_resamples_groups():
     assert (paired["groups"], paired["pairs"]) == (3, 8)
     assert (paired["before"], paired["after"], paired["difference"]) == (1 / 8, 7 / 8, 6 / 8)
     assert paired["low"] <= paired["difference"] <= paired["high"]
-    # resampling groups: group a alone (+6 of its 6 pairs) gives +1 (1 draw in 27, beyond the 2.5% tail); groups b
-    # (reversed before, no answer after) and c (right both times) gain nothing: draws of them alone give 0
-    assert paired["high"] == pytest.approx(1.0) and paired["low"] == 0
+    # a tie worth one half: the untrained judge's three ties in group a give it 1.5 more
+    assert (paired["before_half"], paired["after_half"]) == (2.5 / 8, 7 / 8)
+    # always the trajectory shown first: right on group a's 6 pairs (the teacher ranks 1 > 2 > 3), wrong on b and c
+    assert paired["first_shown"] == 6 / 8 and paired["excludes_zero"] is (paired["low"] > 0)
     same = paired_agreement(examples, after, after)
     assert (same["difference"], same["low"], same["high"]) == (0, 0, 0)
+    # groups, not prompts, are resampled: five prompts of one group all gained, one prompt of another did not. By
+    # group, a draw of the second group twice (1 in 4) gives 0; by prompt, the low end would be near 0.5
+    one = {"1": 1.0, "2": 0.0}
+    many = [ex("g", one)] * 5 + [ex("h", one)]
+    wrong, right = {"1": 0.0, "2": 1.0}, {"1": 1.0, "2": 0.0}
+    lifted = paired_agreement(many, agreement_figures("u", [one] * 6, [wrong] * 5 + [right]),
+                              agreement_figures("d", [one] * 6, [right] * 6))
+    assert lifted["groups"] == 2 and lifted["difference"] == 5 / 6
+    assert lifted["low"] == 0 and lifted["high"] == 1 and not lifted["excludes_zero"]
+    flat = paired_agreement([ex("t", {"1": 0.5, "2": 0.5})], agreement_figures("u", [{"1": 0.5, "2": 0.5}], [None]),
+                            agreement_figures("d", [{"1": 0.5, "2": 0.5}], [None]))
+    assert flat["groups"] == 0 and flat["difference"] != flat["difference"]  # NaN: the teacher orders no pair
     with pytest.raises(ValueError, match="measured on these 3 examples"):
         paired_agreement(examples[:3], before, after)
     with pytest.raises(ValueError, match="no held-out"):

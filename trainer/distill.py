@@ -125,8 +125,10 @@ def shown_ids(messages: list[dict]) -> list[str]:
 
 
 def group_key(messages: list[dict]) -> str:
-    """A key equal for every ordering of one group: the system prompt and the set of (id, trajectory) blocks."""
-    blocks = sorted(_TRAJECTORY.findall(messages[1]["content"]))
+    """A key equal for every ordering of one group: the system prompt and the trajectories' texts, whatever ids
+    they are shown under (RULER's orderings keep each trajectory's id; a pair judged as [a, b] and again as [b, a],
+    as `evals/judge_meta.py` does, numbers them anew, and is still one group)."""
+    blocks = sorted(text for _, text in _TRAJECTORY.findall(messages[1]["content"]))
     context = messages[1]["content"].split("Trajectories:", 1)[0]
     blob = json.dumps([messages[0]["content"].split("Answer with JSON only")[0], context, blocks], ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -283,10 +285,18 @@ async def agreement(judge: str, examples: list[TeacherExample], *, params: dict 
 def paired_agreement(examples: list[TeacherExample], before: Agreement, after: Agreement, *,
                      resamples: int = 4000, seed: int = 0) -> dict:
     """How much `after` (the distilled judge) agrees with the teacher beyond `before` (the untrained one) on the
-    same held-out `examples`: the pairwise accuracy of each (ties and prompts without a valid answer count as
-    wrong, so both are measured over the same pairs) and their difference, with a 95% paired-bootstrap interval
-    that resamples *groups* (every ordering of one group moves together: they are not independent).
-    Returns {"groups", "pairs", "before", "after", "difference", "low", "high"}."""
+    same held-out `examples`, over the pairs the teacher orders, with 95% paired-bootstrap intervals that resample
+    *groups* (every ordering of one group moves together: they are not independent):
+
+    - `before`, `after`, `difference` (`low`, `high`): pairwise accuracy with a tie, and a prompt without a valid
+      answer, counted wrong (as `Agreement.pairwise_accuracy` counts ties);
+    - the same with a tie worth one half (`*_half`): a student that merely stops tying gains up to 0.5 under the
+      first rule, so read both;
+    - `first_shown`: the agreement of a judge that always prefers the trajectory shown first (the position bias
+      LLM judges have), a baseline that needs no training;
+    - `excludes_zero`: whether the first interval lies above 0.
+
+    NaN figures (and `groups` 0) when the teacher orders no pair in `examples`."""
     import numpy as np
 
     if not examples:
@@ -296,22 +306,35 @@ def paired_agreement(examples: list[TeacherExample], before: Agreement, after: A
             raise ValueError(f"{name} must be the Agreement measured on these {len(examples)} examples")
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
         raise ValueError(f"resamples must be an integer >= 1, got {resamples!r}")
-    totals: dict[str, list[int]] = {}  # group -> [right before, right after, pairs]
+    totals: dict[str, list[float]] = {}  # group -> right before, after; half-credit before, after; first; pairs
     for ex, b, a in zip(examples, before.scores, after.scores, strict=True):
-        pairs = pair_counts(ex.scores, ex.scores)[2]
-        row = totals.setdefault(ex.group, [0, 0, 0])
-        row[0] += pair_counts(b, ex.scores)[0] if b is not None else 0
-        row[1] += pair_counts(a, ex.scores)[0] if a is not None else 0
-        row[2] += pairs
-    table = np.array([v for v in totals.values() if v[2]], float)
+        row = totals.setdefault(ex.group, [0.0] * 6)
+        for i, student in ((0, b), (1, a)):
+            if student is not None:
+                right, ties, _ = pair_counts(student, ex.scores)
+                row[i] += right
+                row[i + 2] += right + ties / 2
+        shown = {tid: -rank for rank, tid in enumerate(ex.ids)}  # earlier shown, higher "score"
+        row[4] += pair_counts(shown, ex.scores)[0]
+        row[5] += pair_counts(ex.scores, ex.scores)[2]
+    table = np.array([v for v in totals.values() if v[5]], float)
+    nan = float("nan")
     if not len(table):
-        raise ValueError("the teacher orders no pair in these examples")
+        return {"groups": 0, "pairs": 0, **{k: nan for k in ("before", "after", "difference", "low", "high",
+                                                              "before_half", "after_half", "difference_half",
+                                                              "low_half", "high_half", "first_shown")},
+                "excludes_zero": False}
     picks = table[np.random.default_rng(seed).integers(0, len(table), size=(resamples, len(table)))].sum(axis=1)
-    boot = (picks[:, 1] - picks[:, 0]) / picks[:, 2]
-    right_before, right_after, pairs = table.sum(axis=0)
+    boot = (picks[:, 1] - picks[:, 0]) / picks[:, 5]
+    boot_half = (picks[:, 3] - picks[:, 2]) / picks[:, 5]
+    right_before, right_after, half_before, half_after, first, pairs = table.sum(axis=0)
+    low = float(np.quantile(boot, 0.025))
     return {"groups": len(table), "pairs": int(pairs), "before": right_before / pairs, "after": right_after / pairs,
-            "difference": (right_after - right_before) / pairs, "low": float(np.quantile(boot, 0.025)),
-            "high": float(np.quantile(boot, 0.975))}
+            "difference": (right_after - right_before) / pairs, "low": low, "high": float(np.quantile(boot, 0.975)),
+            "before_half": half_before / pairs, "after_half": half_after / pairs,
+            "difference_half": (half_after - half_before) / pairs, "low_half": float(np.quantile(boot_half, 0.025)),
+            "high_half": float(np.quantile(boot_half, 0.975)), "first_shown": first / pairs,
+            "excludes_zero": low > 0}
 
 
 # ---- GRPO with an agreement-with-teacher reward (`ruler distill --method grpo`) ----

@@ -286,7 +286,9 @@ def print_agreement(result: dict) -> None:
     p = result["paired"]
     console.print(f"distilled minus untrained, pairwise accuracy over the same {p['pairs']} teacher-ordered pairs "
                   f"(no valid answer counted wrong): {p['difference']:+.3f}, 95% interval [{p['low']:+.3f}, "
-                  f"{p['high']:+.3f}] (paired bootstrap over {p['groups']} groups)", soft_wrap=True)
+                  f"{p['high']:+.3f}]; a tie worth one half: {p['difference_half']:+.3f} [{p['low_half']:+.3f}, "
+                  f"{p['high_half']:+.3f}] (paired bootstrap over {p['groups']} groups); always the first shown: "
+                  f"{p['first_shown']:.3f}", soft_wrap=True)
     console.print(f"judge: local/{result['out']}", soft_wrap=True)
 
 
