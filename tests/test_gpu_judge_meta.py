@@ -66,3 +66,20 @@ def test_the_judge_server_samples_compact_json_as_the_library_engines_do():
     assert json.loads(cmd[cmd.index("--structured-outputs-config") + 1]) == COMPACT_JSON
     assert cmd[cmd.index("--served-model-name") + 1] == "qwen" and cmd[-1] == "--enforce-eager"
     assert "--enforce-eager" not in server_command(parse_args(["--model", "/m/qwen", "--out", "/tmp/x"]), "qwen")
+
+
+def test_the_meta_evaluation_leaves_each_sets_judgments_in_the_cache_selectable_by_its_start(tmp_path, judge):
+    """Table 2 distils the judge from its cached PandaLM judgments: every judgment of the run is in the judge cache
+    under the judge's model string with its prompt, and run.json's stage start selects the last set's alone."""
+    from ruler_rl.cache import export_judgments
+    from ruler_rl.trainer.distill import from_cache
+
+    run_eval(argparse.Namespace(limit=1, concurrency=4, out=tmp_path), "openai/fake-judge", judge.params, 0.0)
+    stages = json.loads((tmp_path / "run.json").read_text())["stages"]
+    cache = tmp_path / "judge-cache"  # the test's RULER_CACHE_DIR (conftest), as gpu_judge_meta sets OUT/judge-cache
+    everything, _ = export_judgments(cache, "openai/fake-judge")
+    last, report = export_judgments(cache, "openai/fake-judge", since=datetime.fromisoformat(stages[-1]["started"]))
+    assert stages[-1]["dataset"] == "pandalm" and 0 < len(last) < len(everything)
+    assert report.outside_dates == len(everything) - len(last)
+    examples, unusable = from_cache(last)  # prompts recorded: usable as teacher data
+    assert examples and unusable == 0 and all(len(e.ids) >= 2 for e in examples)
