@@ -60,13 +60,20 @@ def test_score_errors_are_clear(tmp_path, judge):
 NO_JUDGE_ENV = {"RULER_JUDGE_MODEL": None, **{var: None for var, _ in JUDGES_BY_KEY}}
 
 
+def said_in(res) -> str:
+    """The command's output with its line breaks and runs of spaces as single spaces: rich wraps at the console's
+    width, which COLUMNS sets only where the console is made after it (not under pytest-xdist's workers)."""
+    return " ".join(res.output.split())
+
+
 @pytest.mark.slow  # loads the embedded model in a subprocess
 def test_the_demo_says_the_embedded_judge_is_not_a_quality_measure():
     res = CliRunner().invoke(app, ["demo"], env={**NO_JUDGE_ENV, "COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    assert "RULER demo" in res.output and "checks the plumbing, not quality" in res.output
-    assert "local/smollm2-135m-instruct" in res.output and "no API key in the environment" in res.output
-    assert "--judge MODEL" in res.output and "OPENAI_API_KEY picks openai/gpt-4.1-mini" in res.output
+    said = said_in(res)
+    assert "RULER demo" in said and "checks the plumbing, not quality" in said
+    assert "local/smollm2-135m-instruct" in said and "no API key in the environment" in said
+    assert "--judge MODEL" in said and "OPENAI_API_KEY picks openai/gpt-4.1-mini" in said
 
 
 def test_the_demo_uses_the_judge_of_an_api_key_in_the_environment(judge):
@@ -74,8 +81,8 @@ def test_the_demo_uses_the_judge_of_an_api_key_in_the_environment(judge):
                              env={**NO_JUDGE_ENV, "OPENAI_API_KEY": "sk-test", "COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert [r["model"] for r in judge.requests] == ["gpt-4.1-mini"]  # litellm sends the name without "openai/"
-    assert "openai/gpt-4.1-mini (OPENAI_API_KEY is set)" in res.output
-    assert "plumbing" not in res.output and "RULER demo" in res.output
+    assert "openai/gpt-4.1-mini (OPENAI_API_KEY is set)" in said_in(res)
+    assert "plumbing" not in said_in(res) and "RULER demo" in said_in(res)
 
 
 def test_the_demo_prefers_judge_then_env_over_a_key(judge):
@@ -83,7 +90,7 @@ def test_the_demo_prefers_judge_then_env_over_a_key(judge):
     res = CliRunner().invoke(app, ["demo", "--api-base", judge.base],
                              env={**env, "RULER_JUDGE_MODEL": "openai/from-env"})
     assert res.exit_code == 0, res.output
-    assert "openai/from-env ($RULER_JUDGE_MODEL)" in res.output
+    assert "openai/from-env ($RULER_JUDGE_MODEL)" in said_in(res)
     res = CliRunner().invoke(app, ["demo", "--api-base", judge.base, "--judge", "openai/given"],
                              env={**env, "RULER_JUDGE_MODEL": "openai/from-env"})
     assert res.exit_code == 0, res.output

@@ -197,7 +197,8 @@ async def test_cpu_runs_write_reports_and_a_failing_judge_stops_its_run(tmp_path
 
     tables = ruler_vs_hand.main([str(hand), str(ruler)])
     assert tables["runs"]["temperature"].tolist() == [0.0, 0.0, 1.0, 1.0]
-    assert tables["agreement"]["groups"].tolist() == [1]  # the one scored group (its two games may tie on hand)
+    # the one scored group counts if its two games' hand rewards differ (else it holds no pair to rank)
+    assert tables["agreement"]["groups"].tolist() == [int(scored[0]["hand_reward"] != scored[1]["hand_reward"])]
     assert tables["training"]["games"].tolist() == [2, 12]
 
 
