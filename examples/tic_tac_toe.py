@@ -8,13 +8,15 @@ message; the model is not trained on it.
 
 Training games are sampled at temperature 1, each against its own opponent. The held-out measure:
 `--eval-games` games against opponents seeded apart from every training game (the same games for every run, so
-runs pair game by game), at each of `--eval-temperatures` (greedy by default; sampled moves are seeded per game and
-move, so every run and step samples from the same random numbers), before training, every `--eval-every` policy steps and after:
-eval-stepNNNN.csv in the report folder (one row per game and temperature: its seed, result, hand reward, moves).
+runs pair game by game), at each of `--eval-temperatures` (greedy by default; sampled moves are seeded per game
+and move, so every run and step samples from the same random numbers), before training, every `--eval-every`
+policy steps and after: eval-stepNNNN.csv in the report folder (one row per game and temperature: its seed,
+result, hand reward, moves).
 Compare runs with `python -m evals.ruler_vs_hand REPORT [REPORT ...]`. The report folder also holds run.json (the
 arguments, software versions, the measures' summaries, steps run, and `stopped` when the judge failed every group
 of MAX_UNSCORED_IN_A_ROW steps in a row) and groups.jsonl (each training game's hand reward beside the reward it
-was trained on).
+was trained on). A run is one go: it does not resume (a run folder past step 0, or a report folder that holds a
+run, is refused).
 
     python examples/tic_tac_toe.py --steps 2                        # embedded SmolLM2 on CPU (slow, weak)
     python examples/tic_tac_toe.py --base-model Qwen/Qwen2.5-1.5B-Instruct --engine vllm --steps 30 --seed 0
