@@ -199,7 +199,7 @@ async def test_cpu_runs_write_reports_and_a_failing_judge_stops_its_run(tmp_path
     assert tables["runs"]["temperature"].tolist() == [0.0, 0.0, 1.0, 1.0]
     # the one scored group counts if its two games' hand rewards differ (else it holds no pair to rank)
     assert tables["agreement"]["groups"].tolist() == [int(scored[0]["hand_reward"] != scored[1]["hand_reward"])]
-    assert tables["training"]["games"].tolist() == [2, 12]
+    assert tables["training"]["games"].tolist() == [2, 10, 2]  # hand: 1 step; RULER: steps 0-4, then step 5
 
 
 def write_run(folder, reward, seed, evals, groups=()):
