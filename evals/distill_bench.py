@@ -56,7 +56,7 @@ import shlex
 import signal
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from evals.judge_meta import LLMBAR
@@ -185,7 +185,6 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
 
 
 VLLM_MODEL = "/tmp/models/SmolLM2-135M-Instruct"
-LLMBAR_SETS = tuple(LLMBAR)
 SERVED = "smollm2"
 
 
@@ -371,13 +370,14 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
             t = ph.begin("teacher_data")
             judgments, exported = export_judgments(Path(teacher_cache), teacher, since=since)
             found, unusable = from_cache(judgments)
-            if len({e.group for e in found}) < 2:
+            groups = len({e.group for e in found})
+            if groups < 2:
                 raise RuntimeError(f"{len(found)} usable judgments of {teacher} in {teacher_cache} (since {since}): "
                                    f"too few groups to hold some out; judges recorded there: {exported.models}")
             train_ex, test_ex = split_by_group(found, holdout, seed=seed)
             report["teacher"] = {"judge": teacher, "cache": str(teacher_cache), "since": str(since),
                                  "judgments": exported.exported, "usable": len(found), "unusable": unusable,
-                                 "groups": len({e.group for e in found}),
+                                 "groups": groups,
                                  "heldout_groups": len({e.group for e in test_ex})}
             ph.done("teacher_data", t)
         else:
@@ -609,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--since", default=None, help="--teacher: only judgments stored from this ISO date-time on (UTC "
                    "unless given)")
     g.add_argument("--holdout", type=float, default=0.2, help="--teacher: the share of groups held out")
-    g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], choices=list(LLMBAR_SETS),
+    g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], choices=list(LLMBAR),
                    help="LLMBar sets measured (both judges)")
     g.add_argument("--out", type=Path, required=True, help="report.json, README.md, train/test JSONL, vLLM's log")
     g.add_argument("--budget-s", type=float, default=400)
@@ -647,12 +647,14 @@ def main(argv: list[str] | None = None) -> int:
             p.error("gpu: give --data (ART·E's rubric on sampled groups) or --teacher with --teacher-cache")
         if a.teacher is None and (a.teacher_cache or a.since):
             p.error("--teacher-cache and --since go with --teacher")
-        try:
-            since = datetime.fromisoformat(a.since) if a.since else None
-        except ValueError:
-            p.error(f"--since: not an ISO 8601 date or date-time: {a.since!r}")
-        if since is not None and since.tzinfo is None:
-            since = since.replace(tzinfo=UTC)
+        import typer
+
+        from ruler_rl.trainer.distill_cli import parse_when
+
+        try:  # `ruler distill --since`'s rule: ISO 8601, UTC unless given
+            since = parse_when(a.since, "--since")
+        except typer.BadParameter as exc:
+            p.error(str(exc))
         sizes = {"train_groups": a.train_groups, "test_groups": a.test_groups, "group_size": a.group_size,
                      "max_turns": a.max_turns, "steps": a.steps, "batch_size": a.batch_size, "llmbar_limit": a.llmbar_limit}
         if a.dry_run:

@@ -191,6 +191,8 @@ def report(runs: list[Run], step: int | None = None, *, block: int = 5) -> dict[
     seeds' mean) with a row per temperature every run measured at step 0, `agreement` and `training`."""
     if not runs:
         raise ValueError("no run given")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an integer >= 1, got {block!r}")
     step_at = compared_step(runs, step)
     temperatures = sorted(set.intersection(*(set(r.evals[0]["temperature"]) for r in runs)))
     if not temperatures:
@@ -238,8 +240,8 @@ def _rewards(measured: list[tuple[Run, pd.DataFrame]], temperature: float, step_
         games = tables["hand"].index.intersection(tables["ruler"].index)
         d = paired(tables["hand"].loc[games].mean(axis=1).to_numpy(),
                    tables["ruler"].loc[games].mean(axis=1).to_numpy())
-        out.append({"seeds": "mean of " + ", ".join(map(str, pairs)) + " (seeds fixed)", "temperature": temperature, "step": step_at,
-                    **{k: v for k, v in d.items() if k != "questions"}, "games": len(games)})
+        out.append({"seeds": "mean of " + ", ".join(map(str, pairs)) + " (seeds fixed)", "temperature": temperature,
+                    "step": step_at, **{k: v for k, v in d.items() if k != "questions"}, "games": len(games)})
     return out
 
 
@@ -250,25 +252,21 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
                     "run measured)")
     ap.add_argument("--block", type=int, default=5, help="loop steps a block of the training curve")
     args = ap.parse_args(argv)
-    if args.step is not None and args.step < 0:
-        ap.error("--step must be >= 0")
-    if args.block < 1:
-        ap.error("--block must be >= 1")
-    try:
+    try:  # report() checks --step and --block
         runs = [load_run(f) for f in args.folders]
         tables = report(runs, args.step, block=args.block)
     except ValueError as exc:
         ap.error(str(exc))
-    at = tables["runs"]["step"].iloc[0]
     runs_table = tables["runs"]
+    step_at = runs_table["step"].iloc[0]
     controls = {r.label for r in runs if not r.trained}
     missing = sorted({run for run in (runs_table.loc[runs_table["difference"].isna(), "run"]
                                       if "difference" in runs_table else runs_table["run"]) if run not in controls})
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(f"held-out hand reward, step 0 and step {at}:")
+        print(f"held-out hand reward, step 0 and step {step_at}:")
         print(tables["runs"].to_string(index=False))
         if missing:
-            print(f"not measured at step {at}, left out of the comparisons: {', '.join(missing)}")
+            print(f"not measured at step {step_at}, left out of the comparisons: {', '.join(missing)}")
         print("\nRULER minus hand reward, paired by game:")
         print(tables["rewards"].to_string(index=False) if len(tables["rewards"]) else "(no seed ran both rewards)")
         if len(tables["agreement"]):

@@ -14,17 +14,13 @@
 # every run: 2026-12-06). ART_E_DRY_RUN=1 prints each seed's arguments, one run a line, and starts nothing.
 set -uo pipefail
 root=$PWD; prefix=$1; budget=$2; watch=$3; shift 3
-seeds=(); while [ $# -gt 0 ] && [ "$1" != -- ]; do seeds+=("$1"); shift; done
-[ $# -gt 0 ] && shift  # the --
-[ ${#seeds[@]} -gt 0 ] || { echo "art_e_seeds.sh: no seed given" >&2; exit 2; }
-for s in "${seeds[@]}"; do
-  [[ "$s" =~ ^[0-9]+$ ]] || { echo "art_e_seeds.sh: seed '$s' is not a non-negative integer" >&2; exit 2; }
-done
+source "$(dirname "$0")/chain.sh"  # $marker, chain_alive, split_seeds
+split_seeds "$@" || exit 2
+set -- ${rest[@]+"${rest[@]}"}
 if [ "${ART_E_DRY_RUN:-0}" = 1 ]; then
   for s in "${seeds[@]}"; do bash "$root/evals/device/art_e_run.sh" "$prefix-seed$s" "$budget" "$@" --seed "$s" | paste -sd' '; done
   exit 0
 fi
-source "$(dirname "$0")/chain.sh"  # $marker, chain_alive
 if [ "${ART_E_CHAIN:-0}" = 1 ]; then  # the chain itself (started detached below): each seed once the one before ended
   echo $$ > "$marker"; trap 'rm -f "$marker"' EXIT
   t0=$SECONDS

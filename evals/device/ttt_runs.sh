@@ -27,7 +27,7 @@ collect() {  # watch until $1 seconds from now, then bring the reports back
   echo "still running: $(pgrep -f examples/tic_tac_toe.py | wc -l)$(chain_alive && echo ', the chain too')"
 }
 chain_script=ttt_runs chain_marker=/tmp/ttt_chain.running
-source "$(dirname "$0")/chain.sh"  # $marker, chain_alive
+source "$(dirname "$0")/chain.sh"  # $marker, chain_alive, split_seeds
 int() { [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "ttt_runs.sh: $1 '${2:-}' is not a non-negative integer" >&2; exit 2; }; }
 if [ "${1:-}" = --collect ]; then int WATCH_S "${2:-}"; collect "$2"; exit 0; fi
 int BUDGET_S "${1:-}"; int WATCH_S "${2:-}"
@@ -37,12 +37,8 @@ for r in "${rewards[@]}"; do
   [ "$r" = hand ] || [ "$r" = ruler ] || { echo "ttt_runs.sh: TTT_REWARDS holds '$r': each is hand or ruler" >&2
                                           exit 2; }
 done
-seeds=(); while [ $# -gt 0 ] && [ "$1" != -- ]; do seeds+=("$1"); shift; done
-[ $# -gt 0 ] && shift  # the --
-[ ${#seeds[@]} -gt 0 ] || { echo "ttt_runs.sh: no seed given" >&2; exit 2; }
-for s in "${seeds[@]}"; do
-  [[ "$s" =~ ^[0-9]+$ ]] || { echo "ttt_runs.sh: seed '$s' is not a non-negative integer" >&2; exit 2; }
-done
+split_seeds "$@" || exit 2
+set -- ${rest[@]+"${rest[@]}"}
 args() {  # one run's arguments: reward $1, seed $2, then the caller's
   local reward=$1 seed=$2 name="ttt-$1-seed$2" judge=(); [ "$1" = ruler ] && judge=(--judge self)
   shift 2
