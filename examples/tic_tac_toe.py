@@ -1,7 +1,7 @@
 """Tic-tac-toe: the model plays X against a random O, trained on the game's own reward or on RULER's ranking.
 
-Hand reward, this example's own (ART's game examples also reward the game's outcome; their values differ): win 1,
-draw 0.5, loss 0, an illegal or unreadable move -1 (the game ends there). With `--reward ruler` a judge ranks each group of games instead (RULER; the hand reward is still recorded
+Hand reward, this example's own values: win 1, draw 0.5, loss 0, an illegal or unreadable move -1 (the game ends
+there). With `--reward ruler` a judge ranks each group of games instead (RULER; the hand reward is still recorded
 beside each rollout's RULER score in groups.jsonl, never trained on). Every game ends with the environment's last
 message, the final board and the result ("You won.", "Illegal move ..."), which the judge reads like any other
 message; the model is not trained on it.
