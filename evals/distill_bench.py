@@ -53,6 +53,7 @@ import asyncio
 import json
 import random
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -186,6 +187,7 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
 
 VLLM_MODEL = "/tmp/models/SmolLM2-135M-Instruct"
 SERVED = "smollm2"
+STUDENT_LABELS = {"untrained": "untrained", "distilled": "distilled (SFT)", "sft_grpo": "SFT+GRPO"}
 
 
 class _Phases:
@@ -272,7 +274,8 @@ def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_m
             argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                     "--served-model-name", SERVED, "--host", self.host, "--port", str(self.port),
                     "--gpu-memory-utilization", str(gpu_memory_utilization), "--max-model-len", "8192",
-                    "--enable-lora", "--max-lora-rank", str(lora_serving_rank(lora_rank)), "--max-loras", "1",
+                    "--enable-lora", "--max-lora-rank", str(lora_serving_rank(lora_rank)), "--max-loras", "2",
+                    "--max-cpu-loras", "3",
                     "--generation-config", "vllm", "--disable-uvicorn-access-log",
                     # one-line JSON scores, as the library's vLLM engines ask (vLLM 0.24's default grammar let a
                     # judge write whitespace until its token limit, 2026-12-07)
@@ -293,7 +296,9 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                     port: int = 0, gpu_memory_utilization: float = 0.3, enforce_eager: bool = False,
                     llmbar_limit: int = 50, llmbar_root: Path | None = None, dry_run: bool = False,
                     teacher: str | None = None, teacher_cache: Path | None = None, since: datetime | None = None,
-                    holdout: float = 0.2, llmbar_sets: tuple[str, ...] = ("llmbar-natural",)) -> dict:
+                    until: datetime | None = None, holdout: float = 0.2,
+                    llmbar_sets: tuple[str, ...] = ("llmbar-natural",), grpo_steps: int = 0,
+                    grpo_lr: float | None = None, grpo_group_size: int = 4, grpo_budget_s: float = 240) -> dict:
     """The whole measurement in one process under `budget_s` seconds of wall clock: serve the policy (vLLM;
     `dry_run`: the embedded model in process on the CPU), sample train and test groups from `data`
     (`inbox.db`, `scenarios.jsonl`), measure the untrained student while the SFT runs, load the distilled
@@ -302,9 +307,18 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
     With `teacher` (a judge's litellm model string) the teacher is that judge instead of ART·E's rubric: its
     judgments recorded in `teacher_cache` (a judge cache: `ruler_rl.cache.export_judgments`, from `since` on)
     are the data, split by group (`holdout` of the groups held out, seeded), and nothing is sampled (`data` is
-    not read). The report then holds `paired`: the distilled minus the untrained student's agreement with the
-    teacher over the same held-out pairs, with a paired-bootstrap interval over groups
-    (`ruler_rl.trainer.distill.paired_agreement`).
+    not read; `until`, when given, ends the span of judgments). The report then holds `paired`: the distilled
+    minus the untrained student's agreement with the teacher over the same held-out pairs, with a
+    paired-bootstrap interval over groups (`ruler_rl.trainer.distill.paired_agreement`).
+
+    `grpo_steps` > 0 adds GRPO after the SFT (`ruler distill --method sft+grpo`'s stage,
+    `ruler_rl.trainer.distill_cli.grpo_stage`: the trainer's own vLLM engine beside this server, at the same
+    `gpu_memory_utilization`; `dry_run`: transformers on the CPU), from the SFT adapter, rewarded by agreement
+    with the teacher on the training prompts, `grpo_group_size` answers a prompt, `batch_size` prompts a step,
+    learning rate `grpo_lr` (default `lr`), for at most `grpo_steps` steps or `grpo_budget_s` seconds (engine
+    start included; the SFT ends that much earlier). Its adapter is loaded as `smollm2@2` and measured on the same
+    held-out prompts (`sft_grpo`, paired against the untrained student, `paired_grpo`, and against the SFT
+    adapter, `paired_grpo_sft`) and on LLMBar.
 
     Each phase stops early rather than overrun (sampling by about 40% of the budget, SFT 60 s before the end)
     and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase (the
@@ -313,6 +327,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
     from ruler_rl.cache import export_judgments
     from ruler_rl.judges import DEFAULT_RUBRIC
     from ruler_rl.labels import load_user_dataset
+    from ruler_rl.trainer.checkpoints import save_checkpoint
     from ruler_rl.trainer.distill import (
         agreement,
         from_cache,
@@ -321,6 +336,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         paired_agreement,
         split_by_group,
     )
+    from ruler_rl.trainer.distill_cli import grpo_run_dir, grpo_stage, release_memory
     from ruler_rl.trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
     db, scenarios = (Path(data) / "inbox.db", Path(data) / "scenarios.jsonl") if data is not None else (None, None)
@@ -344,6 +360,18 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         raise ValueError("budget_s must be >= 30")
     if min(train_groups, test_groups, steps, batch_size, concurrency) < 1 or group_size < 2:
         raise ValueError("need train/test groups, steps, batch size, concurrency >= 1 and group_size >= 2")
+    if isinstance(grpo_steps, bool) or not isinstance(grpo_steps, int) or grpo_steps < 0:
+        raise ValueError(f"grpo_steps must be an integer >= 0 (0: no GRPO), got {grpo_steps!r}")
+    if grpo_steps and teacher is None:
+        raise ValueError("grpo_steps needs a teacher (the GRPO reward is agreement with the teacher's judgments)")
+    if grpo_steps and (isinstance(grpo_group_size, bool) or not isinstance(grpo_group_size, int)
+                       or grpo_group_size < 2):
+        raise ValueError(f"grpo_group_size must be an integer >= 2, got {grpo_group_size!r}")
+    if grpo_steps and not grpo_budget_s > 30:
+        raise ValueError(f"grpo_budget_s must be > 30 seconds, got {grpo_budget_s!r}")
+    if grpo_lr is not None and not (isinstance(grpo_lr, (int, float)) and not isinstance(grpo_lr, bool)
+                                    and 0 < grpo_lr < 1):
+        raise ValueError(f"grpo_lr must be a number in (0, 1) or None, got {grpo_lr!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ph = _Phases(budget_s)
@@ -368,7 +396,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
 
         if teacher is not None:  # a judge's cached judgments are the data: nothing to sample
             t = ph.begin("teacher_data")
-            judgments, exported = export_judgments(Path(teacher_cache), teacher, since=since)
+            judgments, exported = export_judgments(Path(teacher_cache), teacher, since=since, until=until)
             found, unusable = from_cache(judgments)
             groups = len({e.group for e in found})
             if groups < 2:
@@ -376,6 +404,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                                    f"too few groups to hold some out; judges recorded there: {exported.models}")
             train_ex, test_ex = split_by_group(found, holdout, seed=seed)
             report["teacher"] = {"judge": teacher, "cache": str(teacher_cache), "since": str(since),
+                                 "until": str(until),
                                  "judgments": exported.exported, "usable": len(found), "unusable": unusable,
                                  "groups": groups,
                                  "heldout_groups": len({e.group for e in test_ex})}
@@ -405,8 +434,13 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
 
         t = ph.begin("sft_and_eval_untrained")
         config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
-        # room after the SFT: the distilled student's measure, and both students on each LLMBar set
-        sft_deadline = ph.at(budget_s - (40 + 45 * len(llmbar_sets) if llmbar_limit else 40))
+        # room after the SFT: the distilled student's measure, GRPO and its measure, and every student on each
+        # LLMBar set
+        per_set = 45 * (1.5 if grpo_steps else 1)
+        sft_deadline = ph.at(budget_s - (40 + per_set * len(llmbar_sets) if llmbar_limit else 40)
+                             - (grpo_budget_s + 30 if grpo_steps else 0))
+        grpo_runs = Path(judge_dir).parent / "grpo-runs"
+        shutil.rmtree(grpo_runs, ignore_errors=True)
         history: list[dict] = []
 
         class OutOfTime(Exception):
@@ -426,6 +460,8 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                 pass
             save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": teacher or "ART·E rubric",
                                                        "steps": len(history)})
+            if grpo_steps:  # GRPO resumes from the SFT adapter, written as the run's step 1 (as `ruler distill` does)
+                save_checkpoint(grpo_run_dir(grpo_runs), 1, model, None, {"sft_steps": len(history)})
 
         async def before_eval():
             b = time.perf_counter()
@@ -457,6 +493,37 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         report["paired"] = paired_agreement(test_ex, before, after, seed=seed)
         ph.done("eval_distilled", t)
 
+        judges = [("untrained", before_judge), ("distilled", after_judge)]
+        if grpo_steps:
+            t = ph.begin("grpo")
+            release_memory()  # the SFT model's blocks back to the device before GRPO's engine starts
+            grpo_end = time.perf_counter() + min(grpo_budget_s, max(0.0, ph.left() - 60))
+            grpo_dir = Path(judge_dir).parent / "judge-grpo"
+            meta = {"base": student, "teacher": teacher, "method": "sft+grpo", "sft_steps": len(history),
+                    "grpo_steps": grpo_steps, "grpo_learning_rate": grpo_lr or lr, "group_size": grpo_group_size}
+            options = None if dry_run else {"gpu_memory_utilization": gpu_memory_utilization,
+                                            "enforce_eager": enforce_eager}
+            report["grpo_history"] = await grpo_stage(
+                student, train_ex, grpo_dir, meta, config, grpo_runs, steps=grpo_steps, lr=grpo_lr or lr,
+                group_size=grpo_group_size, engine="transformers" if dry_run else "vllm", valid_bonus=0.0,
+                print_fn=lambda text, **_: print(f"[distill-bench] {text}", flush=True), engine_options=options,
+                stop=lambda: time.perf_counter() > grpo_end)
+            report["grpo_steps"] = len(report["grpo_history"])
+            report["grpo_steps_trained"] = sum(bool(r["trained"]) for r in report["grpo_history"])
+            ph.done("grpo", t)
+            t = ph.begin("eval_grpo")
+            if server is not None:
+                await server.load_adapter(2, grpo_dir)
+                grpo_judge = f"hosted_vllm/{SERVED}@2"
+            else:
+                grpo_judge = f"local/{grpo_dir.resolve()}"
+            tuned = await agreement(grpo_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
+            report["sft_grpo"] = tuned.row()
+            report["paired_grpo"] = paired_agreement(test_ex, before, tuned, seed=seed)
+            report["paired_grpo_sft"] = paired_agreement(test_ex, after, tuned, seed=seed)
+            judges.append(("sft_grpo", grpo_judge))
+            ph.done("eval_grpo", t)
+
         root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
         if llmbar_limit and not (root / "LLMBar").is_dir():
             report["llmbar"] = {d: {"skipped": f"no LLMBar data under {root}"} for d in llmbar_sets}
@@ -468,7 +535,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                     report["llmbar"][dataset] = {"skipped": f"{ph.left():.0f} s left of the budget"}
                     continue
                 bar = report["llmbar"][dataset] = {}
-                for label, judge in (("untrained", before_judge), ("distilled", after_judge)):
+                for label, judge in judges:
                     try:  # stops 10 s before the budget's end, leaving time to write the report
                         summary, _ = await asyncio.wait_for(
                             evaluate([dataset], judge, params=judge_params, limit=llmbar_limit, root=root,
@@ -504,26 +571,31 @@ def write_report(out: Path, report: dict) -> None:
     lines = [f"# Distilled judge vs {teacher}", "", f"Rerun: `{report.get('command', '')}`", "",
              "| student | pairwise accuracy | Kendall tau | ties | pairs | no valid answer |",
              "|---|---|---|---|---|---|"]
-    for label in ("untrained", "distilled"):
+    for label in ("untrained", "distilled", "sft_grpo"):
         r = report.get(label)
         if r:
-            lines.append(f"| {label} | {r['pairwise_accuracy']:.3f} | {r['kendall_tau']:.3f} | {r['ties']:.3f} | "
+            lines.append(f"| {STUDENT_LABELS[label]} | {r['pairwise_accuracy']:.3f} | {r['kendall_tau']:.3f} | {r['ties']:.3f} | "
                          f"{r['pairs']} | {r['errors']} |")
-    p = report.get("paired")
-    if p:
-        lines += ["", f"Distilled minus untrained, over the same {p['pairs']} teacher-ordered held-out pairs: "
-                      f"{p['difference']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] with a tie counted wrong, "
-                      f"{p['difference_half']:+.3f} [{p['low_half']:+.3f}, {p['high_half']:+.3f}] with a tie worth "
-                      f"one half (paired bootstrap over {p['groups']} groups); a judge that always prefers the "
-                      f"trajectory shown first agrees on {p['first_shown']:.3f} of them"]
+    for key, what in (("paired", "Distilled (SFT) minus untrained"), ("paired_grpo", "SFT+GRPO minus untrained"),
+                      ("paired_grpo_sft", "SFT+GRPO minus SFT")):
+        p = report.get(key)
+        if p:
+            lines += ["", f"{what}, over the same {p['pairs']} teacher-ordered held-out pairs: "
+                          f"{p['difference']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] with a tie counted wrong, "
+                          f"{p['difference_half']:+.3f} [{p['low_half']:+.3f}, {p['high_half']:+.3f}] with a tie "
+                          f"worth one half (paired bootstrap over {p['groups']} groups); a judge that always prefers "
+                          f"the trajectory shown first agrees on {p['first_shown']:.3f} of them"]
     bars = report.get("llmbar") or ({"llmbar-natural": report["llmbar_natural"]} if report.get("llmbar_natural")
                                     else {})
     for dataset, bar in bars.items():
         if "skipped" in bar:
             lines += ["", f"{dataset}: skipped, {bar['skipped']}"]
-        elif all("accuracy" in bar.get(label, {}) for label in ("untrained", "distilled")):
-            lines += ["", (f"{dataset} accuracy: untrained "
-                      f"{bar['untrained']['accuracy']:.3f}, distilled {bar['distilled']['accuracy']:.3f}")]
+        else:
+            done = [f"{STUDENT_LABELS[label]} {bar[label]['accuracy']:.3f}" for label in STUDENT_LABELS
+                    if "accuracy" in bar.get(label, {})]
+            skipped = [f"{STUDENT_LABELS[label]} skipped ({bar[label]['skipped']})" for label in STUDENT_LABELS
+                       if "skipped" in bar.get(label, {})]
+            lines += ["", f"{dataset} accuracy: " + ", ".join(done + skipped)]
     if report.get("phases"):
         lines += ["", "Seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in report["phases"].items())]
     if report.get("error"):
@@ -608,7 +680,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--teacher-cache", type=Path, default=None, help="the judge cache holding the teacher's judgments")
     g.add_argument("--since", default=None, help="--teacher: only judgments stored from this ISO date-time on (UTC "
                    "unless given)")
+    g.add_argument("--until", default=None, help="--teacher: only judgments stored before this ISO date-time (UTC "
+                   "unless given)")
     g.add_argument("--holdout", type=float, default=0.2, help="--teacher: the share of groups held out")
+    g.add_argument("--grpo-steps", type=int, default=0, help="--teacher: GRPO steps after the SFT, from its adapter "
+                   "(reward: agreement with the teacher); 0 (default): SFT only")
+    g.add_argument("--grpo-lr", type=float, default=None, help="GRPO's learning rate (default: --lr)")
+    g.add_argument("--grpo-group-size", type=int, default=4, help="GRPO: answers sampled per prompt")
+    g.add_argument("--grpo-budget-s", type=float, default=240, help="GRPO's seconds at most, its engine's start "
+                   "included (taken from the SFT's)")
     g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], choices=list(LLMBAR),
                    help="LLMBar sets measured (both judges)")
     g.add_argument("--out", type=Path, required=True, help="report.json, README.md, train/test JSONL, vLLM's log")
@@ -645,16 +725,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "gpu":
         if (a.teacher is None) == (a.data is None):
             p.error("gpu: give --data (ART·E's rubric on sampled groups) or --teacher with --teacher-cache")
-        if a.teacher is None and (a.teacher_cache or a.since):
-            p.error("--teacher-cache and --since go with --teacher")
+        if a.teacher is None and (a.teacher_cache or a.since or a.until or a.grpo_steps):
+            p.error("--teacher-cache, --since, --until and --grpo-steps go with --teacher")
         import typer
 
         from ruler_rl.trainer.distill_cli import parse_when
 
         try:  # `ruler distill --since`'s rule: ISO 8601, UTC unless given
-            since = parse_when(a.since, "--since")
+            since, until = parse_when(a.since, "--since"), parse_when(a.until, "--until")
         except typer.BadParameter as exc:
             p.error(str(exc))
+        if since and until and until <= since:
+            p.error("--until must come after --since")
         sizes = {"train_groups": a.train_groups, "test_groups": a.test_groups, "group_size": a.group_size,
                      "max_turns": a.max_turns, "steps": a.steps, "batch_size": a.batch_size, "llmbar_limit": a.llmbar_limit}
         if a.dry_run:
@@ -666,9 +748,13 @@ def main(argv: list[str] | None = None) -> int:
                                        gpu_memory_utilization=a.gpu_memory_utilization,
                                        enforce_eager=a.enforce_eager, llmbar_root=a.llmbar_root,
                                        dry_run=a.dry_run, teacher=a.teacher, teacher_cache=a.teacher_cache,
-                                       since=since, holdout=a.holdout, llmbar_sets=tuple(a.llmbar_sets), **sizes))
+                                       since=since, until=until, holdout=a.holdout,
+                                       llmbar_sets=tuple(a.llmbar_sets), grpo_steps=a.grpo_steps,
+                                       grpo_lr=a.grpo_lr, grpo_group_size=a.grpo_group_size,
+                                       grpo_budget_s=a.grpo_budget_s, **sizes))
         print(json.dumps({k: report.get(k) for k in ("sample", "teacher", "train_prompts", "test_prompts",
-                                                      "sft_steps", "untrained", "distilled", "paired", "llmbar",
+                                                      "sft_steps", "untrained", "distilled", "paired",
+                                                      "grpo_steps", "sft_grpo", "paired_grpo", "llmbar",
                                                       "phases", "seconds", "error")}, default=str))
         return 1 if report.get("error") else 0
     if a.cmd == "sample":

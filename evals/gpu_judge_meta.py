@@ -2,7 +2,9 @@
 
 With `--engine server` (default) it starts `vllm serve` on loopback and judges through `hosted_vllm/<name>`
 (real HTTP); with `--engine in-process` it uses the `vllm-engine/<path>` litellm provider (an AsyncLLM in
-this process). It runs `evals.judge_meta.evaluate` over every dataset with k=1 and k=3 and writes
+this process). It runs `evals.judge_meta.evaluate` over every dataset (or those of `--datasets`, built-in names
+and JSONL files of your own labels, in that order; `--by FIELD` breaks a file down by one of its fields) with k=1
+and k=3 and writes
 summary.csv, detail.csv and run.json (pairs/s, start-up time, when each dataset began) to --out after each
 dataset; the judge cache (every judgment, with its prompt: `ruler distill --teacher` reads it) is OUT/judge-cache. Before that, on the
 same server: with `--injection-groups N`, `evals.judge_injection` over N groups (injection.json); then with
@@ -53,12 +55,14 @@ def run_eval(args, judge: str, params: dict | None, ready_s: float) -> None:
     started, summaries, details, stages = time.perf_counter(), [], [], []
 
     async def each_dataset() -> None:
-        for dataset in DATASETS:
+        for dataset in args.datasets:  # in the order given
             # when each dataset's judgments began (UTC): `ruler distill --since` selects one set's judgments from the
             # judge cache by it (the sets run one after another)
             stages.append({"dataset": dataset, "started": datetime.now(UTC).isoformat()})
+            by = args.by if dataset not in DATASETS else None  # a field of a user's file, not of a built-in set
             summary, detail = await evaluate([dataset], judge, params=params, ks=(1, 3), limit=args.limit,
-                                             concurrency=args.concurrency, progress=False, max_prompt_tokens=7000)
+                                             concurrency=args.concurrency, progress=False, max_prompt_tokens=7000,
+                                             by=by)
             summaries.append(summary)
             details.append(detail)
             pd.concat(summaries, ignore_index=True).to_csv(args.out / "summary.csv", index=False)
@@ -87,6 +91,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--datasets", nargs="+", default=None, help="built-in set names and/or JSONL files of labelled "
+                    "pairs or groups (`ruler eval judge --dataset`'s format), judged in this order (default: every "
+                    "built-in set)")
+    ap.add_argument("--by", default=None, help="with a JSONL file among --datasets: one more summary row per value "
+                    "of this field of its rows")
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--engine", choices=["server", "in-process"], default="server")
@@ -101,6 +110,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.injection_groups < 0 or (args.limit is not None and args.limit < 1) or args.concurrency < 1:
         ap.error("--injection-groups must be >= 0, --limit and --concurrency >= 1")
+    from evals.judge_meta import DATASETS
+
+    args.datasets = args.datasets or list(DATASETS)
+    unknown = [d for d in args.datasets if d not in DATASETS and not Path(d).is_file()]
+    if unknown:
+        ap.error(f"--datasets: {unknown[0]!r} is neither a built-in set ({', '.join(DATASETS)}) nor a file")
+    if len(set(args.datasets)) < len(args.datasets):
+        ap.error("--datasets names a set twice")
+    if args.by is not None and all(d in DATASETS for d in args.datasets):
+        ap.error("--by reads a field of your own JSONL file: give one in --datasets")
     if not 0 < args.gpu_memory_utilization <= 1:
         ap.error("--gpu-memory-utilization must be in (0, 1]")
     if args.engine == "in-process" and (args.answer_accuracy or args.injection_groups or args.enforce_eager):

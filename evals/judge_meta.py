@@ -288,3 +288,51 @@ def save_report(summary, detail, out: Path, title: str) -> list[Path]:
     fig.savefig(paths[3], dpi=120)
     plt.close(fig)
     return paths
+
+
+CASESTUDY = "LLMBar/CaseStudy"
+
+
+def write_casestudy_jsonl(out: Path, root: Path = DEFAULT_ROOT) -> int:
+    """LLMBar's case-study pairs (`CaseStudy/<case>/dataset.json`: Base_9, Base_10, Constraint, Negation, Normal;
+    gold labels, none of them in `DATASETS`) written to `out` as a labelled-pairs JSONL file in the format
+    `ruler eval judge --dataset` reads from users (LLMBar's own field names, one pair a line, its case in the
+    extra field `case` for `by="case"`). Returns the number of pairs written; a missing or malformed set is a
+    DatasetError, and `out` is not written then."""
+    base = Path(root) / CASESTUDY
+    cases = sorted(p.name for p in base.iterdir() if (p / "dataset.json").is_file()) if base.is_dir() else []
+    if not cases:
+        raise DatasetError(f"no LLMBar case-study sets under {base}")
+    lines = []
+    for case in cases:
+        path = base / case / "dataset.json"
+        rows = _load_json(path)
+        if not isinstance(rows, list):
+            raise DatasetError(f"{path}: expected a list of records")
+        for i, r in enumerate(rows):
+            where = f"{path}[{i}]"
+            if not isinstance(r, dict) or r.get("label") not in (1, 2):
+                raise DatasetError(f"{where}: expected a record with label 1 or 2")
+            lines.append(json.dumps({"id": f"{case}-{i}", "input": text_field(r, "input", where),
+                                     "output_1": text_field(r, "output_1", where),
+                                     "output_2": text_field(r, "output_2", where), "label": r["label"],
+                                     "case": case}, ensure_ascii=False))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return len(lines)
+
+
+if __name__ == "__main__":  # python -m evals.judge_meta casestudy OUT [--root ROOT]
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m evals.judge_meta", description="Write LLMBar's case-study pairs as a "
+                                 "labelled-pairs JSONL file (the format `ruler eval judge --dataset` reads).")
+    ap.add_argument("what", choices=["casestudy"])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="judge-meta data root (holds LLMBar/)")
+    a = ap.parse_args()
+    try:
+        print(f"{write_casestudy_jsonl(a.out, a.root)} pairs written to {a.out}")
+    except DatasetError as exc:
+        raise SystemExit(f"error: {exc}") from None

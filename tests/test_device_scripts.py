@@ -161,6 +161,20 @@ def test_the_judge_run_passes_gpu_judge_meta_and_meta_only_drops_the_two_checks(
     assert (late.limit, late.answer_accuracy, late.injection_groups) == (100, False, 0)
 
 
+def test_the_judge_run_takes_a_users_file_and_pandalm_last(tmp_path):
+    """Table 1's user-label row and table 2's teacher data in one meta-only run (the file judge_run.sh writes on the
+    host is a tmp file here)."""
+    from evals.gpu_judge_meta import parse_args
+
+    mine = tmp_path / "llmbar-casestudy.jsonl"
+    mine.write_text("{}\n")
+    done = dry("judge_run.sh", "--meta-only", "--limit", "1000", "--datasets", str(mine), "pandalm", "--by", "case",
+               var="JUDGE_RUN_DRY_RUN")
+    assert done.returncode == 0, done.stderr
+    args = parse_args(done.stdout.splitlines())
+    assert (args.datasets, args.by, args.limit, args.injection_groups) == ([str(mine), "pandalm"], "case", 1000, 0)
+
+
 def test_the_distillation_run_passes_the_bench_parser(tmp_path):
     """evals/device/distill_run.sh (table 2): its arguments parse with evals.distill_bench's own parser, teacher mode
     (no --data), every LLMBar set, and later arguments override."""
@@ -178,6 +192,21 @@ def test_the_distillation_run_passes_the_bench_parser(tmp_path):
     assert (args.cmd, args.teacher, args.data, args.steps) == ("gpu", "hosted_vllm/qwen15", None, 100)
     assert args.teacher_cache == meta / "judge-cache" and args.since == "2026-12-07T14:33:10.5+00:00"  # PandaLM's
     assert args.llmbar_sets == ["llmbar-natural", "llmbar-faireval", "llmbar-llmeval2", "llmbar-mtbench"]
+    assert args.until is None  # PandaLM was the last stage
+    assert (args.grpo_steps, args.grpo_group_size) == (60, 4)  # SFT, then GRPO
+    # the budget leaves the SFT time: GRPO's seconds and four LLMBar sets for three students come out of it
+    assert args.budget_s - args.grpo_budget_s - 30 - (40 + 67.5 * 4) >= 300
+    (meta / "run.json").write_text(json.dumps({"judge": "hosted_vllm/qwen15", "stages": [
+        {"dataset": "pandalm", "started": "2026-12-07T14:33:10.5+00:00"},
+        {"dataset": "llmbar-natural", "started": "2026-12-07T14:35:00+00:00"}]}))  # a set judged after PandaLM
+    done = subprocess.run(["bash", "evals/device/distill_run.sh", "--grpo-steps", "0"], capture_output=True,
+                          text=True, env={**os.environ, "DISTILL_DRY_RUN": "1", "DISTILL_META": str(meta)}, timeout=60)
+    args = build_parser().parse_args(done.stdout.splitlines())
+    assert (args.since, args.until) == ("2026-12-07T14:33:10.5+00:00", "2026-12-07T14:35:00+00:00")
+    assert args.grpo_steps == 0  # later arguments override
+    done = subprocess.run(["bash", "evals/device/distill_run.sh", "--collect", "soon"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "WATCH_S" in done.stderr
     (meta / "run.json").write_text(json.dumps({"judge": "hosted_vllm/qwen15", "stages": []}))  # cut before PandaLM
     done = subprocess.run(["bash", "evals/device/distill_run.sh"], capture_output=True, text=True,
                           env={**os.environ, "DISTILL_DRY_RUN": "1", "DISTILL_META": str(meta)}, timeout=60)

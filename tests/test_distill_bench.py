@@ -152,15 +152,20 @@ async def test_gpu_bench_with_a_judge_as_teacher_refuses_what_it_cannot_use(tmp_
                                                    "--teacher", "x/y"],
                  ["gpu", "--out", str(tmp_path), "--data", str(tmp_path), "--since", "2026-12-01"],
                  ["gpu", "--out", str(tmp_path), "--teacher", "x/y", "--teacher-cache", str(tmp_path),
-                  "--since", "yesterday"]):
+                  "--since", "yesterday"],
+                 ["gpu", "--out", str(tmp_path), "--data", str(tmp_path), "--grpo-steps", "2"],
+                 ["gpu", "--out", str(tmp_path), "--teacher", "x/y", "--teacher-cache", str(tmp_path),
+                  "--since", "2026-12-02", "--until", "2026-12-01"]):
         with pytest.raises(SystemExit):
             main(argv)
 
 
-@pytest.mark.slow  # ~1 min: two SFT steps, and two held-out prompts judged twice by the embedded model on the CPU
+@pytest.mark.slow  # ~2 min: two SFT steps, one GRPO step, held-out prompts judged by three students on the CPU
 async def test_gpu_bench_distils_a_judges_cached_judgments_and_pairs_the_two_students(tmp_path, judge):
     """Table 2 of evals/reports/judges: the teacher is a judge (here the scripted one, by its GOOD/OK/BAD markers),
-    its judgments read from the judge cache from --since on, split by group; nothing is sampled."""
+    its judgments read from the judge cache between --since and --until, split by group; nothing is sampled. SFT,
+    then GRPO from the SFT adapter, each student paired against the untrained one."""
+    import asyncio
     from datetime import UTC, datetime
 
     from ruler_rl.scoring import ruler_result
@@ -172,14 +177,43 @@ async def test_gpu_bench_distils_a_judges_cached_judgments_and_pairs_the_two_stu
     for topic in ("tea", "rain", "maps", "bees", "salt"):
         await ruler_result([convo(f"GOOD {topic}"), convo(f"BAD {topic}")], "openai/fake-judge", judge.params,
                            cache=str(cache))
+    await asyncio.sleep(0.01)
+    until = datetime.now(UTC)
+    await ruler_result([convo("GOOD late"), convo("BAD late")], "openai/fake-judge", judge.params, cache=str(cache))
     report = await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=cache,
-                             since=since, holdout=0.4, dry_run=True, steps=2, batch_size=2, llmbar_limit=0,
-                             budget_s=900, judge_dir=tmp_path / "judge")
+                             since=since, until=until, holdout=0.4, dry_run=True, steps=2, batch_size=2,
+                             llmbar_limit=0, budget_s=900, judge_dir=tmp_path / "judge", grpo_steps=1,
+                             grpo_group_size=2)
     assert "error" not in report, report.get("error")
-    assert report["teacher"]["usable"] == 5 and report["teacher"]["groups"] == 5  # the early judgment left out
+    assert report["teacher"]["usable"] == 5 and report["teacher"]["groups"] == 5  # the early and late ones left out
     assert report["teacher"]["heldout_groups"] == 2 and report["test_prompts"] == 2 and report["train_prompts"] == 3
     assert "sample" not in report
     paired = report["paired"]
     assert paired["pairs"] == 2 and paired["groups"] == 2  # one teacher-ordered pair in each held-out group
     assert paired["difference"] == pytest.approx(paired["after"] - paired["before"])
-    assert (tmp_path / "out" / "README.md").read_text().startswith("# Distilled judge vs openai/fake-judge")
+    # GRPO ran one step from the SFT adapter (the run resumed at step 1: its trained step is step 2) and its
+    # student was measured on the same held-out pairs, against the untrained student and against the SFT one
+    assert report["grpo_steps"] == 1 and report["grpo_history"][0]["step"] == 2
+    assert len(report["grpo_history"][0]["group_rewards"]) == 2  # batch_size prompts, grpo_group_size answers each
+    assert all(len(r) == 2 for r in report["grpo_history"][0]["group_rewards"])
+    assert report["sft_grpo"]["prompts"] == 2
+    assert report["paired_grpo"]["before"] == pytest.approx(paired["before"])
+    assert report["paired_grpo_sft"]["before"] == pytest.approx(paired["after"])
+    assert report["paired_grpo"]["after"] == pytest.approx(report["paired_grpo_sft"]["after"])
+    assert (tmp_path / "judge-grpo" / "adapter_config.json").is_file()
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert readme.startswith("# Distilled judge vs openai/fake-judge")
+    assert "| SFT+GRPO |" in readme and "SFT+GRPO minus SFT" in readme
+
+
+async def test_gpu_bench_refuses_grpo_without_a_teacher_or_with_bad_sizes(tmp_path):
+    for bad in ({"grpo_steps": -1}, {"grpo_steps": 1.5}, {"grpo_steps": 1, "grpo_group_size": 1},
+                {"grpo_steps": 1, "grpo_budget_s": 10}, {"grpo_steps": 1, "grpo_lr": 0}):
+        with pytest.raises(ValueError):
+            await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=tmp_path,
+                            dry_run=True, **bad)
+    (tmp_path / "data").mkdir()
+    for f in ("inbox.db", "scenarios.jsonl"):
+        (tmp_path / "data" / f).write_text("")
+    with pytest.raises(ValueError, match="needs a teacher"):
+        await gpu_bench(data=tmp_path / "data", out=tmp_path / "out", dry_run=True, grpo_steps=1)

@@ -291,7 +291,7 @@ def test_sft_then_grpo_starts_from_the_sft_adapter_and_grpo_trains_the_lora(tmp_
     from tests.test_distill import synthetic_dataset
 
     loaded, alive_at_grpo = [], []
-    real_load, real_stage = ruler_rl.trainer.sft.load_student, ruler_rl.trainer.distill_cli._grpo_stage
+    real_load, real_stage = ruler_rl.trainer.sft.load_student, ruler_rl.trainer.distill_cli.grpo_stage
 
     def load_student(*a, **k):
         model, tokenizer, full_forward = real_load(*a, **k)
@@ -303,7 +303,7 @@ def test_sft_then_grpo_starts_from_the_sft_adapter_and_grpo_trains_the_lora(tmp_
         return await real_stage(*a, **k)
 
     monkeypatch.setattr(ruler_rl.trainer.sft, "load_student", load_student)
-    monkeypatch.setattr(ruler_rl.trainer.distill_cli, "_grpo_stage", grpo_stage)
+    monkeypatch.setattr(ruler_rl.trainer.distill_cli, "grpo_stage", grpo_stage)
 
     data = synthetic_dataset(tmp_path / "synth.jsonl", n_groups=6)
     out = tmp_path / "sft-grpo-judge"

@@ -442,7 +442,8 @@ def answer_scores(answer: str | None, ids: list[str]) -> dict[str, float] | None
 
 async def train_grpo(model, examples: list[TeacherExample], config, *, steps: int, group_size: int = 4,
                      batch_size: int = 4, max_answer_tokens: int | None = None, temperature: float = 1.0,
-                     valid_bonus: float = 0.0, constrained: bool = True, seed: int = 0, on_step=None) -> list[dict]:
+                     valid_bonus: float = 0.0, constrained: bool = True, seed: int = 0, on_step=None,
+                     stop=None) -> list[dict]:
     """`steps` GRPO steps of a registered `ruler_rl.trainer.TrainableModel` on `examples`' RULER prompts: each step takes
     `batch_size` prompts (a seeded order, reshuffled after each pass), samples `group_size` answers to each
     from the model's own server (`temperature`; `constrained`: under RULER's exact answer schema for these ids,
@@ -466,7 +467,9 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
     which `invalid_answers` counts without them), `prompts_refused` (answered by the server with a 400 Bad
     Request, e.g. a prompt longer than its `max_seq_length` or a schema it cannot honour: logged with the
     error's class and message, left out of the step) and `prompts_left_out`; `on_step(row)` (a callable, or
-    None) is called with each. `seed` (an integer) seeds the prompt order and the server's sampling."""
+    None) is called with each. `stop` (a callable taking nothing, or None) is asked after each step: True ends
+    the training there, before `steps` (a time budget's end). `seed` (an integer) seeds the prompt order and
+    the server's sampling."""
     import openai
 
     from ruler_rl.prompt import response_schema
@@ -492,6 +495,8 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
         raise TypeError(f"constrained must be True or False, got {constrained!r}")
     if on_step is not None and not callable(on_step):
         raise TypeError(f"on_step must be a callable taking each step's row, or None; got {on_step!r}")
+    if stop is not None and not callable(stop):
+        raise TypeError(f"stop must be a callable taking nothing (True: end the training), or None; got {stop!r}")
     if not isinstance(examples, list) or not all(isinstance(e, TeacherExample) for e in examples):
         raise TypeError("examples must be a list of TeacherExample")
     usable = [e for e in examples if teacher_orders_a_pair(e)]
@@ -541,6 +546,9 @@ async def train_grpo(model, examples: list[TeacherExample], config, *, steps: in
         history.append(row)
         if on_step is not None:
             on_step(row)
+        if stop is not None and stop():
+            log.info("GRPO stopped after step %d of %d (stop() said so)", step, start + steps)
+            break
     return history
 
 

@@ -202,7 +202,7 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
             await asyncio.to_thread(save_checkpoint, grpo_run_dir(runs), 1, model, None, {"sft_steps": steps})
             model = tokenizer = None  # the SFT model off the device before GRPO loads its own
             release_memory()
-        history += await _grpo_stage(student, train, out, meta, config, runs,
+        history += await grpo_stage(student, train, out, meta, config, runs,
                                      steps=grpo_steps or steps, lr=grpo_lr or lr, group_size=group_size,
                                      engine=engine, valid_bonus=valid_bonus, print_fn=print_fn)
     model = tokenizer = None
@@ -230,11 +230,13 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_config, runs: Path, *, steps: int,
-                      lr: float, group_size: int, engine: str, valid_bonus: float, print_fn) -> list[dict]:
+async def grpo_stage(student: str, train: list, out: Path, meta: dict, sft_config, runs: Path, *, steps: int,
+                      lr: float, group_size: int, engine: str, valid_bonus: float, print_fn,
+                      engine_options: dict | None = None, stop=None) -> list[dict]:
     """GRPO on `train` in the run at `runs` (resumed from its last checkpoint when there is one: the SFT
     adapter of `sft+grpo`, written there as step 1 before the SFT model was dropped), then the last checkpoint
-    written to `out` as a judge folder."""
+    written to `out` as a judge folder. `engine_options`: more `EngineConfig` fields (e.g. vLLM's
+    `gpu_memory_utilization` beside another server on the GPU); `stop`: `train_grpo`'s early stop."""
     from transformers import AutoTokenizer
 
     import ruler_rl.trainer.checkpoints as ckpt
@@ -245,7 +247,7 @@ async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_conf
 
     model = TrainableModel(GRPO_NAME, GRPO_PROJECT, student, ModelConfig(
         lora=sft_config.lora, seed=sft_config.seed,
-        engine=EngineConfig(engine=engine, max_seq_length=sft_config.max_seq_length)))
+        engine=EngineConfig(engine=engine, max_seq_length=sft_config.max_seq_length, **(engine_options or {}))))
     backend = LocalBackend(runs)
     try:
         await model.register(backend)
@@ -254,7 +256,7 @@ async def _grpo_stage(student: str, train: list, out: Path, meta: dict, sft_conf
                              weight_decay=sft_config.weight_decay)
         history = await train_grpo(
             model, train, config, steps=steps, group_size=group_size, batch_size=sft_config.batch_size,
-            valid_bonus=valid_bonus, seed=sft_config.seed,
+            valid_bonus=valid_bonus, seed=sft_config.seed, stop=stop,
             on_step=lambda r: print_fn(f"grpo step {r['step']}: reward {r['reward_mean']:.3f}, valid "
                                        f"{r['valid_share']:.2f}, cut {r['answers_cut']}, invalid "
                                        f"{r['invalid_answers']}, trained {r['trained']}", soft_wrap=True))

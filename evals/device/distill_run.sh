@@ -1,30 +1,59 @@
 #!/usr/bin/env bash
 # On the GPU host (issue #36, table 2), after `evals/device/judge_run.sh --meta-only` in the same session: distil
 # the judge it served (Qwen2.5-Coder-1.5B; its litellm name read from the run's run.json, `hosted_vllm/qwen15`)
-# into SmolLM2-135M from the judgments it made on PandaLM (its judge cache, from the PandaLM stage's start on: the
-# LLMBar judgments stay out of training, so LLMBar measures the student outside its training data), with
-# evals.distill_bench's gpu mode: SFT (no GRPO stage), the untrained and distilled students' agreement with the
-# teacher on held-out PandaLM groups (paired), and LLMBar's four sets. Converts SmolLM2 first (/tmp/gpukit/
-# install.sh, once). Results: /tmp/distill/out (report.json, README.md, vLLM's log), packed as $OUT/distill.tgz.
-#   usage: bash evals/device/distill_run.sh [evals.distill_bench gpu arguments ...]   (later ones override)
+# into SmolLM2-135M from the judgments it made on PandaLM (its judge cache, from the PandaLM stage's start to the
+# next stage's start, if any: the other sets' judgments stay out of training, so LLMBar measures the student
+# outside its training data), with evals.distill_bench's gpu mode: SFT, then GRPO from the SFT adapter (reward:
+# agreement with the teacher), each student's agreement with the teacher on held-out PandaLM groups (paired with
+# the untrained student's), and LLMBar's four sets. Converts SmolLM2 first (/tmp/gpukit/install.sh, once).
+# Results: /tmp/distill/out (report.json, README.md, run.log, vLLM's log), packed as $OUT/distill.tgz.
+#   usage: bash evals/device/distill_run.sh [--detach] [evals.distill_bench gpu arguments ...]   (later ones override)
+#          bash evals/device/distill_run.sh --collect WATCH_S   # a later call: wait for a detached run, pack it
+# --detach starts the run in the background and returns (its log /tmp/distill/detached.log): a run longer than one
+# device call (600 s) is watched and packed by `--collect` in the next call, which waits at most WATCH_S seconds for
+# it to end and packs what there is either way.
 # Run judge_run.sh once per host: a second run's PandaLM judgments come from the cache with their first times,
 # before the second run.json's start, and --since would leave them out.
 # DISTILL_DRY_RUN=1 prints the arguments, one a line, and starts nothing; DISTILL_META (default /tmp/judge/qwen15)
 # is the judge run's folder (run.json, judge-cache).
 set -uo pipefail
-root=$PWD; meta=${DISTILL_META:-/tmp/judge/qwen15}
-read -r teacher since < <(python3 -c 'import json, sys
+root=$PWD; meta=${DISTILL_META:-/tmp/judge/qwen15}; pidfile=/tmp/distill/running.pid
+alive() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2> /dev/null; }
+pack() { tar czf "$OUT/distill.tgz" -C /tmp/distill out 2>/dev/null; }
+if [ "${1:-}" = --collect ]; then
+  [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "distill_run.sh: WATCH_S '${2:-}' is not a non-negative integer" >&2; exit 2; }
+  end=$((SECONDS + $2))
+  while alive && [ $SECONDS -lt $end ]; do sleep 5; done
+  alive && echo "distill_run.sh: still running after $2 s; packed what there is"
+  tail -30 /tmp/distill/out/run.log 2>/dev/null; pack
+  [ -f /tmp/distill/rc ] && exit "$(cat /tmp/distill/rc)"
+  exit 0
+fi
+detach=0; rest=()
+for a in "$@"; do [ "$a" = --detach ] && detach=1 || rest+=("$a"); done
+set -- ${rest[@]+"${rest[@]}"}
+read -r teacher since until < <(python3 -c 'import json, sys
 run = json.load(open(sys.argv[1]))
-print(run["judge"], next(s["started"] for s in run.get("stages", []) if s["dataset"] == "pandalm"))' \
+stages = run.get("stages", [])
+i = next(i for i, s in enumerate(stages) if s["dataset"] == "pandalm")
+print(run["judge"], stages[i]["started"], stages[i + 1]["started"] if i + 1 < len(stages) else "")' \
   "$meta/run.json" 2> /dev/null) || true
 [ -n "${since:-}" ] || { echo "distill_run.sh: no PandaLM stage in $meta/run.json: run judge_run.sh --meta-only" \
                               "first" >&2; exit 2; }
-cmd=(gpu --teacher "$teacher" --teacher-cache "$meta/judge-cache" --since "$since" --holdout 0.2 \
-  --out /tmp/distill/out --judge-dir /tmp/distill/judge --model-dir /tmp/models/SmolLM2-135M-Instruct \
-  --budget-s 480 --steps 300 --batch-size 8 --lr 2e-4 --gpu-memory-utilization 0.3 --enforce-eager \
+bound=(); [ -n "${until:-}" ] && bound=(--until "$until")
+cmd=(gpu --teacher "$teacher" --teacher-cache "$meta/judge-cache" --since "$since" ${bound[@]+"${bound[@]}"} \
+  --holdout 0.2 --out /tmp/distill/out --judge-dir /tmp/distill/judge --model-dir /tmp/models/SmolLM2-135M-Instruct \
+  --budget-s 860 --steps 300 --batch-size 8 --lr 2e-4 --grpo-steps 60 --grpo-group-size 4 --grpo-budget-s 220 \
+  --gpu-memory-utilization 0.3 --enforce-eager \
   --llmbar-limit 200 --llmbar-root "$(dirname "$root")/shared/data/judge-meta" \
   --llmbar-sets llmbar-natural llmbar-faireval llmbar-llmeval2 llmbar-mtbench "$@")
 [ "${DISTILL_DRY_RUN:-0}" = 1 ] && { printf '%s\n' "${cmd[@]}"; exit 0; }
+if [ $detach = 1 ]; then
+  alive && { echo "distill_run.sh: a detached run is still going (pid $(cat "$pidfile"))" >&2; exit 3; }
+  mkdir -p /tmp/distill; rm -f /tmp/distill/rc
+  setsid nohup bash "$0" "$@" > /tmp/distill/detached.log 2>&1 < /dev/null &
+  echo $! > "$pidfile"; echo "distill_run.sh: detached (pid $!, log /tmp/distill/detached.log)"; exit 0
+fi
 bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
 bash /tmp/gpukit/install.sh > /tmp/distill-install.log 2>&1 || { tail -20 /tmp/distill-install.log; exit 5; }
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
@@ -32,5 +61,6 @@ export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LI
 mkdir -p /tmp/distill/out
 python3 -m evals.distill_bench "${cmd[@]}" 2>&1 | tee /tmp/distill/out/run.log | tail -30
 rc=${PIPESTATUS[0]}
-tar czf "$OUT/distill.tgz" -C /tmp/distill out 2>/dev/null
+echo $rc > /tmp/distill/rc
+[ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] && pack
 exit $rc

@@ -6,6 +6,11 @@
 # (LLMBar's four sets and PandaLM, k=1 and k=3, saved per set); results packed as $OUT/judge.tgz every 20 s.
 #   usage: bash evals/device/judge_run.sh [--meta-only] [evals.gpu_judge_meta arguments ...]   e.g. --limit 200
 # --meta-only: the meta-evaluation alone (no injection check, no answer pairs), for a call too short for all three.
+# LLMBar's case-study pairs are written to /tmp/judge/llmbar-casestudy.jsonl first, in the labelled-pairs format
+# users give `ruler eval judge --dataset` (table 1's user-label row): name it in `--datasets` (with `--by case`).
+#   e.g. table 1's user-label row and table 2's teacher data, PandaLM last (distill_run.sh reads its judgments):
+#   bash evals/device/judge_run.sh --meta-only --limit 1000 --datasets /tmp/judge/llmbar-casestudy.jsonl pandalm \
+#        --by case
 set -uo pipefail
 root=$PWD
 checks=(--answer-accuracy --injection-groups 50); rest=()
@@ -22,6 +27,8 @@ bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
   PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 mkdir -p "$(dirname "$root")/shared/data" && cp -rn /tmp/gpukit/judge-meta "$(dirname "$root")/shared/data/"
+python3 -m evals.judge_meta casestudy /tmp/judge/llmbar-casestudy.jsonl \
+  --root "$(dirname "$root")/shared/data/judge-meta" || exit 5
 [ -f /tmp/models/qwen15/config.json ] || python3 -m evals.gguf_to_hf /tmp/gpukit/qwen/qwen.gguf /tmp/models/qwen15 \
   > /tmp/convert.log 2>&1 || { tail -20 /tmp/convert.log; exit 5; }
 mkdir -p $res
