@@ -43,7 +43,7 @@ print(run["judge"], stages[i]["started"], stages[i + 1]["started"] if i + 1 < le
 bound=(); [ -n "${until:-}" ] && bound=(--until "$until")
 cmd=(gpu --teacher "$teacher" --teacher-cache "$meta/judge-cache" --since "$since" ${bound[@]+"${bound[@]}"} \
   --holdout 0.2 --out /tmp/distill/out --judge-dir /tmp/distill/judge --model-dir /tmp/models/SmolLM2-135M-Instruct \
-  --budget-s 860 --steps 300 --batch-size 8 --lr 2e-4 --grpo-steps 60 --grpo-group-size 4 --grpo-budget-s 220 \
+  --budget-s 820 --steps 300 --batch-size 8 --lr 2e-4 --grpo-steps 60 --grpo-group-size 4 --grpo-budget-s 200 \
   --gpu-memory-utilization 0.3 --enforce-eager \
   --llmbar-limit 200 --llmbar-root "$(dirname "$root")/shared/data/judge-meta" \
   --llmbar-sets llmbar-natural llmbar-faireval llmbar-llmeval2 llmbar-mtbench "$@")
