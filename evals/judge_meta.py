@@ -293,12 +293,15 @@ def save_report(summary, detail, out: Path, title: str) -> list[Path]:
 CASESTUDY = "LLMBar/CaseStudy"
 
 
-def write_casestudy_jsonl(out: Path, root: Path = DEFAULT_ROOT) -> int:
+def write_casestudy_jsonl(out: Path, root: Path = DEFAULT_ROOT, per_case: int | None = None) -> int:
     """LLMBar's case-study pairs (`CaseStudy/<case>/dataset.json`: Base_9, Base_10, Constraint, Negation, Normal;
     gold labels, none of them in `DATASETS`) written to `out` as a labelled-pairs JSONL file in the format
     `ruler eval judge --dataset` reads from users (LLMBar's own field names, one pair a line, its case in the
-    extra field `case` for `by="case"`). Returns the number of pairs written; a missing or malformed set is a
-    DatasetError, and `out` is not written then."""
+    extra field `case` for `by="case"`); `per_case` (an integer >= 1, or None for all) keeps the first that many
+    pairs of each case. Returns the number of pairs written; a missing or malformed set is a DatasetError, and
+    `out` is not written then."""
+    if per_case is not None and (isinstance(per_case, bool) or not isinstance(per_case, int) or per_case < 1):
+        raise ValueError(f"per_case must be an integer >= 1 or None, got {per_case!r}")
     base = Path(root) / CASESTUDY
     cases = sorted(p.name for p in base.iterdir() if (p / "dataset.json").is_file()) if base.is_dir() else []
     if not cases:
@@ -309,7 +312,7 @@ def write_casestudy_jsonl(out: Path, root: Path = DEFAULT_ROOT) -> int:
         rows = _load_json(path)
         if not isinstance(rows, list):
             raise DatasetError(f"{path}: expected a list of records")
-        for i, r in enumerate(rows):
+        for i, r in enumerate(rows[:per_case]):
             where = f"{path}[{i}]"
             if not isinstance(r, dict) or r.get("label") not in (1, 2):
                 raise DatasetError(f"{where}: expected a record with label 1 or 2")
@@ -331,8 +334,11 @@ if __name__ == "__main__":  # python -m evals.judge_meta casestudy OUT [--root R
     ap.add_argument("what", choices=["casestudy"])
     ap.add_argument("out", type=Path)
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="judge-meta data root (holds LLMBar/)")
+    ap.add_argument("--per-case", type=int, default=None, help="the first N pairs of each case (default: all)")
     a = ap.parse_args()
+    if a.per_case is not None and a.per_case < 1:
+        ap.error("--per-case must be >= 1")
     try:
-        print(f"{write_casestudy_jsonl(a.out, a.root)} pairs written to {a.out}")
+        print(f"{write_casestudy_jsonl(a.out, a.root, a.per_case)} pairs written to {a.out}")
     except DatasetError as exc:
         raise SystemExit(f"error: {exc}") from None

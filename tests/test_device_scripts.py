@@ -130,6 +130,7 @@ def test_resplit_cuts_the_parts_again_to_the_same_bytes(tmp_path):
     for i, (a, b) in enumerate(((0, 3 * 2**20), (3 * 2**20, len(data)))):
         (tmp_path / ".gpukit" / f"d{i}").mkdir(parents=True)
         (tmp_path / ".gpukit" / f"d{i}" / "part").write_bytes(data[a:b])
+    (tmp_path / ".gpukit" / "d0" / "install.sh").write_text("echo kit\n")  # kit.sh's, beside the first part
 
     def resplit(*prefixes: str):
         return subprocess.run(["bash", str(script), *prefixes], cwd=tmp_path, capture_output=True, text=True,
@@ -141,6 +142,7 @@ def test_resplit_cuts_the_parts_again_to_the_same_bytes(tmp_path):
     assert b"".join(p.read_bytes() for p in parts) == data and max(p.stat().st_size for p in parts) == 2**20
     assert not (tmp_path / ".gpukit" / "d6").exists() and [p.name for p in (tmp_path / ".gpukit").iterdir()
                                                             if p.name.startswith(".")] == []
+    assert (tmp_path / ".gpukit" / "d0" / "install.sh").read_text() == "echo kit\n"  # kept in the first folder
     assert resplit("k").returncode == 3 and resplit("kd").returncode == 2 and resplit().returncode == 2
 
 

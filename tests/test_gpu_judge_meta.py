@@ -128,6 +128,12 @@ def test_llmbar_case_studies_are_written_in_the_users_labelled_pairs_format(tmp_
     assert cases == {"Base_9", "Base_10", "Constraint", "Negation", "Normal"}
     first = json.loads((judge_meta.DEFAULT_ROOT / judge_meta.CASESTUDY / "Base_10" / "dataset.json").read_text())[0]
     assert (pairs[0].id, pairs[0].label) == ("Base_10-0", first["label"])
+    few = judge_meta.write_casestudy_jsonl(tmp_path / "few.jsonl", per_case=3)
+    pairs, _, _, _ = load_user_dataset(tmp_path / "few.jsonl")
+    assert few == 15 and sorted(p.id for p in pairs if p.extra["case"] == "Negation") == [
+        "Negation-0", "Negation-1", "Negation-2"]
+    with pytest.raises(ValueError, match="per_case"):
+        judge_meta.write_casestudy_jsonl(tmp_path / "bad.jsonl", per_case=0)
     with pytest.raises(judge_meta.DatasetError, match="no LLMBar case-study"):
         judge_meta.write_casestudy_jsonl(tmp_path / "none.jsonl", root=tmp_path)
     assert not (tmp_path / "none.jsonl").exists()

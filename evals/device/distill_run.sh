@@ -5,7 +5,9 @@
 # next stage's start, if any: the other sets' judgments stay out of training, so LLMBar measures the student
 # outside its training data), with evals.distill_bench's gpu mode: SFT, then GRPO from the SFT adapter (reward:
 # agreement with the teacher), each student's agreement with the teacher on held-out PandaLM groups (paired with
-# the untrained student's), and LLMBar's four sets. Converts SmolLM2 first (/tmp/gpukit/install.sh, once).
+# the untrained student's), and LLMBar's four sets. Joins the parts if not done yet (join_parts.sh) and
+# dequantizes the kit's SmolLM2 GGUF (/tmp/gpukit/*.gguf) to /tmp/models/SmolLM2-135M-Instruct first
+# (evals.gguf_to_hf, once; on 2026-12-07 the kit's install.sh, which did it before, was not on the host).
 # Results: /tmp/distill/out (report.json, README.md, run.log, vLLM's log), packed as $OUT/distill.tgz.
 #   usage: bash evals/device/distill_run.sh [--detach] [evals.distill_bench gpu arguments ...]   (later ones override)
 #          bash evals/device/distill_run.sh --collect WATCH_S   # a later call: wait for a detached run, pack it
@@ -54,10 +56,17 @@ if [ $detach = 1 ]; then
   setsid nohup bash "$0" "$@" > /tmp/distill/detached.log 2>&1 < /dev/null &
   echo $! > "$pidfile"; echo "distill_run.sh: detached (pid $!, log /tmp/distill/detached.log)"; exit 0
 fi
+bash "$root/evals/device/join_parts.sh" || exit $?
 bash "$root/evals/device/link_package.sh" /tmp/ruler-rl  # the checkout as ruler_rl (no pip install there)
-bash /tmp/gpukit/install.sh > /tmp/distill-install.log 2>&1 || { tail -20 /tmp/distill-install.log; exit 5; }
 export PYTHONPATH=/tmp/site:/tmp/ruler-rl:$root VLLM_USE_FLASHINFER_SAMPLER=0 LITELLM_LOCAL_MODEL_COST_MAP=True \
   PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+student=/tmp/models/SmolLM2-135M-Instruct
+if [ ! -f $student/config.json ]; then
+  gguf=$(ls /tmp/gpukit/*.gguf 2> /dev/null | head -1)
+  [ -n "$gguf" ] || { echo "distill_run.sh: no SmolLM2 GGUF in /tmp/gpukit (the kit's parts, kit.sh)" >&2; exit 5; }
+  python3 -m evals.gguf_to_hf "$gguf" $student > /tmp/distill-convert.log 2>&1 || { tail -20 /tmp/distill-convert.log
+                                                                                    exit 5; }
+fi
 mkdir -p /tmp/distill/out
 python3 -m evals.distill_bench "${cmd[@]}" 2>&1 | tee /tmp/distill/out/run.log | tail -30
 rc=${PIPESTATUS[0]}

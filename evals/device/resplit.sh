@@ -3,7 +3,9 @@
 # part_mb.sh gives for today's working tree: a tree that grew since they were cut makes a call of part + tree pass
 # the device tool's 64 MiB (2026-12-07: 57-MiB parts beside an 8.2-MiB tree were refused), and cutting again
 # costs no download. The joined bytes are unchanged (join_parts.sh concatenates the parts in order). Nothing is
-# replaced unless the new parts join to the same bytes as the old.
+# replaced unless the new parts join to the same bytes as the old. Files beside the first part (kit.sh's
+# .gpukit/k0/install.sh) stay in the first folder (on 2026-12-07 a cut dropped install.sh, and the GPU host had no
+# SmolLM2 folder for the distillation run).
 #   usage (from the repository root): bash evals/device/resplit.sh PREFIX [PREFIX ...]   e.g. resplit.sh k d
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: resplit.sh PREFIX [PREFIX ...] (k, d or x)" >&2; exit 2; }
@@ -16,8 +18,10 @@ for p in "$@"; do
   cat "${old[@]}" | split -b "${mb}m" -d -a 3 - "$stage/x."
   [ "$(cat "${old[@]}" | sha256sum)" = "$(cat $(ls "$stage"/x.* | sort -V) | sha256sum)" ] \
     || { rm -rf "$stage"; echo "resplit.sh: the new parts of $p do not join to the old bytes" >&2; exit 4; }
+  mkdir "$stage/keep"; find ".gpukit/${p}0" -maxdepth 1 -type f ! -name part -exec cp -p {} "$stage/keep/" \;
   rm -rf .gpukit/"$p"[0-9]*
   n=0; for f in $(ls "$stage"/x.* | sort -V); do mkdir -p ".gpukit/$p$n"; mv "$f" ".gpukit/$p$n/part"; n=$((n+1)); done
-  rmdir "$stage"
+  find "$stage/keep" -maxdepth 1 -type f -exec mv {} ".gpukit/${p}0/" \;
+  rmdir "$stage/keep" "$stage"
   echo "$p: ${#old[@]} parts -> $n parts of at most $mb MiB"
 done
