@@ -40,6 +40,11 @@ student's context (SmolLM2: 8192 tokens) counts as "no valid answer".
    on the same test groups; LLMBar Natural (`--llmbar-limit` pairs, both judges) if `--llmbar-root` holds
    `LLMBar/` and 30 s are left; then the server stops.
 
+With `--teacher` (a judge's cached judgments as the data: `evals/device/distill_run.sh`, table 2 of
+`evals/reports/judges/README.md`) nothing is sampled, and `--grpo-steps N` adds GRPO after the SFT, from its
+adapter (`ruler distill --method sft+grpo`'s stage on the trainer's own vLLM beside this server), measured as
+`smollm2@2` on the same held-out prompts and LLMBar.
+
 Every phase prints its seconds; `--out` gets `train.jsonl`, `test.jsonl`, `report.json`, `README.md` and
 `vllm-server.log`, written whatever happened (an error is recorded in the report, exit status 1; the budget's
 end as "budget of N s reached during phase X").
@@ -403,8 +408,8 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                 raise RuntimeError(f"{len(found)} usable judgments of {teacher} in {teacher_cache} (since {since}): "
                                    f"too few groups to hold some out; judges recorded there: {exported.models}")
             train_ex, test_ex = split_by_group(found, holdout, seed=seed)
-            report["teacher"] = {"judge": teacher, "cache": str(teacher_cache), "since": str(since),
-                                 "until": str(until),
+            report["teacher"] = {"judge": teacher, "cache": str(teacher_cache), "since": str(since) if since else None,
+                                 "until": str(until) if until else None,
                                  "judgments": exported.exported, "usable": len(found), "unusable": unusable,
                                  "groups": groups,
                                  "heldout_groups": len({e.group for e in test_ex})}

@@ -179,7 +179,7 @@ def test_the_judge_run_takes_a_users_file_and_pandalm_last(tmp_path):
 
 def test_the_distillation_run_passes_the_bench_parser(tmp_path):
     """evals/device/distill_run.sh (table 2): its arguments parse with evals.distill_bench's own parser, teacher mode
-    (no --data), every LLMBar set, and later arguments override."""
+    (no --data), SFT then GRPO, and later arguments override."""
     from evals.distill_bench import build_parser
 
     meta = tmp_path / "qwen15"
@@ -193,11 +193,12 @@ def test_the_distillation_run_passes_the_bench_parser(tmp_path):
     args = build_parser().parse_args(done.stdout.splitlines())
     assert (args.cmd, args.teacher, args.data, args.steps) == ("gpu", "hosted_vllm/qwen15", None, 100)
     assert args.teacher_cache == meta / "judge-cache" and args.since == "2026-12-07T14:33:10.5+00:00"  # PandaLM's
-    assert args.llmbar_sets == ["llmbar-natural", "llmbar-faireval", "llmbar-llmeval2", "llmbar-mtbench"]
+    assert (args.llmbar_sets, args.llmbar_limit) == (["llmbar-natural"], 100)
     assert args.until is None  # PandaLM was the last stage
     assert (args.grpo_steps, args.grpo_group_size) == (60, 4)  # SFT, then GRPO
-    # the budget leaves the SFT time: GRPO's seconds and four LLMBar sets for three students come out of it
-    assert args.budget_s - args.grpo_budget_s - 30 - (40 + 67.5 * 4) >= 250
+    # the budget leaves the SFT time: GRPO's seconds and the LLMBar set for three students come out of it, and the
+    # run ends within two device calls after a judge run (two 585-s calls, the judge's ~380 s and serving first)
+    assert args.budget_s - args.grpo_budget_s - 30 - (40 + 67.5) >= 400 and args.budget_s <= 2 * 585 - 380
     (meta / "run.json").write_text(json.dumps({"judge": "hosted_vllm/qwen15", "stages": [
         {"dataset": "pandalm", "started": "2026-12-07T14:33:10.5+00:00"},
         {"dataset": "llmbar-natural", "started": "2026-12-07T14:35:00+00:00"}]}))  # a set judged after PandaLM

@@ -5,11 +5,14 @@
 # next stage's start, if any: the other sets' judgments stay out of training, so LLMBar measures the student
 # outside its training data), with evals.distill_bench's gpu mode: SFT, then GRPO from the SFT adapter (reward:
 # agreement with the teacher), each student's agreement with the teacher on held-out PandaLM groups (paired with
-# the untrained student's), and LLMBar's four sets. Joins the parts if not done yet (join_parts.sh) and
+# the untrained student's), and LLMBar Natural for all three (100 pairs: on 2026-12-07 the untrained SmolLM2 took
+# 71 s for 278 prompts on an H200, so four sets for three students would not fit; give --llmbar-sets for more). Joins the parts if not done yet (join_parts.sh) and
 # dequantizes the kit's SmolLM2 GGUF (/tmp/gpukit/*.gguf) to /tmp/models/SmolLM2-135M-Instruct first
 # (evals.gguf_to_hf, once; on 2026-12-07 the kit's install.sh, which did it before, was not on the host).
 # Results: /tmp/distill/out (report.json, README.md, run.log, vLLM's log), packed as $OUT/distill.tgz.
 #   usage: bash evals/device/distill_run.sh [--detach] [evals.distill_bench gpu arguments ...]   (later ones override)
+# The 780-s budget: serving about 100 s, SFT up to 300 steps (95 took 68 s on an H200), GRPO at most 180 s, the
+# three students' measures; with judge_run.sh before it, two device calls: --detach, then --collect.
 #          bash evals/device/distill_run.sh --collect WATCH_S   # a later call: wait for a detached run, pack it
 # --detach starts the run in the background and returns (its log /tmp/distill/detached.log): a run longer than one
 # device call (600 s) is watched and packed by `--collect` in the next call, which waits at most WATCH_S seconds for
@@ -45,10 +48,9 @@ print(run["judge"], stages[i]["started"], stages[i + 1]["started"] if i + 1 < le
 bound=(); [ -n "${until:-}" ] && bound=(--until "$until")
 cmd=(gpu --teacher "$teacher" --teacher-cache "$meta/judge-cache" --since "$since" ${bound[@]+"${bound[@]}"} \
   --holdout 0.2 --out /tmp/distill/out --judge-dir /tmp/distill/judge --model-dir /tmp/models/SmolLM2-135M-Instruct \
-  --budget-s 820 --steps 300 --batch-size 8 --lr 2e-4 --grpo-steps 60 --grpo-group-size 4 --grpo-budget-s 200 \
+  --budget-s 780 --steps 300 --batch-size 8 --lr 2e-4 --grpo-steps 60 --grpo-group-size 4 --grpo-budget-s 180 \
   --gpu-memory-utilization 0.3 --enforce-eager \
-  --llmbar-limit 200 --llmbar-root "$(dirname "$root")/shared/data/judge-meta" \
-  --llmbar-sets llmbar-natural llmbar-faireval llmbar-llmeval2 llmbar-mtbench "$@")
+  --llmbar-limit 100 --llmbar-root "$(dirname "$root")/shared/data/judge-meta" --llmbar-sets llmbar-natural "$@")
 [ "${DISTILL_DRY_RUN:-0}" = 1 ] && { printf '%s\n' "${cmd[@]}"; exit 0; }
 if [ $detach = 1 ]; then
   alive && { echo "distill_run.sh: a detached run is still going (pid $(cat "$pidfile"))" >&2; exit 3; }
