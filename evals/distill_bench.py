@@ -320,10 +320,13 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
     `ruler_rl.trainer.distill_cli.grpo_stage`: the trainer's own vLLM engine beside this server, at the same
     `gpu_memory_utilization`; `dry_run`: transformers on the CPU), from the SFT adapter, rewarded by agreement
     with the teacher on the training prompts, `grpo_group_size` answers a prompt, `batch_size` prompts a step,
-    learning rate `grpo_lr` (default `lr`), for at most `grpo_steps` steps or `grpo_budget_s` seconds (engine
-    start included; the SFT ends that much earlier). Its adapter is loaded as `smollm2@2` and measured on the same
+    learning rate `grpo_lr` (default `lr`), for `grpo_steps` steps or until the first step that ends past
+    `grpo_budget_s` seconds from the stage's start (engine start included; a step is not cut, so the stage ends
+    after that; the SFT ends that much earlier to leave the room). Its judge (`<judge_dir>-grpo`, the SFT adapter
+    when no GRPO step trained: `grpo_steps_trained` says) is loaded as `smollm2@2` and measured on the same
     held-out prompts (`sft_grpo`, paired against the untrained student, `paired_grpo`, and against the SFT
-    adapter, `paired_grpo_sft`) and on LLMBar.
+    adapter, `paired_grpo_sft`) and on LLMBar; the run's history and logs are copied to `out/grpo-run/`. A GRPO
+    stage that fails is recorded as `grpo_error` and the rest goes on.
 
     Each phase stops early rather than overrun (sampling by about 40% of the budget, SFT 60 s before the end)
     and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase (the
@@ -444,8 +447,11 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         per_set = 45 * (1.5 if grpo_steps else 1)
         sft_deadline = ph.at(budget_s - (40 + per_set * len(llmbar_sets) if llmbar_limit else 40)
                              - (grpo_budget_s + 30 if grpo_steps else 0))
-        grpo_runs = Path(judge_dir).parent / "grpo-runs"
-        shutil.rmtree(grpo_runs, ignore_errors=True)
+        # GRPO's run and its judge sit beside --judge-dir, named after it (replaced only when GRPO runs)
+        grpo_runs = Path(judge_dir).parent / f"{Path(judge_dir).name}-grpo-runs"
+        grpo_dir = Path(judge_dir).parent / f"{Path(judge_dir).name}-grpo"
+        if grpo_steps:
+            shutil.rmtree(grpo_runs, ignore_errors=True)
         history: list[dict] = []
 
         class OutOfTime(Exception):
@@ -499,20 +505,28 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         ph.done("eval_distilled", t)
 
         judges = [("untrained", before_judge), ("distilled", after_judge)]
-        if grpo_steps:
+        async def grpo() -> None:
             t = ph.begin("grpo")
             release_memory()  # the SFT model's blocks back to the device before GRPO's engine starts
-            grpo_end = time.perf_counter() + min(grpo_budget_s, max(0.0, ph.left() - 60))
-            grpo_dir = Path(judge_dir).parent / "judge-grpo"
+            # `stop` is asked after each step: the step running at this time ends first, so leave room after it for
+            # the GRPO student's measure and LLMBar
+            grpo_end = time.perf_counter() + min(grpo_budget_s, max(0.0, ph.left() - 120))
             meta = {"base": student, "teacher": teacher, "method": "sft+grpo", "sft_steps": len(history),
                     "grpo_steps": grpo_steps, "grpo_learning_rate": grpo_lr or lr, "group_size": grpo_group_size}
             options = None if dry_run else {"gpu_memory_utilization": gpu_memory_utilization,
                                             "enforce_eager": enforce_eager}
-            report["grpo_history"] = await grpo_stage(
-                student, train_ex, grpo_dir, meta, config, grpo_runs, steps=grpo_steps, lr=grpo_lr or lr,
-                group_size=grpo_group_size, engine="transformers" if dry_run else "vllm", valid_bonus=0.0,
-                print_fn=lambda text, **_: print(f"[distill-bench] {text}", flush=True), engine_options=options,
-                stop=lambda: time.perf_counter() > grpo_end)
+            try:
+                report["grpo_history"] = await grpo_stage(
+                    student, train_ex, grpo_dir, meta, config, grpo_runs, steps=grpo_steps, lr=grpo_lr or lr,
+                    group_size=grpo_group_size, engine="transformers" if dry_run else "vllm", valid_bonus=0.0,
+                    print_fn=lambda text, **_: print(f"[distill-bench] {text}", flush=True),
+                    engine_options=options, stop=lambda: time.perf_counter() > grpo_end)
+            finally:  # the run's history and logs (not its checkpoints) into --out, whatever happened
+                for f in grpo_runs.rglob("*"):
+                    if f.is_file() and f.suffix in (".jsonl", ".log", ".json") and "checkpoints" not in f.parts:
+                        dest = out / "grpo-run" / f.relative_to(grpo_runs)
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(f, dest)
             report["grpo_steps"] = len(report["grpo_history"])
             report["grpo_steps_trained"] = sum(bool(r["trained"]) for r in report["grpo_history"])
             ph.done("grpo", t)
@@ -523,11 +537,20 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
             else:
                 grpo_judge = f"local/{grpo_dir.resolve()}"
             tuned = await agreement(grpo_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
-            report["sft_grpo"] = tuned.row()
+            report["sft_grpo"] = {**tuned.row(), "grpo_steps": report["grpo_steps"],
+                                  "grpo_steps_trained": report["grpo_steps_trained"]}
             report["paired_grpo"] = paired_agreement(test_ex, before, tuned, seed=seed)
             report["paired_grpo_sft"] = paired_agreement(test_ex, after, tuned, seed=seed)
             judges.append(("sft_grpo", grpo_judge))
             ph.done("eval_grpo", t)
+
+        judges = [("untrained", before_judge), ("distilled", after_judge)]
+        if grpo_steps:
+            try:
+                await grpo()
+            except Exception as exc:  # GRPO failed: keep the two students' measures, LLMBar still runs for them
+                report["grpo_error"] = f"{type(exc).__name__}: {exc}"
+                print(f"[distill-bench] GRPO failed ({report['grpo_error']}); going on without it", flush=True)
 
         root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
         if llmbar_limit and not (root / "LLMBar").is_dir():
@@ -579,7 +602,9 @@ def write_report(out: Path, report: dict) -> None:
     for label in ("untrained", "distilled", "sft_grpo"):
         r = report.get(label)
         if r:
-            lines.append(f"| {STUDENT_LABELS[label]} | {r['pairwise_accuracy']:.3f} | {r['kendall_tau']:.3f} | {r['ties']:.3f} | "
+            name = STUDENT_LABELS[label] + (f" ({r['grpo_steps']} GRPO steps, {r['grpo_steps_trained']} trained)"
+                                            if "grpo_steps" in r else "")
+            lines.append(f"| {name} | {r['pairwise_accuracy']:.3f} | {r['kendall_tau']:.3f} | {r['ties']:.3f} | "
                          f"{r['pairs']} | {r['errors']} |")
     for key, what in (("paired", "Distilled (SFT) minus untrained"), ("paired_grpo", "SFT+GRPO minus untrained"),
                       ("paired_grpo_sft", "SFT+GRPO minus SFT")):
@@ -603,6 +628,8 @@ def write_report(out: Path, report: dict) -> None:
             lines += ["", f"{dataset} accuracy: " + ", ".join(done + skipped)]
     if report.get("phases"):
         lines += ["", "Seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in report["phases"].items())]
+    if report.get("grpo_error"):
+        lines += ["", f"GRPO failed: `{report['grpo_error']}`"]
     if report.get("error"):
         lines += ["", f"Stopped by an error: `{report['error']}`"]
     (out / "README.md").write_text("\n".join(lines) + "\n")

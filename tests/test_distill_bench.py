@@ -62,7 +62,7 @@ def test_write_report_keeps_what_was_measured(tmp_path):
     row = {"pairwise_accuracy": 0.5, "kendall_tau": 0.25, "ties": 0.125, "pairs": 8, "errors": 1}
     write_report(tmp_path, {"command": "x", "untrained": row, "phases": {"serve": 1.0}, "error": "TimeoutError: t"})
     readme = (tmp_path / "README.md").read_text()
-    assert "| untrained | 0.500 | 0.250 | 0.125 | 8 | 1 |" in readme and "| distilled |" not in readme
+    assert "| untrained | 0.500 | 0.250 | 0.125 | 8 | 1 |" in readme and "| distilled (SFT) |" not in readme
     assert "serve 1.0" in readme and "TimeoutError" in readme
     assert json.loads((tmp_path / "report.json").read_text())["untrained"] == row
 
@@ -196,14 +196,18 @@ async def test_gpu_bench_distils_a_judges_cached_judgments_and_pairs_the_two_stu
     assert report["grpo_steps"] == 1 and report["grpo_history"][0]["step"] == 2
     assert len(report["grpo_history"][0]["group_rewards"]) == 2  # batch_size prompts, grpo_group_size answers each
     assert all(len(r) == 2 for r in report["grpo_history"][0]["group_rewards"])
-    assert report["sft_grpo"]["prompts"] == 2
+    grpo = report["sft_grpo"]
+    assert grpo["prompts"] == 2 and grpo["judge"].endswith("judge-grpo")  # the GRPO judge, not the SFT adapter
     assert report["paired_grpo"]["before"] == pytest.approx(paired["before"])
     assert report["paired_grpo_sft"]["before"] == pytest.approx(paired["after"])
-    assert report["paired_grpo"]["after"] == pytest.approx(report["paired_grpo_sft"]["after"])
-    assert (tmp_path / "judge-grpo" / "adapter_config.json").is_file()
+    # the judge written is GRPO's last checkpoint: the SFT adapter's weights moved if the step trained, else equal
+    grpo_weights = (tmp_path / "judge-grpo" / "adapter_model.safetensors").read_bytes()
+    sft_weights = (tmp_path / "judge" / "adapter_model.safetensors").read_bytes()
+    assert (grpo_weights != sft_weights) == bool(report["grpo_steps_trained"])
+    assert (tmp_path / "out" / "grpo-run" / "grpo" / "student" / "history.jsonl").is_file()  # the run's log kept
     readme = (tmp_path / "out" / "README.md").read_text()
     assert readme.startswith("# Distilled judge vs openai/fake-judge")
-    assert "| SFT+GRPO |" in readme and "SFT+GRPO minus SFT" in readme
+    assert "| SFT+GRPO (1 GRPO steps" in readme and "SFT+GRPO minus SFT" in readme
 
 
 async def test_gpu_bench_refuses_grpo_without_a_teacher_or_with_bad_sizes(tmp_path):
@@ -217,3 +221,28 @@ async def test_gpu_bench_refuses_grpo_without_a_teacher_or_with_bad_sizes(tmp_pa
         (tmp_path / "data" / f).write_text("")
     with pytest.raises(ValueError, match="needs a teacher"):
         await gpu_bench(data=tmp_path / "data", out=tmp_path / "out", dry_run=True, grpo_steps=1)
+
+
+@pytest.mark.slow  # ~1 min: two SFT steps and the held-out prompts judged by the embedded model on the CPU
+async def test_a_failed_grpo_stage_is_recorded_and_the_two_students_measures_kept(tmp_path, judge, monkeypatch):
+    """GRPO is the last training stage of table 2's run: its failure (here its engine refusing to start) must not
+    lose the SFT student's measure, and is written in the report."""
+    import ruler_rl.trainer.distill_cli
+    from ruler_rl.scoring import ruler_result
+    from tests.helpers import convo
+
+    async def broken(*a, **k):
+        raise RuntimeError("the GRPO engine did not start")
+
+    monkeypatch.setattr(ruler_rl.trainer.distill_cli, "grpo_stage", broken)
+    cache = tmp_path / "cache"
+    for topic in ("tea", "rain", "maps", "bees", "salt"):
+        await ruler_result([convo(f"GOOD {topic}"), convo(f"BAD {topic}")], "openai/fake-judge", judge.params,
+                           cache=str(cache))
+    report = await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=cache,
+                             holdout=0.4, dry_run=True, steps=2, batch_size=2, llmbar_limit=0, budget_s=900,
+                             judge_dir=tmp_path / "judge", grpo_steps=3)
+    assert "error" not in report, report.get("error")
+    assert report["grpo_error"] == "RuntimeError: the GRPO engine did not start"
+    assert report["distilled"]["prompts"] == 2 and "paired" in report and "sft_grpo" not in report
+    assert "GRPO failed: `RuntimeError: the GRPO engine did not start`" in (tmp_path / "out" / "README.md").read_text()

@@ -217,6 +217,26 @@ async def test_a_refused_prompt_is_logged_with_the_servers_error_and_left_out(ju
     assert sent == [(3, answer_token_bound(["1", "2", "3"])), (4, answer_token_bound(["1", "2", "3", "4"]))]
 
 
+async def test_stop_ends_grpo_after_the_step_it_says_so_and_is_checked(judge):
+    """`stop` (a time budget's end in evals.distill_bench) is asked after each step: training ends at the first True,
+    before `steps`; a non-callable is refused before anything is sampled."""
+    from ruler_rl.trainer import TrainConfig
+
+    model = _ScriptedStudent(judge.base)
+    asked = []
+
+    def stop() -> bool:
+        asked.append(len(model.trained))
+        return len(model.trained) >= 2
+
+    history = await train_grpo(model, [_example((2, 0, 1))], TrainConfig(), steps=5, batch_size=1, group_size=2,
+                               stop=stop)
+    assert len(history) == 2 and len(model.trained) == 2 and asked == [1, 2]
+    with pytest.raises(TypeError, match="stop must be a callable"):
+        await train_grpo(model, [_example((2, 0, 1))], TrainConfig(), steps=1, stop=True)
+    assert len(model.trained) == 2
+
+
 def test_json_list_reads_an_llm_list_answer_or_says_why_not():
     assert json_list(' {"tasks": [{"a": 1}, "x"], "other": 1}\n', "tasks") == [{"a": 1}, "x"]
     assert json_list('{"questions": []}', "questions") == []
