@@ -493,13 +493,18 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         report.update(history=history, sft_steps=len(history), sft_steps_asked=steps)
         ph.done("sft_and_eval_untrained", t)
 
+        async def measure_adapter(slot: int, folder: Path):
+            """The judge folder `folder` served as `smollm2@slot` (in process in a dry run) and its agreement with the
+            teacher on the held-out prompts: (its judge string, the Agreement)."""
+            if server is not None:
+                await server.load_adapter(slot, folder)
+                name = f"hosted_vllm/{SERVED}@{slot}"
+            else:
+                name = f"local/{Path(folder).resolve()}"
+            return name, await agreement(name, test_ex, params=judge_params, cache=False, concurrency=concurrency)
+
         t = ph.begin("eval_distilled")
-        if server is not None:
-            await server.load_adapter(1, judge_dir)
-            after_judge = f"hosted_vllm/{SERVED}@1"
-        else:
-            after_judge = f"local/{Path(judge_dir).resolve()}"
-        after = await agreement(after_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
+        after_judge, after = await measure_adapter(1, judge_dir)
         report["distilled"] = after.row()
         report["paired"] = paired_agreement(test_ex, before, after, seed=seed)
         ph.done("eval_distilled", t)
@@ -531,12 +536,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
             report["grpo_steps_trained"] = sum(bool(r["trained"]) for r in report["grpo_history"])
             ph.done("grpo", t)
             t = ph.begin("eval_grpo")
-            if server is not None:
-                await server.load_adapter(2, grpo_dir)
-                grpo_judge = f"hosted_vllm/{SERVED}@2"
-            else:
-                grpo_judge = f"local/{grpo_dir.resolve()}"
-            tuned = await agreement(grpo_judge, test_ex, params=judge_params, cache=False, concurrency=concurrency)
+            grpo_judge, tuned = await measure_adapter(2, grpo_dir)
             report["sft_grpo"] = {**tuned.row(), "grpo_steps": report["grpo_steps"],
                                   "grpo_steps_trained": report["grpo_steps_trained"]}
             report["paired_grpo"] = paired_agreement(test_ex, before, tuned, seed=seed)
