@@ -3,7 +3,8 @@
 # /tmp/gpukit/p* (or kit.sh's in p* and `pack.sh --after-kit`'s in d*): join and install them (join_parts.sh,
 # once), dequantize Qwen2.5-Coder-1.5B to /tmp/models/qwen15, serve it with vLLM and run the injection check over
 # 50 groups, ART·E's labelled answer pairs with it as the correctness judge, then the judge meta-evaluation
-# (LLMBar's four sets and PandaLM, k=1 and k=3, saved per set); results packed as $OUT/judge.tgz every 20 s.
+# (LLMBar's four sets and PandaLM, k=1 and k=3, saved per set); results packed as $OUT/judge.tgz every 20 s, the
+# judge cache as $OUT/judge-cache.tgz at the end.
 #   usage: bash evals/device/judge_run.sh [--meta-only] [evals.gpu_judge_meta arguments ...]   e.g. --limit 200
 # --meta-only: the meta-evaluation alone (no injection check, no answer pairs), for a call too short for all three.
 # LLMBar's case-study pairs are written to /tmp/judge/llmbar-casestudy.jsonl first, in the labelled-pairs format
@@ -38,4 +39,7 @@ packer=$!
 python3 -m "${cmd[@]}" 2>&1 | tee $res/run.log
 rc=${PIPESTATUS[0]}
 kill $packer 2>/dev/null; pack
+# the judge cache too, once at the end (every judgment with its prompt: table 2's teacher data, so a distillation
+# can also run off the GPU host with `ruler distill --teacher ... --cache`; on 2026-12-07 it stayed on the host)
+(cd $res && tar czf "$OUT/judge-cache.tgz" judge-cache) 2>/dev/null
 exit $rc
