@@ -34,11 +34,12 @@ student's context (SmolLM2: 8192 tokens) counts as "no valid answer".
    tool mode (SmolLM2 makes no native tool calls: one JSON tool call per turn, constrained by vLLM's
    structured output); no group starts after 40% of the budget;
 3. the untrained student (the served base model) is measured on the test groups while the SFT (bf16 on
-   CUDA, `ruler_rl.trainer.sft`) trains; the SFT stops at `--steps` or 60 s before the budget ends (40 s without
-   LLMBar), and the adapter is saved to `--judge-dir` (under /tmp, not `--out`);
+   CUDA, `ruler_rl.trainer.sft`) trains; the SFT stops at `--steps` or when only the room the later phases
+   need is left of the budget (40 s, 45 s an LLMBar set, 1.5 times that with GRPO, and GRPO's budget + 30 s),
+   and the adapter is saved to `--judge-dir` (under /tmp, not `--out`);
 4. the adapter is loaded into the running server (`/v1/load_lora_adapter`, as `smollm2@1`) and measured
-   on the same test groups; LLMBar Natural (`--llmbar-limit` pairs, both judges) if `--llmbar-root` holds
-   `LLMBar/` and 30 s are left; then the server stops.
+   on the same test groups; LLMBar's `--llmbar-sets` (`--llmbar-limit` pairs each, every student) if
+   `--llmbar-root` holds `LLMBar/`, a set skipped when under 30 s are left; then the server stops.
 
 With `--teacher` (a judge's cached judgments as the data: `evals/device/distill_run.sh`, table 2 of
 `evals/reports/judges/README.md`) nothing is sampled, and `--grpo-steps N` adds GRPO after the SFT, from its
@@ -361,7 +362,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         raise ValueError(f"holdout must be in (0, 1), got {holdout!r}")
     if not dry_run and not (Path(model_dir) / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} holds no config.json: the student's Hugging Face folder (on the GPU host "
-                                "/tmp/gpukit/install.sh converts SmolLM2 there)")
+                                "evals/device/distill_run.sh converts SmolLM2 there)")
     if isinstance(llmbar_sets, str) or not llmbar_sets or not all(x in LLMBAR for x in llmbar_sets):
         raise ValueError(f"llmbar_sets must be LLMBar set names ({', '.join(LLMBAR)}), got {llmbar_sets!r}")
     if budget_s < 30:
@@ -509,7 +510,6 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         report["paired"] = paired_agreement(test_ex, before, after, seed=seed)
         ph.done("eval_distilled", t)
 
-        judges = [("untrained", before_judge), ("distilled", after_judge)]
         async def grpo() -> None:
             t = ph.begin("grpo")
             release_memory()  # the SFT model's blocks back to the device before GRPO's engine starts
@@ -719,10 +719,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(reward: agreement with the teacher); 0 (default): SFT only")
     g.add_argument("--grpo-lr", type=float, default=None, help="GRPO's learning rate (default: --lr)")
     g.add_argument("--grpo-group-size", type=int, default=4, help="GRPO: answers sampled per prompt")
-    g.add_argument("--grpo-budget-s", type=float, default=240, help="GRPO's seconds at most, its engine's start "
-                   "included (taken from the SFT's)")
+    g.add_argument("--grpo-budget-s", type=float, default=240, help="GRPO stops after the first step that ends past "
+                   "this many seconds from its start, its engine's start included (taken from the SFT's)")
     g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], choices=list(LLMBAR),
-                   help="LLMBar sets measured (both judges)")
+                   help="LLMBar sets measured (every student)")
     g.add_argument("--out", type=Path, required=True, help="report.json, README.md, train/test JSONL, vLLM's log")
     g.add_argument("--budget-s", type=float, default=400)
     g.add_argument("--train-groups", type=int, default=160)

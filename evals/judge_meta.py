@@ -336,9 +336,7 @@ if __name__ == "__main__":  # python -m evals.judge_meta casestudy OUT [--root R
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="judge-meta data root (holds LLMBar/)")
     ap.add_argument("--per-case", type=int, default=None, help="the first N pairs of each case (default: all)")
     a = ap.parse_args()
-    if a.per_case is not None and a.per_case < 1:
-        ap.error("--per-case must be >= 1")
     try:
         print(f"{write_casestudy_jsonl(a.out, a.root, a.per_case)} pairs written to {a.out}")
-    except DatasetError as exc:
+    except (DatasetError, ValueError) as exc:  # a missing set, or --per-case below 1
         raise SystemExit(f"error: {exc}") from None

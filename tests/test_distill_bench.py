@@ -211,9 +211,11 @@ async def test_gpu_bench_distils_a_judges_cached_judgments_and_pairs_the_two_stu
 
 
 async def test_gpu_bench_refuses_grpo_without_a_teacher_or_with_bad_sizes(tmp_path):
-    for bad in ({"grpo_steps": -1}, {"grpo_steps": 1.5}, {"grpo_steps": 1, "grpo_group_size": 1},
-                {"grpo_steps": 1, "grpo_budget_s": 10}, {"grpo_steps": 1, "grpo_lr": 0}):
-        with pytest.raises(ValueError):
+    for bad, says in (({"grpo_steps": -1}, "grpo_steps"), ({"grpo_steps": 1.5}, "grpo_steps"),
+                      ({"grpo_steps": 1, "grpo_group_size": 1}, "grpo_group_size"),
+                      ({"grpo_steps": 1, "grpo_budget_s": 10}, "grpo_budget_s"),
+                      ({"grpo_steps": 1, "grpo_lr": 0}, "grpo_lr")):
+        with pytest.raises(ValueError, match=says):
             await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=tmp_path,
                             dry_run=True, **bad)
     (tmp_path / "data").mkdir()
