@@ -12,17 +12,15 @@ original bf16 release's: say so wherever such a folder is measured.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 
 def convert(gguf: str | Path, out: str | Path, dtype: str = "bfloat16") -> Path:
-    """Dequantize `gguf` into `out` (created; must not hold a config.json already). Returns `out`."""
-    import torch
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Dequantize `gguf` into `out` (`ruler_rl.judges.embedded.dequantize_gguf`: written atomically, every tensor
+    under a Hugging Face checkpoint's names; `out` must not exist or be an empty folder). Returns `out`."""
+    from ruler_rl.judges.embedded import dequantize_gguf
 
     gguf, out = Path(gguf), Path(out)
     if not gguf.is_file():
@@ -30,26 +28,9 @@ def convert(gguf: str | Path, out: str | Path, dtype: str = "bfloat16") -> Path:
     with open(gguf, "rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"{gguf} is not a GGUF file (its first bytes are not 'GGUF')")
-    if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
-        raise ValueError(f"unknown torch dtype {dtype!r}")
-    if (out / "config.json").exists():
-        raise FileExistsError(f"{out} already holds a model (config.json); give an empty folder")
-    out.mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
-    # transformers marks a GGUF-loaded model as quantized and refuses save_pretrained; the tensors are plain
-    # dequantized ones, so they are written directly (save_model keeps one copy of tied embeddings)
-    save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    config.pop("_name_or_path", None)
-    config["architectures"] = [type(model).__name__]  # vLLM picks its model class by this; the GGUF load leaves None
-    config["torch_dtype"] = config["dtype"] = dtype
-    (out / "config.json").write_text(json.dumps(config, indent=2, default=str))
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder; give a new or empty one")
+    return dequantize_gguf(gguf, out, dtype)
 
 
 def main(argv: list[str] | None = None) -> int:

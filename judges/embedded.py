@@ -116,20 +116,29 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def _convert_gguf(target: Path) -> None:
-    """De-quantize the GGUF weights once and save a plain Hugging Face folder at `target` atomically."""
+def dequantize_gguf(gguf: Path, target: Path, dtype: str = "float32") -> Path:
+    """De-quantize the GGUF checkpoint `gguf` into a plain Hugging Face folder at `target` (config, safetensors,
+    generation config, tokenizer), written atomically: a temporary folder beside `target`, renamed onto it, so a
+    failure leaves no half-written model (`target` must not exist or be empty). The weights are rebuilt in a plain
+    model (`from_config`) and written by `save_pretrained`, so the folder names every tensor as a Hugging Face
+    checkpoint does: a tied output embedding (SmolLM2's `lm_head.weight`) appears once, as the input embedding.
+    vLLM, transformers and peft load it as any other checkpoint. Returns `target`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"unknown torch dtype {dtype!r}")
     _quiet_transformers()
-    src = gguf_path()
-    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    quantized = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    gguf, target = Path(gguf), Path(target)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     plain.load_state_dict(quantized.state_dict())
+    del quantized
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
@@ -142,6 +151,12 @@ def _convert_gguf(target: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(target: Path) -> None:
+    """De-quantize the embedded GGUF weights once into a plain Hugging Face folder at `target`."""
+    dequantize_gguf(gguf_path(), target, "float32")
 
 
 def embedded_model_path() -> Path:
