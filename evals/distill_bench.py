@@ -276,6 +276,11 @@ def _vllm_server(model_dir: str, log_dir: Path, port: int, lora_rank: int, gpu_m
     class DistillVLLM(ServerProcess):
         name = "vllm"
 
+        def _require(self) -> None:
+            from ruler_rl.judges.checkpoint import check_checkpoint
+
+            check_checkpoint(model_dir)  # vLLM would serve a tensor the folder lacks uninitialized, silently
+
         def command(self) -> list[str]:
             argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                     "--served-model-name", SERVED, "--host", self.host, "--port", str(self.port),

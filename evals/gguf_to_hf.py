@@ -18,18 +18,10 @@ from pathlib import Path
 
 
 def convert(gguf: str | Path, out: str | Path, dtype: str = "bfloat16") -> Path:
-    """Dequantize `gguf` into `out` (`ruler_rl.judges.embedded.dequantize_gguf`: written atomically, every tensor
+    """Dequantize `gguf` into `out` (`ruler_rl.judges.checkpoint.dequantize_gguf`: written atomically, every tensor
     under a Hugging Face checkpoint's names; `out` must not exist or be an empty folder). Returns `out`."""
-    from ruler_rl.judges.embedded import dequantize_gguf
+    from ruler_rl.judges.checkpoint import dequantize_gguf
 
-    gguf, out = Path(gguf), Path(out)
-    if not gguf.is_file():
-        raise FileNotFoundError(f"no GGUF file at {gguf}")
-    with open(gguf, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{gguf} is not a GGUF file (its first bytes are not 'GGUF')")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out} exists and is not an empty folder; give a new or empty one")
     return dequantize_gguf(gguf, out, dtype)
 
 

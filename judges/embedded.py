@@ -29,8 +29,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -116,47 +114,16 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def dequantize_gguf(gguf: Path, target: Path, dtype: str = "float32") -> Path:
-    """De-quantize the GGUF checkpoint `gguf` into a plain Hugging Face folder at `target` (config, safetensors,
-    generation config, tokenizer), written atomically: a temporary folder beside `target`, renamed onto it, so a
-    failure leaves no half-written model (`target` must not exist or be empty). The weights are rebuilt in a plain
-    model (`from_config`) and written by `save_pretrained`, so the folder names every tensor as a Hugging Face
-    checkpoint does: a tied output embedding (SmolLM2's `lm_head.weight`) appears once, as the input embedding.
-    vLLM, transformers and peft load it as any other checkpoint. Returns `target`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {dtype!r}")
-    _quiet_transformers()
-    gguf, target = Path(gguf), Path(target)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
-    config = quantized.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    plain.load_state_dict(quantized.state_dict())
-    del quantized
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process finished first: keep theirs
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def _convert_gguf(target: Path) -> None:
     """De-quantize the embedded GGUF weights once into a plain Hugging Face folder at `target`."""
-    dequantize_gguf(gguf_path(), target, "float32")
+    from ruler_rl.judges.checkpoint import dequantize_gguf
+
+    _quiet_transformers()
+    try:
+        dequantize_gguf(gguf_path(), target, "float32")
+    except FileExistsError:  # another process finished first: keep theirs
+        if not (target / "config.json").is_file():
+            raise
 
 
 def embedded_model_path() -> Path:

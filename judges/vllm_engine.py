@@ -56,6 +56,10 @@ class VLLMEngineLLM(CustomLLM):
                 from vllm.v1.engine.async_llm import AsyncLLM
 
                 extra = engine_args()
+                if extra.get("load_format") != "dummy":  # vLLM would serve a tensor the folder lacks uninitialized
+                    from ruler_rl.judges.checkpoint import check_checkpoint
+
+                    check_checkpoint(model)
                 if isinstance(extra["structured_outputs_config"], dict):  # AsyncEngineArgs takes only the object
                     extra["structured_outputs_config"] = StructuredOutputsConfig(**extra["structured_outputs_config"])
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **extra))

@@ -428,6 +428,10 @@ class VLLMServer(ServerProcess):
         return env
 
     def _require(self) -> None:
+        if self.config.vllm_args.get("load_format") != "dummy":  # vLLM would serve a missing tensor uninitialized
+            from ruler_rl.judges.checkpoint import check_checkpoint
+
+            check_checkpoint(self.base_model)
         if importlib.util.find_spec("vllm") is None:
             from ruler_rl.judges.extras import pip_command
 

@@ -1,0 +1,101 @@
+"""ruler_rl.judges.checkpoint: a model folder whose checkpoint lacks a parameter is refused before vLLM, which
+would serve it uninitialized without a warning, loads it (what happened to SmolLM2 on 2026-12-07)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+
+from ruler_rl.judges.checkpoint import CheckpointError, check_checkpoint, missing_parameters
+
+pytest.importorskip("transformers")
+
+
+def _tiny_llama(folder, tie: bool = True):
+    """A real (tiny, random) Llama written by save_pretrained: the names every loader expects."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=tie)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def _rename(folder, mapping):
+    """Rewrite folder's checkpoint with each key renamed by `mapping` (a function)."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(str(path))
+    save_file({mapping(k): v for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+
+
+@pytest.fixture
+def good(tmp_path):
+    return _tiny_llama(tmp_path / "good")
+
+
+@pytest.fixture
+def embedding_as_lm_head(tmp_path):
+    """The 2026-12-07 folder: the tied embedding written only as lm_head.weight."""
+    folder = _tiny_llama(tmp_path / "bad")
+    _rename(folder, lambda k: "lm_head.weight" if k == "model.embed_tokens.weight" else k)
+    return folder
+
+
+def test_a_complete_checkpoint_passes(good, tmp_path):
+    assert missing_parameters(good) == []
+    check_checkpoint(good)
+    untied = _tiny_llama(tmp_path / "untied", tie=False)  # both embeddings, both held
+    assert missing_parameters(untied) == []
+
+
+def test_the_tied_embedding_under_the_output_name_is_refused(embedding_as_lm_head):
+    assert missing_parameters(embedding_as_lm_head) == ["model.embed_tokens.weight"]
+    with pytest.raises(CheckpointError, match=r"lacks 1 parameter\(s\).*model\.embed_tokens\.weight"):
+        check_checkpoint(embedding_as_lm_head)
+
+
+def test_a_dropped_layer_is_named(good):
+    _rename(good, lambda k: "dropped" if k == "model.layers.1.post_attention_layernorm.weight" else k)
+    assert missing_parameters(good) == ["model.layers.1.post_attention_layernorm.weight"]
+
+
+def test_what_it_cannot_read_is_not_refused(good, tmp_path):
+    assert missing_parameters("some-org/some-model") == []  # a hub id: not a folder
+    assert missing_parameters(tmp_path) == []  # no config.json
+    (good / "model.safetensors").rename(good / "model.bin.away")
+    assert missing_parameters(good) == []  # no safetensors
+    other = _tiny_llama(tmp_path / "other")
+    _rename(other, lambda k: "transformer." + k)  # another naming scheme, which loaders map themselves
+    assert missing_parameters(other) == []
+
+
+def test_the_trainers_vllm_server_refuses_it_before_starting(embedding_as_lm_head, tmp_path):
+    from ruler_rl.trainer.config import EngineConfig
+    from ruler_rl.trainer.vllm_server import VLLMServer
+
+    def server(**vllm_args):
+        return VLLMServer(str(embedding_as_lm_head), EngineConfig(vllm_args=vllm_args), served_name="m",
+                          lora_rank=8, log_dir=tmp_path / "logs", chat_template_file=None, tool_parser="hermes",
+                          reasoning_parser=None)
+
+    s = server()
+    with pytest.raises(CheckpointError, match="model.embed_tokens.weight"):
+        asyncio.run(s.start())
+    assert s.proc is None  # nothing started
+    if importlib.util.find_spec("vllm") is None:  # vLLM's own random weights need no checkpoint: not checked
+        with pytest.raises(RuntimeError, match="needs vLLM"):
+            asyncio.run(server(load_format="dummy").start())
+
+
+def test_gpu_judge_meta_refuses_it_before_starting(embedding_as_lm_head, tmp_path):
+    from evals.gpu_judge_meta import main
+
+    with pytest.raises(CheckpointError, match="model.embed_tokens.weight"):
+        main(["--model", str(embedding_as_lm_head), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "vllm.log").exists()
