@@ -10,10 +10,14 @@ only `lm_head.weight`, which vLLM skips when the embeddings are tied: 2026-12-07
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -26,7 +30,9 @@ def dequantize_gguf(gguf: str | os.PathLike, target: str | os.PathLike, dtype: s
     failure leaves no half-written model (`target` must not exist or be empty). The weights are rebuilt in a plain
     model (`from_config`) and written by `save_pretrained`, so the folder names every tensor as a Hugging Face
     checkpoint does: a tied output embedding (SmolLM2's `lm_head.weight`) appears once, as the input embedding.
-    vLLM, transformers and peft load it as any other checkpoint. Returns `target`."""
+    vLLM, transformers and peft load it as any other checkpoint, readable by other users as the umask allows.
+    Returns `target`; when another process wrote a model there first, its folder is kept and returned. `dtype`:
+    float32, bfloat16 or float16."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -36,9 +42,9 @@ def dequantize_gguf(gguf: str | os.PathLike, target: str | os.PathLike, dtype: s
     with open(gguf, "rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"{gguf} is not a GGUF file (its first bytes are not 'GGUF')")
-    torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
-    if not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {dtype!r}")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unknown torch dtype {dtype!r}: give float32, bfloat16 or float16")
+    torch_dtype = getattr(torch, dtype)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise FileExistsError(f"{target} exists and is not an empty folder; give a new or empty one")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -46,14 +52,19 @@ def dequantize_gguf(gguf: str | os.PathLike, target: str | os.PathLike, dtype: s
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    plain.load_state_dict(quantized.state_dict())
+    with torch.device("meta"):  # no second random copy: the dequantized tensors are taken over as they are
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    plain.load_state_dict(quantized.state_dict(), assign=True)
+    plain.tie_weights()
     del quantized
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the model from a server running as another user
         try:
             os.rename(tmp, target)
         except OSError:  # another process finished first: keep theirs
@@ -64,39 +75,83 @@ def dequantize_gguf(gguf: str | os.PathLike, target: str | os.PathLike, dtype: s
     return target
 
 
-def missing_parameters(folder: str | os.PathLike) -> list[str]:
-    """The parameters of `folder`'s architecture (its `config.json`, built on the meta device: no memory) that its
-    safetensors files do not hold, each under the name `named_parameters` gives it (a tied output embedding counts
-    once, under the input embedding's name, as `save_pretrained` writes it). Empty when nothing is missing, and
-    when there is nothing this check can read: no `config.json` (a hub id, an adapter folder), no `*.safetensors`
-    (a `.bin` checkpoint), or checkpoint names that share fewer than half of the architecture's (another naming
-    scheme, which the loaders map themselves)."""
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
+CHECKED_LOAD_FORMATS = (None, "auto", "safetensors", "fastsafetensors")
+"""vLLM load formats that read a folder's `*.safetensors` under the checkpoint's names: the only ones checked."""
 
-    folder = Path(folder)
-    if not folder.is_dir() or not (folder / "config.json").is_file():
-        return []
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return []
+
+def _held_names(folder: Path) -> set[str]:
+    """The tensor names `folder`'s checkpoint holds: its index's `weight_map` when it has one (the files vLLM reads
+    too), else every `*.safetensors` file's."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
     held: set[str] = set()
-    for f in files:
+    for f in sorted(folder.glob("*.safetensors")):
         with safe_open(str(f), "pt") as h:
             held.update(h.keys())
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    expected = {name for name, _ in model.named_parameters()}
-    if len(expected & held) * 2 < len(expected):
+    return held
+
+
+def missing_parameters(folder: str | os.PathLike) -> list[str]:
+    """The parameters of `folder`'s architecture that its safetensors checkpoint does not hold, each under the name
+    `named_parameters` gives it (a tied output embedding counts once, under the input embedding's name, as
+    `save_pretrained` writes it). The architecture is the class `config.json`'s `architectures` names, built on
+    the meta device (no memory); the checkpoint's names go through transformers' own loading renames first (fused
+    MoE experts, multimodal prefixes), and in a quantized checkpoint (`quantization_config`) a module's tensors
+    under any name (`qweight`, `weight_packed`, ...) count for its weight.
+
+    A guard, never a gate: empty when nothing is missing and whenever there is nothing it can compare: not a
+    folder or no `config.json` (a hub id, an adapter folder), no `*.safetensors`, remote code (`auto_map`: never
+    run here), an architecture transformers lacks, names sharing fewer than half of the architecture's (another
+    naming scheme), or any failure of the check itself (logged as a warning)."""
+    folder = Path(folder)
+    if not folder.is_dir() or not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
         return []
-    return sorted(expected - held)
+    try:
+        if "auto_map" in json.loads((folder / "config.json").read_text()):
+            return []
+        import torch
+        import transformers
+
+        held = _held_names(folder)
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        arch = (getattr(config, "architectures", None) or [None])[0]
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+        if cls is None:
+            return []
+        with torch.device("meta"):
+            model = cls._from_config(config)
+        try:  # transformers' checkpoint -> module renaming, as from_pretrained applies it (semi-internal API)
+            from transformers.conversion_mapping import get_model_conversion_mapping
+            from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+            mapping = get_model_conversion_mapping(model)
+            renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+            converters = [m for m in mapping if isinstance(m, WeightConverter)]
+            state = model.state_dict()
+            held = {rename_source_key(k, renamings, converters, model.base_model_prefix, state)[0] for k in held}
+        except Exception:  # a transformers without this API: the names as they are
+            pass
+        expected = {name for name, _ in model.named_parameters()}
+        if getattr(config, "quantization_config", None):
+            modules = {k.rsplit(".", 1)[0] for k in held}
+            expected = {n for n in expected if n.rsplit(".", 1)[0] not in modules}
+        if len(expected & held) * 2 < len(expected):
+            return []
+        return sorted(expected - held)
+    except Exception as exc:
+        log.warning("checkpoint check of %s skipped: %s: %s", folder, type(exc).__name__, exc)
+        return []
 
 
-def check_checkpoint(folder: str | os.PathLike) -> None:
+def check_checkpoint(folder: str | os.PathLike, load_format: str | None = None) -> None:
     """Raise `CheckpointError` naming what `folder`'s checkpoint lacks (`missing_parameters`); call it before a
-    server that would not notice (vLLM) loads the folder."""
+    server that would not notice (vLLM) loads the folder with `load_format` (vLLM's; only the formats that read the
+    checkpoint's own names, `CHECKED_LOAD_FORMATS`, are checked: `dummy` needs no checkpoint)."""
+    if load_format not in CHECKED_LOAD_FORMATS:
+        return
     missing = missing_parameters(folder)
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")

@@ -121,9 +121,10 @@ def _convert_gguf(target: Path) -> None:
     _quiet_transformers()
     try:
         dequantize_gguf(gguf_path(), target, "float32")
-    except FileExistsError:  # another process finished first: keep theirs
+    except FileExistsError:  # the folder appeared since embedded_model_path looked: keep it if it is a model
         if not (target / "config.json").is_file():
-            raise
+            raise JudgeConfigError(f"{target} holds files but no model (config.json): remove it, and the embedded "
+                                   "model is converted again on first use") from None
 
 
 def embedded_model_path() -> Path:

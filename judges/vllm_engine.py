@@ -50,16 +50,15 @@ class VLLMEngineLLM(CustomLLM):
     async def _engine(self, model: str):
         async with self._lock:
             if model not in self._engines:
+                from ruler_rl.judges.checkpoint import check_checkpoint
+
+                extra = engine_args()
+                check_checkpoint(model, extra.get("load_format"))  # vLLM would serve a missing tensor uninitialized
                 require("gpu", f"the judge {PROVIDER}/{model}")
                 from vllm import AsyncEngineArgs
                 from vllm.config import StructuredOutputsConfig
                 from vllm.v1.engine.async_llm import AsyncLLM
 
-                extra = engine_args()
-                if extra.get("load_format") != "dummy":  # vLLM would serve a tensor the folder lacks uninitialized
-                    from ruler_rl.judges.checkpoint import check_checkpoint
-
-                    check_checkpoint(model)
                 if isinstance(extra["structured_outputs_config"], dict):  # AsyncEngineArgs takes only the object
                     extra["structured_outputs_config"] = StructuredOutputsConfig(**extra["structured_outputs_config"])
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **extra))

@@ -75,6 +75,44 @@ def test_what_it_cannot_read_is_not_refused(good, tmp_path):
     assert missing_parameters(other) == []
 
 
+def test_valid_folders_of_other_shapes_pass(tmp_path):
+    """What the check must not refuse: a MoE written by save_pretrained (per-expert names on disk, fused experts
+    in transformers' modules), a classification head without lm_head, an architecture transformers does not
+    know, remote code (never run, never prompted for)."""
+    import json
+
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification, MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    moe = tmp_path / "moe"
+    MixtralForCausalLM(MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2)).save_pretrained(moe)
+    assert missing_parameters(moe) == []
+    classifier = tmp_path / "classifier"
+    LlamaForSequenceClassification(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                               num_labels=1, tie_word_embeddings=False)).save_pretrained(classifier)
+    assert missing_parameters(classifier) == []
+    for name, change in (("unknown", {"model_type": "no_such_model", "architectures": ["NoSuchModelForCausalLM"]}),
+                         ("remote", {"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"},
+                                     "model_type": "x_custom", "architectures": ["XForCausalLM"]})):
+        folder = _tiny_llama(tmp_path / name)
+        _rename(folder, lambda k: "lm_head.weight" if k == "model.embed_tokens.weight" else k)  # broken, too
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+        assert missing_parameters(folder) == []  # nothing to compare with: not refused, and no exception
+        check_checkpoint(folder)
+
+
+def test_load_formats_that_do_not_read_the_checkpoint_are_not_checked(embedding_as_lm_head):
+    check_checkpoint(embedding_as_lm_head, "dummy")
+    for load_format in (None, "auto", "safetensors"):
+        with pytest.raises(CheckpointError):
+            check_checkpoint(embedding_as_lm_head, load_format)
+
+
 def test_the_trainers_vllm_server_refuses_it_before_starting(embedding_as_lm_head, tmp_path):
     from ruler_rl.trainer.config import EngineConfig
     from ruler_rl.trainer.vllm_server import VLLMServer
@@ -89,8 +127,21 @@ def test_the_trainers_vllm_server_refuses_it_before_starting(embedding_as_lm_hea
         asyncio.run(s.start())
     assert s.proc is None  # nothing started
     if importlib.util.find_spec("vllm") is None:  # vLLM's own random weights need no checkpoint: not checked
-        with pytest.raises(RuntimeError, match="needs vLLM"):
-            asyncio.run(server(load_format="dummy").start())
+        for key in ("load_format", "--load-format"):
+            with pytest.raises(RuntimeError, match="needs vLLM"):
+                asyncio.run(server(**{key: "dummy"}).start())
+
+
+def test_the_in_process_judge_and_the_distill_bench_refuse_it(embedding_as_lm_head, tmp_path):
+    from evals.distill_bench import _vllm_server
+    from ruler_rl.judges.vllm_engine import VLLMEngineLLM
+
+    with pytest.raises(CheckpointError, match="model.embed_tokens.weight"):
+        asyncio.run(VLLMEngineLLM()._engine(str(embedding_as_lm_head)))
+    bench = _vllm_server(str(embedding_as_lm_head), tmp_path / "logs", 0, 8, 0.3, 60.0, True)
+    with pytest.raises(CheckpointError, match="model.embed_tokens.weight"):
+        asyncio.run(bench.start())
+    assert bench.proc is None
 
 
 def test_gpu_judge_meta_refuses_it_before_starting(embedding_as_lm_head, tmp_path):

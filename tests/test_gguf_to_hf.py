@@ -48,7 +48,21 @@ def test_values_are_the_gguf_models(converted):
     with torch.inference_mode():
         a, b = quantized(ids).logits, plain(ids).logits
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
-    assert torch.equal(plain.get_input_embeddings().weight, quantized.get_input_embeddings().weight)
+    # transformers would tie a lm_head-only file back together; a loader that reads the embedding's own name
+    # (vLLM's) needs it in the file
+    from safetensors import safe_open
+
+    with safe_open(str(converted / "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor("model.embed_tokens.weight"), quantized.get_input_embeddings().weight)
+
+
+def test_the_folder_is_readable_by_others_as_the_umask_allows(converted):
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(converted.stat().st_mode) == 0o777 & ~umask
 
 
 def test_refuses_what_it_cannot_convert_and_keeps_what_is_there(tmp_path):
@@ -64,7 +78,8 @@ def test_refuses_what_it_cannot_convert_and_keeps_what_is_there(tmp_path):
     with pytest.raises(FileExistsError, match="not an empty folder"):
         convert(gguf_path(), taken)
     assert [p.name for p in taken.iterdir()] == ["notes.txt"] and (taken / "notes.txt").read_text() == "mine"
-    with pytest.raises(ValueError, match="unknown torch dtype"):
-        convert(gguf_path(), tmp_path / "out2", dtype="float7")
+    for dtype in ("float7", "int8"):
+        with pytest.raises(ValueError, match="unknown torch dtype"):
+            convert(gguf_path(), tmp_path / "out2", dtype=dtype)
     assert not (tmp_path / "out2").exists()
     assert main([str(not_gguf), str(tmp_path / "out3")]) == 2

@@ -428,10 +428,11 @@ class VLLMServer(ServerProcess):
         return env
 
     def _require(self) -> None:
-        if self.config.vllm_args.get("load_format") != "dummy":  # vLLM would serve a missing tensor uninitialized
-            from ruler_rl.judges.checkpoint import check_checkpoint
+        from ruler_rl.judges.checkpoint import check_checkpoint
+        from ruler_rl.trainer.config import vllm_flag_name
 
-            check_checkpoint(self.base_model)
+        args = {vllm_flag_name(k): v for k, v in self.config.vllm_args.items()}
+        check_checkpoint(self.base_model, args.get("load_format"))  # vLLM would serve a missing tensor uninitialized
         if importlib.util.find_spec("vllm") is None:
             from ruler_rl.judges.extras import pip_command
 
