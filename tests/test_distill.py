@@ -311,7 +311,9 @@ def test_distill_20_steps_beats_the_untrained_student_and_loads_as_a_judge(tmp_p
                               "--batch-size", "2", "--holdout", "0.25", "--max-eval", "4", "--seed", "0",
                               "--rubric", RUBRIC, "--cache", str(tmp_path / "cache"), "--json"])
     assert res.exit_code == 0, res.output
-    result = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(res.stdout.strip().splitlines()) == 1  # stdout is the JSON alone
+    result = json.loads(res.stdout)
+    assert "step 20: loss" in res.stderr  # the progress, on stderr
     before, after = result["untrained"], result["distilled"]
     assert result["heldout"] == 4 and before["judge"] == "local/smollm2-135m-instruct"
     assert after["errors"] == 0 and after["pairs"] == 12

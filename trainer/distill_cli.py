@@ -39,7 +39,7 @@ from typing import Annotated
 
 import typer
 
-from ruler_rl.cli import console
+from ruler_rl.cli import console, err
 from ruler_rl.judges import DEFAULT_RUBRIC
 from ruler_rl.judges.extras import require
 from ruler_rl.judges.names import EMBEDDED_JUDGE
@@ -329,7 +329,8 @@ def distill(
                                                          "(CPU or GPU), vllm (GPU) or auto.")] = "transformers",
     valid_bonus: Annotated[float, typer.Option("--valid-bonus", help="GRPO: reward of a valid answer that ranks "
                                                                      "backwards, in [0, 1).")] = 0.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (the progress on stderr).")
+                       ] = False,
 ) -> None:
     """Distil a cheap local judge from a judge's cached judgments and/or labelled groups.
 
@@ -350,7 +351,7 @@ def distill(
         datasets=list(dataset or []), student=student, steps=steps, lr=lr, out=out, rubric=rubric_text,
         holdout=holdout, seed=seed, batch_size=batch_size, orderings=orderings, max_eval=max_eval,
         method=method, group_size=group_size, grpo_steps=grpo_steps, grpo_lr=grpo_lr, engine=engine,
-        valid_bonus=valid_bonus, print_fn=(lambda *a, **k: None) if as_json else console.print))
+        valid_bonus=valid_bonus, print_fn=err.print if as_json else console.print))  # --json: progress on stderr
     if as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "history"}))
     else:
