@@ -146,13 +146,17 @@ def main(argv: list[str] | None = None) -> None:
     name = args.served_name or Path(args.model.rstrip("/")).name
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RULER_CACHE_DIR", str(args.out / "judge-cache"))
+    from ruler_rl.judges.checkpoint import check_checkpoint
+
     if args.engine == "in-process":
         engine_args = {"gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": 8192}
         os.environ.setdefault("RULER_VLLM_ENGINE_ARGS", json.dumps(engine_args))
-        return run_eval(args, f"vllm-engine/{args.model}", None, 0.0)
-    from ruler_rl.judges.checkpoint import check_checkpoint
+        from ruler_rl.judges.vllm_engine import engine_args as in_process_args
 
-    check_checkpoint(args.model)  # vLLM would serve a tensor the folder lacks uninitialized (in process: its own check)
+        # first, not at the first judgment: inside litellm the refusal would be retried as a failed call
+        check_checkpoint(args.model, in_process_args().get("load_format"))
+        return run_eval(args, f"vllm-engine/{args.model}", None, 0.0)
+    check_checkpoint(args.model)  # vLLM would serve a tensor the folder lacks uninitialized, without a warning
     base = f"http://127.0.0.1:{args.port}/v1"
     failed = 0
     with open(args.out / "vllm.log", "w") as log:

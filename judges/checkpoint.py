@@ -24,6 +24,19 @@ class CheckpointError(ValueError):
     """A model folder whose checkpoint lacks parameters its architecture has."""
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def dequantize_gguf(gguf: str | os.PathLike, target: str | os.PathLike, dtype: str = "float32") -> Path:
     """De-quantize the GGUF checkpoint `gguf` into a plain Hugging Face folder at `target` (config, safetensors,
     generation config, tokenizer), written atomically: a temporary folder beside `target`, renamed onto it, so a
@@ -62,9 +75,11 @@ def dequantize_gguf(gguf: str | os.PathLike, target: str | os.PathLike, dtype: s
     try:
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the model from a server running as another user
+        # mkdtemp's 0700 folder and safetensors' 0600 files would hide the model from a server running as another user
+        umask = _umask()
+        os.chmod(tmp, 0o777 & ~umask)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~umask)
         try:
             os.rename(tmp, target)
         except OSError:  # another process finished first: keep theirs
@@ -135,12 +150,13 @@ def missing_parameters(folder: str | os.PathLike) -> list[str]:
         except Exception:  # a transformers without this API: the names as they are
             pass
         expected = {name for name, _ in model.named_parameters()}
-        if getattr(config, "quantization_config", None):
+        covered = expected & held
+        if getattr(config, "quantization_config", None):  # a module held under any tensor names covers its own
             modules = {k.rsplit(".", 1)[0] for k in held}
-            expected = {n for n in expected if n.rsplit(".", 1)[0] not in modules}
-        if len(expected & held) * 2 < len(expected):
+            covered |= {n for n in expected if n.rsplit(".", 1)[0] in modules}
+        if len(covered) * 2 < len(expected):
             return []
-        return sorted(expected - held)
+        return sorted(expected - covered)
     except Exception as exc:
         log.warning("checkpoint check of %s skipped: %s: %s", folder, type(exc).__name__, exc)
         return []

@@ -106,6 +106,27 @@ def test_valid_folders_of_other_shapes_pass(tmp_path):
         check_checkpoint(folder)
 
 
+def test_a_quantized_checkpoint_counts_a_modules_packed_tensors_and_still_names_a_missing_one(tmp_path):
+    """GPTQ-style: each linear's weight held as qweight/scales, the embedding and norms as they are."""
+    import json
+
+    def gptq_style(folder, drop=()):
+        _rename(folder, lambda k: k.replace("proj.weight", "proj.qweight"))
+        from safetensors.torch import load_file, save_file
+
+        tensors = {k: v for k, v in load_file(str(folder / "model.safetensors")).items() if k not in drop}
+        tensors.update({k.replace("qweight", "scales"): v[:1].clone() for k, v in tensors.items() if k.endswith("qweight")})
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 16}
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    assert missing_parameters(gptq_style(_tiny_llama(tmp_path / "q"))) == []
+    broken = gptq_style(_tiny_llama(tmp_path / "q-broken"), drop=("model.embed_tokens.weight",))
+    assert missing_parameters(broken) == ["model.embed_tokens.weight"]
+
+
 def test_load_formats_that_do_not_read_the_checkpoint_are_not_checked(embedding_as_lm_head):
     check_checkpoint(embedding_as_lm_head, "dummy")
     for load_format in (None, "auto", "safetensors"):
@@ -150,3 +171,5 @@ def test_gpu_judge_meta_refuses_it_before_starting(embedding_as_lm_head, tmp_pat
     with pytest.raises(CheckpointError, match="model.embed_tokens.weight"):
         main(["--model", str(embedding_as_lm_head), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out" / "vllm.log").exists()
+    with pytest.raises(CheckpointError, match="model.embed_tokens.weight"):  # before any judgment, not inside one
+        main(["--model", str(embedding_as_lm_head), "--out", str(tmp_path / "out2"), "--engine", "in-process"])

@@ -63,6 +63,8 @@ def test_the_folder_is_readable_by_others_as_the_umask_allows(converted):
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(converted.stat().st_mode) == 0o777 & ~umask
+    for f in converted.iterdir():  # safetensors writes 0600 whatever the umask
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f.name
 
 
 def test_refuses_what_it_cannot_convert_and_keeps_what_is_there(tmp_path):
