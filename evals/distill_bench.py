@@ -196,6 +196,19 @@ SERVED = "smollm2"
 STUDENT_LABELS = {"untrained": "untrained", "distilled": "distilled (SFT)", "sft_grpo": "SFT+GRPO"}
 
 
+def room_after_sft(eval_s: float, *, grpo_steps: int, grpo_budget_s: float, llmbar_sets: tuple[str, ...],
+                   llmbar_limit: int) -> float:
+    """Seconds of the budget the SFT leaves for what follows it: each later student's measure on the held-out
+    prompts (`eval_s`: the untrained student's own measure of them once it has ended, at least 40 s), GRPO's
+    budget + 30 s, and 45 s an LLMBar set (1.5 times that with GRPO's third student). On 2026-12-08 a fixed
+    40 s, against 142 s that 485 held-out prompts took on an H100, left the SFT one step and the budget ended
+    while the SFT student was being measured."""
+    room = max(40.0, eval_s) * (2 if grpo_steps else 1)
+    if llmbar_limit:
+        room += 45 * (1.5 if grpo_steps else 1) * len(llmbar_sets)
+    return room + (grpo_budget_s + 30 if grpo_steps else 0)
+
+
 class _Phases:
     """Seconds per phase, printed as each ends, against one wall-clock budget; `current` is the phase last
     begun."""
@@ -309,7 +322,8 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                     teacher: str | None = None, teacher_cache: Path | None = None, since: datetime | None = None,
                     until: datetime | None = None, holdout: float = 0.2,
                     llmbar_sets: tuple[str, ...] = ("llmbar-natural",), grpo_steps: int = 0,
-                    grpo_lr: float | None = None, grpo_group_size: int = 4, grpo_budget_s: float = 240) -> dict:
+                    grpo_lr: float | None = None, grpo_group_size: int = 4, grpo_budget_s: float = 240,
+                    max_eval: int | None = None) -> dict:
     """The whole measurement in one process under `budget_s` seconds of wall clock: serve the policy (vLLM;
     `dry_run`: the embedded model in process on the CPU), sample train and test groups from `data`
     (`inbox.db`, `scenarios.jsonl`), measure the untrained student while the SFT runs, load the distilled
@@ -334,9 +348,13 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
     adapter, `paired_grpo_sft`) and on LLMBar; the run's history and logs are copied to `out/grpo-run/`. A GRPO
     stage that fails is recorded as `grpo_error` and the rest goes on.
 
-    Each phase stops early rather than overrun (sampling by about 40% of the budget, SFT 60 s before the end)
-    and `report.json` + `README.md` are written under `out` whatever happened, with the seconds per phase (the
-    budget's end recorded as "budget of N s reached during phase X", `run_within_budget`)."""
+    `max_eval`: measure every student on at most this many held-out prompts (the first of the seeded split).
+
+    Each phase stops early rather than overrun (sampling by about 40% of the budget; the SFT when only
+    `room_after_sft` is left, the untrained student's measured time standing for each later student's, and says
+    so: `sft_stopped`) and `report.json` + `README.md` are written under `out` whatever happened, with the
+    seconds per phase (the budget's end recorded as "budget of N s reached during phase X",
+    `run_within_budget`)."""
     from evals.judge_meta import DEFAULT_ROOT, evaluate
     from ruler_rl.cache import export_judgments
     from ruler_rl.judges import DEFAULT_RUBRIC
@@ -383,6 +401,8 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
         raise ValueError(f"grpo_group_size must be an integer >= 2, got {grpo_group_size!r}")
     if grpo_steps and not grpo_budget_s > 30:
         raise ValueError(f"grpo_budget_s must be > 30 seconds, got {grpo_budget_s!r}")
+    if max_eval is not None and (isinstance(max_eval, bool) or not isinstance(max_eval, int) or max_eval < 1):
+        raise ValueError(f"max_eval must be an integer >= 1 or None, got {max_eval!r}")
     if grpo_lr is not None and not (isinstance(grpo_lr, (int, float)) and not isinstance(grpo_lr, bool)
                                     and 0 < grpo_lr < 1):
         raise ValueError(f"grpo_lr must be a number in (0, 1) or None, got {grpo_lr!r}")
@@ -443,16 +463,20 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
             if not tr["groups"] or not te["groups"]:
                 raise RuntimeError("no graded groups with differing rewards to train or test on")
             train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
+        if max_eval is not None:
+            test_ex = test_ex[:max_eval]
         report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
         judge_params = {**params, "temperature": 0.0}  # greedy, as the local judge (vLLM's default is 1)
 
         t = ph.begin("sft_and_eval_untrained")
         config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
         # room after the SFT: the distilled student's measure, GRPO and its measure, and every student on each
-        # LLMBar set
-        per_set = 45 * (1.5 if grpo_steps else 1)
-        sft_deadline = ph.at(budget_s - (40 + per_set * len(llmbar_sets) if llmbar_limit else 40)
-                             - (grpo_budget_s + 30 if grpo_steps else 0))
+        # LLMBar set; a student's measure is estimated by the untrained one's once that has ended
+        eval_s = [40.0]
+
+        def sft_deadline() -> float:
+            return ph.at(budget_s - room_after_sft(eval_s[0], grpo_steps=grpo_steps, grpo_budget_s=grpo_budget_s,
+                                                   llmbar_sets=llmbar_sets, llmbar_limit=llmbar_limit))
         # GRPO's run and its judge sit beside --judge-dir, named after it (replaced only when GRPO runs)
         grpo_runs = Path(judge_dir).parent / f"{Path(judge_dir).name}-grpo-runs"
         grpo_dir = Path(judge_dir).parent / f"{Path(judge_dir).name}-grpo"
@@ -465,7 +489,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
 
         def on_step(row: dict) -> None:
             history.append(row)
-            if time.perf_counter() > sft_deadline:
+            if len(history) < steps and time.perf_counter() > sft_deadline():
                 raise OutOfTime
 
         def sft() -> None:
@@ -474,7 +498,12 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                 train_sft(model, tokenizer, [SFTExample(e.messages, e.answer) for e in train_ex], config,
                           full_forward=full_forward, on_step=on_step)
             except OutOfTime:
-                pass
+                report["sft_stopped"] = (f"by the budget after {len(history)} of {steps} steps, keeping "
+                                         f"{budget_s - (sft_deadline() - ph.start):.0f} s for what follows (each "
+                                         f"student's measure taken as {eval_s[0]:.0f} s)")
+                print(f"[distill-bench] SFT stopped {report['sft_stopped']}"
+                      + ("; the budget left it no room: a larger --budget-s or a smaller --max-eval"
+                         if len(history) <= 1 else ""), flush=True)
             save_adapter(model, tokenizer, judge_dir, {"base": student, "teacher": teacher or "ART·E rubric",
                                                        "steps": len(history)})
             if grpo_steps:  # GRPO resumes from the SFT adapter, written as the run's step 1 (as `ruler distill` does)
@@ -485,6 +514,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
             result = await agreement(before_judge, test_ex, params=judge_params, cache=False,
                                      concurrency=concurrency)
             ph.done("eval_untrained", b)
+            eval_s[0] = time.perf_counter() - b  # how long each later student's measure will take, about
             return result
 
         # the untrained student is measured while the SFT trains (both on the GPU; the server's is capped). In a dry
@@ -631,6 +661,8 @@ def write_report(out: Path, report: dict) -> None:
             skipped = [f"{STUDENT_LABELS[label]} skipped ({bar[label]['skipped']})" for label in STUDENT_LABELS
                        if "skipped" in bar.get(label, {})]
             lines += ["", f"{dataset} accuracy: " + ", ".join(done + skipped)]
+    if report.get("sft_stopped"):
+        lines += ["", f"SFT stopped {report['sft_stopped']}"]
     if report.get("phases"):
         lines += ["", "Seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in report["phases"].items())]
     if report.get("grpo_error"):
@@ -726,6 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grpo-group-size", type=int, default=4, help="GRPO: answers sampled per prompt")
     g.add_argument("--grpo-budget-s", type=float, default=240, help="GRPO stops after the first step that ends past "
                    "this many seconds from its start, its engine's start included (taken from the SFT's)")
+    g.add_argument("--max-eval", type=int, default=None,
+                   help="measure every student on at most this many held-out prompts")
     g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], choices=list(LLMBAR),
                    help="LLMBar sets measured (every student)")
     g.add_argument("--out", type=Path, required=True, help="report.json, README.md, train/test JSONL, vLLM's log")
@@ -788,9 +822,9 @@ def main(argv: list[str] | None = None) -> int:
                                        since=since, until=until, holdout=a.holdout,
                                        llmbar_sets=tuple(a.llmbar_sets), grpo_steps=a.grpo_steps,
                                        grpo_lr=a.grpo_lr, grpo_group_size=a.grpo_group_size,
-                                       grpo_budget_s=a.grpo_budget_s, **sizes))
+                                       grpo_budget_s=a.grpo_budget_s, max_eval=a.max_eval, **sizes))
         print(json.dumps({k: report.get(k) for k in ("sample", "teacher", "train_prompts", "test_prompts",
-                                                      "sft_steps", "untrained", "distilled", "paired",
+                                                      "sft_steps", "sft_stopped", "untrained", "distilled", "paired",
                                                       "grpo_steps", "sft_grpo", "paired_grpo", "llmbar",
                                                       "phases", "seconds", "error")}, default=str))
         return 1 if report.get("error") else 0

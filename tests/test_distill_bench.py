@@ -7,7 +7,7 @@ import pytest
 
 from evals.art_e.questions import Scenario, save_scenarios
 from evals.art_e.tools import InboxTools
-from evals.distill_bench import _Phases, gpu_bench, run_within_budget, sample_groups, write_report
+from evals.distill_bench import _Phases, gpu_bench, room_after_sft, run_within_budget, sample_groups, write_report
 
 SALLY = "sally.beck@enron.com"
 
@@ -210,11 +210,29 @@ async def test_gpu_bench_distils_a_judges_cached_judgments_and_pairs_the_two_stu
     assert "| SFT+GRPO (1 GRPO steps" in readme and "SFT+GRPO minus SFT" in readme
 
 
+def test_the_sft_leaves_room_for_each_later_students_measure_as_long_as_the_untrained_ones():
+    """2026-12-08: a fixed 40 s for the SFT student's measure, against 142 s that 485 held-out prompts took, left
+    the SFT one step and the budget ended while measuring. The room grows with the measured time, once per later
+    student (two with GRPO), and never falls below the 40-s floor."""
+    plain = {"grpo_steps": 0, "grpo_budget_s": 250, "llmbar_sets": ("llmbar-natural",), "llmbar_limit": 0}
+    assert room_after_sft(10, **plain) == 40 and room_after_sft(142, **plain) == 142
+    grpo = {**plain, "grpo_steps": 80}
+    assert room_after_sft(142, **grpo) == 2 * 142 + 250 + 30
+    bars = {**grpo, "llmbar_limit": 100, "llmbar_sets": ("llmbar-natural", "llmbar-mtbench")}
+    assert room_after_sft(142, **bars) == 2 * 142 + 250 + 30 + 2 * 45 * 1.5
+
+
+def test_sft_stopped_by_the_budget_is_written_in_the_readme(tmp_path):
+    write_report(tmp_path, {"command": "x", "sft_stopped": "by the budget after 1 of 300 steps, keeping 430 s"})
+    assert "SFT stopped by the budget after 1 of 300 steps" in (tmp_path / "README.md").read_text()
+
+
 async def test_gpu_bench_refuses_grpo_without_a_teacher_or_with_bad_sizes(tmp_path):
     for bad, says in (({"grpo_steps": -1}, "grpo_steps"), ({"grpo_steps": 1.5}, "grpo_steps"),
                       ({"grpo_steps": 1, "grpo_group_size": 1}, "grpo_group_size"),
                       ({"grpo_steps": 1, "grpo_budget_s": 10}, "grpo_budget_s"),
-                      ({"grpo_steps": 1, "grpo_lr": 0}, "grpo_lr")):
+                      ({"grpo_steps": 1, "grpo_lr": 0}, "grpo_lr"), ({"max_eval": 0}, "max_eval"),
+                      ({"max_eval": 2.5}, "max_eval"), ({"max_eval": True}, "max_eval")):
         with pytest.raises(ValueError, match=says):
             await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=tmp_path,
                             dry_run=True, **bad)
@@ -248,3 +266,22 @@ async def test_a_failed_grpo_stage_is_recorded_and_the_two_students_measures_kep
     assert report["grpo_error"] == "RuntimeError: the GRPO engine did not start"
     assert report["distilled"]["prompts"] == 2 and "paired" in report and "sft_grpo" not in report
     assert "GRPO failed: `RuntimeError: the GRPO engine did not start`" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.slow  # ~1 min: the embedded model judges one held-out prompt and trains one SFT step on the CPU
+async def test_a_budget_too_small_for_the_sft_stops_it_saying_so_and_max_eval_cuts_the_measure(tmp_path, judge):
+    from ruler_rl.scoring import ruler_result
+    from tests.helpers import convo
+
+    cache = tmp_path / "cache"
+    for topic in ("tea", "rain", "maps", "bees", "salt"):
+        await ruler_result([convo(f"GOOD {topic}"), convo(f"BAD {topic}")], "openai/fake-judge", judge.params,
+                           cache=str(cache))
+    # 45 s of budget: the room after the SFT (at least 40 s) leaves it 5 s, less than serving, measuring and a step
+    report = await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=cache,
+                             holdout=0.4, dry_run=True, steps=50, batch_size=1, llmbar_limit=0, budget_s=45,
+                             judge_dir=tmp_path / "judge", max_eval=1)
+    assert report["test_prompts"] == 1 and report["untrained"]["prompts"] == 1  # two held out, one measured
+    assert report["sft_steps"] == 1 and report["sft_steps_asked"] == 50
+    assert report["sft_stopped"].startswith("by the budget after 1 of 50 steps")
+    assert "SFT stopped by the budget after 1 of 50 steps" in (tmp_path / "out" / "README.md").read_text()

@@ -11,8 +11,11 @@
 # (evals.gguf_to_hf, once; on 2026-12-07 the kit's install.sh, which did it before, was not on the host).
 # Results: /tmp/distill/out (report.json, README.md, run.log, vLLM's log), packed as $OUT/distill.tgz.
 #   usage: bash evals/device/distill_run.sh [--detach] [evals.distill_bench gpu arguments ...]   (later ones override)
-# The 720-s budget: serving about 100 s, SFT up to 300 steps (95 took 68 s on an H200), GRPO about 150 s, the
-# three students' measures; with judge_run.sh (~380 s) before it, two device calls:
+# The 720-s budget: serving about 100-140 s, SFT up to 300 steps (95 took 68 s on an H200), GRPO about 150 s, the
+# three students' measures on at most 200 held-out prompts each (`--max-eval`; the 123 held-out groups of the
+# 2,444-judgment teacher cache hold 485, which took 142 s a student on an H100 on 2026-12-08; the SFT leaves room
+# for each later student's measure as long as the untrained one's); with judge_run.sh (~380 s) before it, two
+# device calls:
 #   1: bash evals/device/judge_run.sh ...; bash evals/device/distill_run.sh --detach
 #      bash evals/device/distill_run.sh --collect $((585 - SECONDS))
 #   2: bash evals/device/distill_run.sh --collect 585
@@ -58,7 +61,7 @@ bound=(); [ -n "${until:-}" ] && bound=(--until "$until")
 cmd=(gpu --teacher "$teacher" --teacher-cache "$meta/judge-cache" --since "$since" ${bound[@]+"${bound[@]}"} \
   --holdout 0.2 --out "$base/out" --judge-dir "$base/judge" --model-dir /tmp/models/SmolLM2-135M-Instruct \
   --budget-s 720 --steps 300 --batch-size 8 --lr 2e-4 --grpo-steps 60 --grpo-group-size 4 --grpo-budget-s 150 \
-  --gpu-memory-utilization 0.3 --enforce-eager \
+  --gpu-memory-utilization 0.3 --enforce-eager --max-eval 200 \
   --llmbar-limit 100 --llmbar-root "$(dirname "$root")/shared/data/judge-meta" --llmbar-sets llmbar-natural "$@")
 [ "${DISTILL_DRY_RUN:-0}" = 1 ] && { printf '%s\n' "${cmd[@]}"; exit 0; }
 if [ $detach = 1 ]; then
