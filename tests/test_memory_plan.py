@@ -268,6 +268,7 @@ async def test_register_plans_before_loading_anything_and_the_check_can_be_skipp
     refused before the tokenizer or the weights are read; `memory_check=False` skips it."""
     import transformers
 
+    import ruler_rl.trainer.backend
     import ruler_rl.trainer.memory
 
     backend = LocalBackend(tmp_path)
@@ -278,6 +279,8 @@ async def test_register_plans_before_loading_anything_and_the_check_can_be_skipp
             raise AssertionError("planned on the CPU without device_gib")
 
         monkeypatch.setattr(ruler_rl.trainer.memory, "plan_memory", no_plan)
+        # (the CPU's checkpointing choice plans a pass against the memory available: a test of its own)
+        monkeypatch.setattr(ruler_rl.trainer.backend, "_cpu_checkpointing", lambda *a: None)
         await TrainableModel("default", "p", BASE).register(backend)  # CPU as before: no plan made
         monkeypatch.setattr(ruler_rl.trainer.memory, "plan_memory", real_plan)
 
@@ -669,3 +672,40 @@ def test_plan_memory_gives_the_pinned_plans():
     for name, (shape, config, kwargs) in cases.items():
         plan = plan_memory(config, SHAPES[shape], base=shape, **kwargs)
         assert dataclasses.asdict(plan) == golden[name], name
+
+
+def test_on_the_cpu_checkpointing_turns_on_when_a_pass_would_not_fit_the_memory_available(caplog):
+    """2026-12-07: `ruler distill --method grpo` on SmolLM2-135M (the default 8,192-token passes, no
+    checkpointing on the CPU) was killed by the kernel at 24 GB. `gradient_checkpointing=None` on the CPU now
+    means: on when the plan of one pass without it does not fit the memory available; a setting is kept."""
+    from ruler_rl.trainer.backend import _cpu_checkpointing, resolve_base_model
+
+    base = resolve_base_model(BASE)
+    tight, roomy = {"host_gib": 4}, {"host_gib": 64}
+    with caplog.at_level("WARNING", logger="ruler.trainer"):
+        assert _cpu_checkpointing(ModelConfig(memory_check=tight), base, "transformers", "cpu") is True
+    said = next(r.getMessage() for r in caplog.records if "gradient checkpointing on" in r.getMessage())
+    assert "8192-token training pass" in said and "of the 4.0 GiB this machine has available" in said
+    assert _cpu_checkpointing(ModelConfig(memory_check=roomy), base, "transformers", "cpu") is None
+    # the plan is of the passes the run was told of: 2,048 tokens fit 8 GiB without checkpointing, 8,192 do not
+    assert _cpu_checkpointing(ModelConfig(memory_check={"host_gib": 8}), base, "transformers", "cpu") is True
+    short = ModelConfig(memory_check={"host_gib": 8, "max_tokens_per_micro_batch": 2048})
+    assert _cpu_checkpointing(short, base, "transformers", "cpu") is None
+    for kept in (ModelConfig(memory_check=tight, gradient_checkpointing=False),
+                 ModelConfig(memory_check=tight, gradient_checkpointing=True),
+                 ModelConfig(memory_check={**tight, "enabled": False})):
+        assert _cpu_checkpointing(kept, base, "transformers", "cpu") is None
+    assert _cpu_checkpointing(ModelConfig(memory_check=tight), base, "transformers", "cuda:0") is None
+
+
+@pytest.mark.slow
+async def test_register_on_the_cpu_loads_the_model_with_checkpointing_when_memory_is_short(tmp_path):
+    backend = LocalBackend(tmp_path)
+    try:
+        await TrainableModel("short", "p", BASE, ModelConfig(memory_check={"host_gib": 4})).register(backend)
+        await TrainableModel("roomy", "p", BASE, ModelConfig(memory_check={"host_gib": 64})).register(backend)
+        assert backend._runs["short"].peft_model.base_model.model.is_gradient_checkpointing
+        assert not backend._runs["roomy"].peft_model.base_model.model.is_gradient_checkpointing
+        assert backend._runs["short"].memory_plan is None  # the CPU is still not planned (nor refused)
+    finally:
+        await backend.close()

@@ -175,6 +175,45 @@ def _check_memory(cfg, base: str, kind: str, device: str):
     return plan, replan
 
 
+def _cpu_checkpointing(cfg, base: str, kind: str, device: str) -> bool | None:
+    """`ModelConfig.gradient_checkpointing=None` on the CPU: True when one training pass without checkpointing would
+    not fit the memory the OS reports available (psutil; `memory_check.host_gib` when set), by the memory plan
+    (`plan_memory` with that memory as the device); else None (the default rule: off). Never refuses a run: the
+    CPU is not planned unless `memory_check.device_gib` says so. None as well when the config sets checkpointing,
+    on a GPU, with `memory_check` off, or when the planner cannot read the model's config.json.
+
+    Without it, `ruler distill --method grpo` on SmolLM2-135M (8,192-token passes: ~20 GiB of fp32 activations
+    planned) was killed by the kernel at 24 GB on a 24-GB machine (2026-12-07); with it the same pass is planned
+    at ~1.6 GiB."""
+    if cfg.gradient_checkpointing is not None or device.startswith("cuda") or not cfg.memory_check.enabled:
+        return None
+    from transformers import AutoConfig
+
+    from ruler_rl.trainer.memory import GIB, plan_memory
+
+    if cfg.memory_check.host_gib is not None:
+        available = int(cfg.memory_check.host_gib * GIB)
+    else:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    try:
+        plan = plan_memory(cfg.model_copy(update={"gradient_checkpointing": False}),
+                           AutoConfig.from_pretrained(base).to_dict(), device_bytes=available, cuda=False,
+                           engine=kind, base=base, host_bytes=available)
+    except ValueError as exc:
+        log.warning("no memory plan for %s on the CPU (%s): gradient checkpointing stays off", base, exc)
+        return None
+    if plan.fits:
+        return None
+    log.warning("gradient checkpointing on: a %d-token training pass without it needs %.1f GiB (activations %.1f "
+                "GiB) of the %.1f GiB this machine has available (ModelConfig.gradient_checkpointing=False keeps it "
+                "off; a smaller TrainConfig.max_tokens_per_micro_batch, with ModelConfig.memory_check."
+                "max_tokens_per_micro_batch set to it, needs less)", plan.tokens_per_pass, plan.training_bytes / GIB,
+                plan.activations_bytes / GIB, available / GIB)
+    return True
+
+
 def _replan_for_step(run, config: TrainConfig) -> None:
     """A step whose `TrainConfig.max_tokens_per_micro_batch` exceeds what the register-time memory plan assumed:
     re-plan with it, warn naming both numbers and the re-planned need, and raise `MemoryPlanError` (nothing
@@ -438,6 +477,8 @@ class LocalBackend:
         cuda = torch.cuda.is_available()
         kind = _engine_kind(cfg)
         device = self._trainer_device(cfg.engine, kind, cuda)
+        if _cpu_checkpointing(cfg, base, kind, device):  # the activations would not fit this machine's memory
+            cfg = cfg.model_copy(update={"gradient_checkpointing": True})
         plan, replan = _check_memory(cfg, base, kind, device)  # before the tokenizer, the weights or vLLM
         if cuda and kind == "vllm" and cfg.engine.shares_gpu:  # one GPU split in two: the trainer keeps to its share
             torch.cuda.set_per_process_memory_fraction(cfg.engine.trainer_memory_share, torch.device(device))
@@ -486,7 +527,7 @@ class LocalBackend:
             hf = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
             hf.to(device)
         checkpointing = cfg.gradient_checkpointing
-        if checkpointing is None:  # on for 1B+ models on a GPU
+        if checkpointing is None:  # on for 1B+ models on a GPU (on the CPU `_load` decides by the memory available)
             checkpointing = default_checkpointing(sum(p.numel() for p in hf.parameters()), cuda)
         if checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

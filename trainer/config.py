@@ -460,7 +460,8 @@ class ModelConfig(_Strict):
     gradient_checkpointing: bool | None = pydantic.Field(None, description=(
         "Recompute activations in the backward pass instead of keeping them (less memory, more compute). "
         "Default None: on for models of 1B parameters or more on a GPU (activations of long agent sequences "
-        "dominate memory there), off otherwise. Independent of the chunked logprobs, which always avoid the "
+        "dominate memory there); on the CPU, on when the memory plan of one training pass without it does not fit "
+        "the memory the OS reports available (`memory_check.host_gib` when set; a warning says so), off otherwise. Independent of the chunked logprobs, which always avoid the "
         "full [tokens x vocabulary] logits."))
     block_attention: bool = pydantic.Field(True, description=(
         "Run a packed row's blocks (sequences, a shared prefix and its suffixes) as one SDPA call each, causal "

@@ -268,7 +268,8 @@ def vllm_dtype(model_config: ModelConfig) -> str | None:
 
 
 def default_checkpointing(parameters: int, cuda: bool) -> bool:
-    """`ModelConfig.gradient_checkpointing=None`: on for models of 1B parameters or more on a GPU."""
+    """`ModelConfig.gradient_checkpointing=None`: on for models of 1B parameters or more on a GPU (on the CPU the
+    backend turns it on when a pass would not fit the memory available: `ruler_rl.trainer.backend._cpu_checkpointing`)."""
     return cuda and parameters >= 1_000_000_000
 
 
