@@ -196,17 +196,30 @@ SERVED = "smollm2"
 STUDENT_LABELS = {"untrained": "untrained", "distilled": "distilled (SFT)", "sft_grpo": "SFT+GRPO"}
 
 
+def student_measure_s(eval_s: float) -> float:
+    """The seconds kept for one later student's measure of the held-out prompts: the untrained student's own
+    measure of them (`eval_s`, or its time so far while it runs) plus a quarter, at least 40 s. The untrained
+    measure runs beside the SFT, so it can err either way (a shared GPU)."""
+    return max(40.0, 1.25 * eval_s)
+
+
 def room_after_sft(eval_s: float, *, grpo_steps: int, grpo_budget_s: float, llmbar_sets: tuple[str, ...],
                    llmbar_limit: int) -> float:
     """Seconds of the budget the SFT leaves for what follows it: each later student's measure on the held-out
-    prompts (`eval_s`: the untrained student's own measure of them once it has ended, at least 40 s), GRPO's
-    budget + 30 s, and 45 s an LLMBar set (1.5 times that with GRPO's third student). On 2026-12-08 a fixed
-    40 s, against 142 s that 485 held-out prompts took on an H100, left the SFT one step and the budget ended
-    while the SFT student was being measured."""
-    room = max(40.0, eval_s) * (2 if grpo_steps else 1)
+    prompts (`student_measure_s`; two students with GRPO), GRPO's budget + 30 s, and 45 s per student on each
+    LLMBar set (`llmbar_limit` 0: none). On 2026-12-08 the SFT student's measure of 485 held-out prompts had not
+    ended after 146 s on an H100, where the bench kept a fixed 40 s for it: the planned 1,000-s run would have
+    left GRPO half its time and none for its student's measure."""
+    students = 3 if grpo_steps else 2
+    room = student_measure_s(eval_s) * (students - 1)
     if llmbar_limit:
-        room += 45 * (1.5 if grpo_steps else 1) * len(llmbar_sets)
+        room += 45 * students * len(llmbar_sets)
     return room + (grpo_budget_s + 30 if grpo_steps else 0)
+
+
+def room_after_grpo(eval_s: float, *, llmbar_sets: tuple[str, ...], llmbar_limit: int) -> float:
+    """Seconds GRPO leaves for what follows it: its student's measure and the three students on each LLMBar set."""
+    return student_measure_s(eval_s) + (45 * 3 * len(llmbar_sets) if llmbar_limit else 0)
 
 
 class _Phases:
@@ -348,11 +361,12 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
     adapter, `paired_grpo_sft`) and on LLMBar; the run's history and logs are copied to `out/grpo-run/`. A GRPO
     stage that fails is recorded as `grpo_error` and the rest goes on.
 
-    `max_eval`: measure every student on at most this many held-out prompts (the first of the seeded split).
+    `max_eval`: measure every student on at most this many held-out prompts, whole groups chosen by `seed`
+    (`ruler_rl.trainer.distill.cap_by_group`; `heldout_prompts` records how many there were before).
 
     Each phase stops early rather than overrun (sampling by about 40% of the budget; the SFT when only
     `room_after_sft` is left, the untrained student's measured time standing for each later student's, and says
-    so: `sft_stopped`) and `report.json` + `README.md` are written under `out` whatever happened, with the
+    so: `sft_stopped`; GRPO when only `room_after_grpo` is) and `report.json` + `README.md` are written under `out` whatever happened, with the
     seconds per phase (the budget's end recorded as "budget of N s reached during phase X",
     `run_within_budget`)."""
     from evals.judge_meta import DEFAULT_ROOT, evaluate
@@ -362,6 +376,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
     from ruler_rl.trainer.checkpoints import save_checkpoint
     from ruler_rl.trainer.distill import (
         agreement,
+        cap_by_group,
         from_cache,
         from_labels,
         labelled_groups,
@@ -463,20 +478,27 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
             if not tr["groups"] or not te["groups"]:
                 raise RuntimeError("no graded groups with differing rewards to train or test on")
             train_ex, test_ex = examples(out / "train.jsonl"), examples(out / "test.jsonl")
-        if max_eval is not None:
-            test_ex = test_ex[:max_eval]
+        report["heldout_prompts"] = len(test_ex)
+        if max_eval is not None:  # whole groups, seeded: a prefix would be the oldest judgments, one ordering only
+            test_ex = cap_by_group(test_ex, max_eval, seed=seed)
         report.update(train_prompts=len(train_ex), test_prompts=len(test_ex))
         judge_params = {**params, "temperature": 0.0}  # greedy, as the local judge (vLLM's default is 1)
 
         t = ph.begin("sft_and_eval_untrained")
         config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=8192)
         # room after the SFT: the distilled student's measure, GRPO and its measure, and every student on each
-        # LLMBar set; a student's measure is estimated by the untrained one's once that has ended
-        eval_s = [40.0]
+        # LLMBar set (none without its data); a student's measure is estimated by the untrained one's: its time so
+        # far while it runs (beside the SFT), its whole time once it has ended
+        root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
+        bar_limit = llmbar_limit if (root / "LLMBar").is_dir() else 0
+        eval_start, eval_s = [time.perf_counter()], [None]
 
-        def sft_deadline() -> float:
-            return ph.at(budget_s - room_after_sft(eval_s[0], grpo_steps=grpo_steps, grpo_budget_s=grpo_budget_s,
-                                                   llmbar_sets=llmbar_sets, llmbar_limit=llmbar_limit))
+        def measure_estimate() -> float:
+            return eval_s[0] if eval_s[0] is not None else time.perf_counter() - eval_start[0]
+
+        def sft_room() -> float:
+            return room_after_sft(measure_estimate(), grpo_steps=grpo_steps, grpo_budget_s=grpo_budget_s,
+                                  llmbar_sets=llmbar_sets, llmbar_limit=bar_limit)
         # GRPO's run and its judge sit beside --judge-dir, named after it (replaced only when GRPO runs)
         grpo_runs = Path(judge_dir).parent / f"{Path(judge_dir).name}-grpo-runs"
         grpo_dir = Path(judge_dir).parent / f"{Path(judge_dir).name}-grpo"
@@ -489,7 +511,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
 
         def on_step(row: dict) -> None:
             history.append(row)
-            if len(history) < steps and time.perf_counter() > sft_deadline():
+            if len(history) < steps and ph.left() < sft_room():
                 raise OutOfTime
 
         def sft() -> None:
@@ -498,9 +520,10 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                 train_sft(model, tokenizer, [SFTExample(e.messages, e.answer) for e in train_ex], config,
                           full_forward=full_forward, on_step=on_step)
             except OutOfTime:
-                report["sft_stopped"] = (f"by the budget after {len(history)} of {steps} steps, keeping "
-                                         f"{budget_s - (sft_deadline() - ph.start):.0f} s for what follows (each "
-                                         f"student's measure taken as {eval_s[0]:.0f} s)")
+                report["sft_stopped"] = (f"by the budget after {len(history)} of {steps} steps, at "
+                                         f"{budget_s - ph.left():.0f} s of {budget_s:g}: {ph.left():.0f} s left, "
+                                         f"{sft_room():.0f} s needed after it (a student's measure taken as "
+                                         f"{student_measure_s(measure_estimate()):.0f} s)")
                 print(f"[distill-bench] SFT stopped {report['sft_stopped']}"
                       + ("; the budget left it no room: a larger --budget-s or a smaller --max-eval"
                          if len(history) <= 1 else ""), flush=True)
@@ -510,7 +533,7 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                 save_checkpoint(grpo_run_dir(grpo_runs), 1, model, None, {"sft_steps": len(history)})
 
         async def before_eval():
-            b = time.perf_counter()
+            b = eval_start[0] = time.perf_counter()
             result = await agreement(before_judge, test_ex, params=judge_params, cache=False,
                                      concurrency=concurrency)
             ph.done("eval_untrained", b)
@@ -550,7 +573,8 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
             release_memory()  # the SFT model's blocks back to the device before GRPO's engine starts
             # `stop` is asked after each step: the step running at this time ends first, so leave room after it for
             # the GRPO student's measure and LLMBar
-            grpo_end = time.perf_counter() + min(grpo_budget_s, max(0.0, ph.left() - 120))
+            grpo_end = time.perf_counter() + min(grpo_budget_s, max(0.0, ph.left() - room_after_grpo(
+                measure_estimate(), llmbar_sets=llmbar_sets, llmbar_limit=bar_limit)))
             meta = {"base": student, "teacher": teacher, "method": "sft+grpo", "sft_steps": len(history),
                     "grpo_steps": grpo_steps, "grpo_learning_rate": grpo_lr or lr, "group_size": grpo_group_size}
             options = None if dry_run else {"gpu_memory_utilization": gpu_memory_utilization,
@@ -587,7 +611,6 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                 report["grpo_error"] = f"{type(exc).__name__}: {exc}"
                 print(f"[distill-bench] GRPO failed ({report['grpo_error']}); going on without it", flush=True)
 
-        root = Path(llmbar_root) if llmbar_root else DEFAULT_ROOT
         if llmbar_limit and not (root / "LLMBar").is_dir():
             report["llmbar"] = {d: {"skipped": f"no LLMBar data under {root}"} for d in llmbar_sets}
         elif llmbar_limit:
@@ -794,6 +817,8 @@ def main(argv: list[str] | None = None) -> int:
                   llmbar_root=a.llmbar_root)
         return 0
     if a.cmd == "gpu":
+        if a.max_eval is not None and a.max_eval < 1:
+            p.error(f"--max-eval must be >= 1, got {a.max_eval}")
         if (a.teacher is None) == (a.data is None):
             p.error("gpu: give --data (ART·E's rubric on sampled groups) or --teacher with --teacher-cache")
         if a.teacher is None and (a.teacher_cache or a.since or a.until or a.grpo_steps):

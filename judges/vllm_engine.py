@@ -53,9 +53,7 @@ class VLLMEngineLLM(CustomLLM):
                 from ruler_rl.judges.checkpoint import check_checkpoint
 
                 extra = engine_args()
-                # vLLM would serve a missing tensor uninitialized; the check builds the model on the meta device, so
-                # off the event loop (other judgments in flight keep running)
-                await asyncio.to_thread(check_checkpoint, model, extra.get("load_format"))
+                check_checkpoint(model, extra.get("load_format"))  # vLLM would serve a missing tensor uninitialized
                 require("gpu", f"the judge {PROVIDER}/{model}")
                 from vllm import AsyncEngineArgs
                 from vllm.config import StructuredOutputsConfig

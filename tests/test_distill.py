@@ -344,3 +344,33 @@ def test_distill_20_steps_beats_the_untrained_student_and_loads_as_a_judge(tmp_p
     cfg = json.loads((out / "adapter_config.json").read_text())
     (out / "adapter_config.json").write_text(json.dumps({**cfg, "lora_alpha": cfg["lora_alpha"] * 2}))
     assert model_identity(judge) != ident
+
+
+def test_cap_by_group_keeps_whole_groups_chosen_by_seed_not_the_oldest_prompts():
+    """`--max-eval`: a prefix of the held-out prompts is the oldest judgments, one ordering only (2026-12-08: the
+    first 200 of 485 were all shown as 1, 2). The cap keeps whole groups (every ordering), seeded, in order."""
+    from ruler_rl.trainer.distill import TeacherExample, cap_by_group
+
+    def ex(group, order):
+        return TeacherExample(messages=[], ids=order, scores={"1": 1.0, "2": 0.0}, explanations={"1": "", "2": ""},
+                              answer="", group=group)
+
+    groups = [f"g{i:02d}" for i in range(20)]
+    # as a judge run stores them: every group's first ordering, then every group's second
+    examples = [ex(g, ["1", "2"]) for g in groups] + [ex(g, ["2", "1"]) for g in groups]
+    kept = cap_by_group(examples, 10, seed=0)
+    assert len(kept) == 10 and kept != examples[:10]
+    by_group = {}
+    for e in kept:
+        by_group.setdefault(e.group, []).append(e.ids)
+    assert len(by_group) == 5 and all(orders == [["1", "2"], ["2", "1"]] for orders in by_group.values())
+    assert [examples.index(e) for e in kept] == sorted(examples.index(e) for e in kept)  # original order
+    assert cap_by_group(examples, 10, seed=0) == kept and cap_by_group(examples, 10, seed=1) != kept
+    assert cap_by_group(examples, 11, seed=0) == kept  # no half group: 11 holds five whole ones
+    assert cap_by_group(examples, 40) == examples
+    # every group larger than the cap: the smallest one, whole
+    assert [e.group for e in cap_by_group(examples + [ex("solo", ["1", "2"])], 1)] == ["solo"]
+    assert len(cap_by_group(examples, 1)) == 2
+    for bad in (0, -1, 2.5, True, None):
+        with pytest.raises(ValueError, match="max_prompts"):
+            cap_by_group(examples, bad)

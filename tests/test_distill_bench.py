@@ -7,7 +7,15 @@ import pytest
 
 from evals.art_e.questions import Scenario, save_scenarios
 from evals.art_e.tools import InboxTools
-from evals.distill_bench import _Phases, gpu_bench, room_after_sft, run_within_budget, sample_groups, write_report
+from evals.distill_bench import (
+    _Phases,
+    gpu_bench,
+    room_after_grpo,
+    room_after_sft,
+    run_within_budget,
+    sample_groups,
+    write_report,
+)
 
 SALLY = "sally.beck@enron.com"
 
@@ -185,6 +193,7 @@ async def test_gpu_bench_distils_a_judges_cached_judgments_and_pairs_the_two_stu
                              llmbar_limit=0, budget_s=900, judge_dir=tmp_path / "judge", grpo_steps=1,
                              grpo_group_size=2)
     assert "error" not in report, report.get("error")
+    assert report["sft_steps"] == 2 and "sft_stopped" not in report  # the budget had room for every step
     assert report["teacher"]["usable"] == 5 and report["teacher"]["groups"] == 5  # the early and late ones left out
     assert report["teacher"]["heldout_groups"] == 2 and report["test_prompts"] == 2 and report["train_prompts"] == 3
     assert "sample" not in report
@@ -211,15 +220,19 @@ async def test_gpu_bench_distils_a_judges_cached_judgments_and_pairs_the_two_stu
 
 
 def test_the_sft_leaves_room_for_each_later_students_measure_as_long_as_the_untrained_ones():
-    """2026-12-08: a fixed 40 s for the SFT student's measure, against 142 s that 485 held-out prompts took, left
-    the SFT one step and the budget ended while measuring. The room grows with the measured time, once per later
-    student (two with GRPO), and never falls below the 40-s floor."""
+    """2026-12-08: the SFT student's measure of 485 held-out prompts had not ended after 146 s, where the bench kept
+    a fixed 40 s for it. The room grows with the untrained student's measured time (a quarter more), once per later
+    student (two with GRPO), 45 s a student on each LLMBar set, never below the 40-s floor."""
     plain = {"grpo_steps": 0, "grpo_budget_s": 250, "llmbar_sets": ("llmbar-natural",), "llmbar_limit": 0}
-    assert room_after_sft(10, **plain) == 40 and room_after_sft(142, **plain) == 142
+    assert room_after_sft(10, **plain) == 40 and room_after_sft(142, **plain) == 177.5
     grpo = {**plain, "grpo_steps": 80}
-    assert room_after_sft(142, **grpo) == 2 * 142 + 250 + 30
+    assert room_after_sft(142, **grpo) == 2 * 177.5 + 250 + 30
     bars = {**grpo, "llmbar_limit": 100, "llmbar_sets": ("llmbar-natural", "llmbar-mtbench")}
-    assert room_after_sft(142, **bars) == 2 * 142 + 250 + 30 + 2 * 45 * 1.5
+    assert room_after_sft(142, **bars) == 2 * 177.5 + 250 + 30 + 2 * 3 * 45
+    assert room_after_sft(142, **{**bars, "grpo_steps": 0}) == 177.5 + 2 * 2 * 45
+    # GRPO leaves its own student's measure and the three students' LLMBar sets
+    assert room_after_grpo(142, llmbar_sets=bars["llmbar_sets"], llmbar_limit=100) == 177.5 + 2 * 3 * 45
+    assert room_after_grpo(10, llmbar_sets=bars["llmbar_sets"], llmbar_limit=0) == 40
 
 
 def test_sft_stopped_by_the_budget_is_written_in_the_readme(tmp_path):
@@ -268,20 +281,33 @@ async def test_a_failed_grpo_stage_is_recorded_and_the_two_students_measures_kep
     assert "GRPO failed: `RuntimeError: the GRPO engine did not start`" in (tmp_path / "out" / "README.md").read_text()
 
 
-@pytest.mark.slow  # ~1 min: the embedded model judges one held-out prompt and trains one SFT step on the CPU
-async def test_a_budget_too_small_for_the_sft_stops_it_saying_so_and_max_eval_cuts_the_measure(tmp_path, judge):
+@pytest.mark.slow  # ~1 min: the embedded model judges held-out prompts and trains one SFT step on the CPU
+async def test_the_budget_stops_the_sft_saying_so_and_max_eval_keeps_whole_groups(tmp_path, judge, monkeypatch):
+    """The SFT stops when what is left of the budget falls below `room_after_sft` of the untrained student's
+    measured time (here a room that leaves it one step), recorded and said; `max_eval` measures whole groups."""
+    import evals.distill_bench
     from ruler_rl.scoring import ruler_result
     from tests.helpers import convo
 
+    seen = []
+
+    def room(eval_s, **kwargs):
+        seen.append(eval_s)
+        return 899.0  # of a 900-s budget: the SFT stops after its first step
+
+    monkeypatch.setattr(evals.distill_bench, "room_after_sft", room)
     cache = tmp_path / "cache"
     for topic in ("tea", "rain", "maps", "bees", "salt"):
         await ruler_result([convo(f"GOOD {topic}"), convo(f"BAD {topic}")], "openai/fake-judge", judge.params,
                            cache=str(cache))
-    # 45 s of budget: the room after the SFT (at least 40 s) leaves it 5 s, less than serving, measuring and a step
     report = await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=cache,
-                             holdout=0.4, dry_run=True, steps=50, batch_size=1, llmbar_limit=0, budget_s=45,
+                             holdout=0.4, dry_run=True, steps=50, batch_size=1, llmbar_limit=0, budget_s=900,
                              judge_dir=tmp_path / "judge", max_eval=1)
-    assert report["test_prompts"] == 1 and report["untrained"]["prompts"] == 1  # two held out, one measured
+    assert "error" not in report, report.get("error")
+    assert report["heldout_prompts"] == 2 and report["test_prompts"] == 1  # one of the two held-out groups
+    assert report["untrained"]["prompts"] == 1 and report["distilled"]["prompts"] == 1
     assert report["sft_steps"] == 1 and report["sft_steps_asked"] == 50
     assert report["sft_stopped"].startswith("by the budget after 1 of 50 steps")
     assert "SFT stopped by the budget after 1 of 50 steps" in (tmp_path / "out" / "README.md").read_text()
+    # the room was asked with the untrained student's measured time (a dry run measures it before the SFT)
+    assert seen and seen[0] == pytest.approx(report["phases"]["eval_untrained"], abs=0.5)

@@ -103,6 +103,7 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
     from ruler_rl.trainer.checkpoints import save_checkpoint
     from ruler_rl.trainer.distill import (
         agreement,
+        cap_by_group,
         from_cache,
         from_labels,
         labelled_groups,
@@ -162,10 +163,12 @@ async def run_distill(*, teacher: str | None, since: datetime | None, until: dat
                  f"with an empty response and {uniform} groups with equal labels skipped)", soft_wrap=True)
         examples += found
     train, held = split_by_group(examples, holdout, seed=seed)
-    if max_eval is not None:
-        held = held[:max_eval]
+    all_held = len(held)
+    if max_eval is not None:  # whole groups, seeded: a prefix would be the oldest judgments, one ordering only
+        held = cap_by_group(held, max_eval, seed=seed)
     print_fn(f"{len(train)} training prompts, {len(held)} held out "
-             f"({len({e.group for e in held})} of {len({e.group for e in examples})} groups)", soft_wrap=True)
+             f"({len({e.group for e in held})} of {len({e.group for e in examples})} groups"
+             + (f"; {all_held} before --max-eval" if len(held) < all_held else "") + ")", soft_wrap=True)
 
     out = Path(out).expanduser().resolve()
     meta = {"base": student, "teacher": teacher, "datasets": [str(p) for p in datasets], "method": method,
@@ -318,7 +321,8 @@ def distill(
     orderings: Annotated[int, typer.Option("--orderings", min=1, help="Orders each labelled group is shown "
                                                                      "in (more training prompts).")] = 1,
     max_eval: Annotated[int | None, typer.Option("--max-eval", min=1, help="Measure on at most this many "
-                                                                          "held-out prompts.")] = None,
+                                                                          "held-out prompts (whole groups, "
+                                                                          "seeded).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the split, the adapter and the example order.")] = 0,
     method: Annotated[str, typer.Option("--method", help="sft (on the teacher's answers), grpo (reward: "
                                                          "agreement with the teacher's scores) or sft+grpo.")] = "sft",
