@@ -66,6 +66,17 @@ async def test_sample_groups_drops_a_refused_group_and_starts_none_after_the_dea
     assert (got["groups"], got["not_started"]) == (0, 1) and judge.requests == []
 
 
+async def _five_judged_groups(cache, judge):
+    """A judge cache holding the scripted judge's verdicts on five groups of two (GOOD above BAD)."""
+    from ruler_rl.scoring import ruler_result
+    from tests.helpers import convo
+
+    for topic in ("tea", "rain", "maps", "bees", "salt"):
+        await ruler_result([convo(f"GOOD {topic}"), convo(f"BAD {topic}")], "openai/fake-judge", judge.params,
+                           cache=str(cache))
+    return cache
+
+
 def test_write_report_keeps_what_was_measured(tmp_path):
     row = {"pairwise_accuracy": 0.5, "kendall_tau": 0.25, "ties": 0.125, "pairs": 8, "errors": 1}
     write_report(tmp_path, {"command": "x", "untrained": row, "phases": {"serve": 1.0}, "error": "TimeoutError: t"})
@@ -261,17 +272,12 @@ async def test_a_failed_grpo_stage_is_recorded_and_the_two_students_measures_kep
     """GRPO is the last training stage of table 2's run: its failure (here its engine refusing to start) must not
     lose the SFT student's measure, and is written in the report."""
     import ruler_rl.trainer.distill_cli
-    from ruler_rl.scoring import ruler_result
-    from tests.helpers import convo
 
     async def broken(*a, **k):
         raise RuntimeError("the GRPO engine did not start")
 
     monkeypatch.setattr(ruler_rl.trainer.distill_cli, "grpo_stage", broken)
-    cache = tmp_path / "cache"
-    for topic in ("tea", "rain", "maps", "bees", "salt"):
-        await ruler_result([convo(f"GOOD {topic}"), convo(f"BAD {topic}")], "openai/fake-judge", judge.params,
-                           cache=str(cache))
+    cache = await _five_judged_groups(tmp_path / "cache", judge)
     report = await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=cache,
                              holdout=0.4, dry_run=True, steps=2, batch_size=2, llmbar_limit=0, budget_s=900,
                              judge_dir=tmp_path / "judge", grpo_steps=3)
@@ -286,8 +292,6 @@ async def test_the_budget_stops_the_sft_saying_so_and_max_eval_keeps_whole_group
     """The SFT stops when what is left of the budget falls below `room_after_sft` of the untrained student's
     measured time (here a room that leaves it one step), recorded and said; `max_eval` measures whole groups."""
     import evals.distill_bench
-    from ruler_rl.scoring import ruler_result
-    from tests.helpers import convo
 
     seen = []
 
@@ -296,10 +300,7 @@ async def test_the_budget_stops_the_sft_saying_so_and_max_eval_keeps_whole_group
         return 899.0  # of a 900-s budget: the SFT stops after its first step
 
     monkeypatch.setattr(evals.distill_bench, "room_after_sft", room)
-    cache = tmp_path / "cache"
-    for topic in ("tea", "rain", "maps", "bees", "salt"):
-        await ruler_result([convo(f"GOOD {topic}"), convo(f"BAD {topic}")], "openai/fake-judge", judge.params,
-                           cache=str(cache))
+    cache = await _five_judged_groups(tmp_path / "cache", judge)
     report = await gpu_bench(data=None, out=tmp_path / "out", teacher="openai/fake-judge", teacher_cache=cache,
                              holdout=0.4, dry_run=True, steps=50, batch_size=1, llmbar_limit=0, budget_s=900,
                              judge_dir=tmp_path / "judge", max_eval=1)
