@@ -150,7 +150,7 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
     the distilled judge on LLMBar Natural (`llmbar_limit` pairs; 0 skips it)."""
     from ruler_rl.judges import DEFAULT_RUBRIC
     from ruler_rl.labels import load_user_dataset
-    from ruler_rl.trainer.distill import agreement, from_labels, labelled_groups
+    from ruler_rl.trainer.distill import agreement, cap_by_group, from_labels, labelled_groups
     from ruler_rl.trainer.distill_cli import untrained_judge
     from ruler_rl.trainer.sft import SFTConfig, SFTExample, load_student, save_adapter, train_sft
 
@@ -158,9 +158,11 @@ async def run_bench(*, train: Path, test: Path, student: str, steps: int, lr: fl
         pairs, groups, _, _ = load_user_dataset(path)
         return from_labels(labelled_groups([*pairs, *groups]), DEFAULT_RUBRIC, seed=seed)
 
+    if max_eval is not None and (isinstance(max_eval, bool) or not isinstance(max_eval, int) or max_eval < 1):
+        raise ValueError(f"max_eval must be an integer >= 1 or None, got {max_eval!r}")
     train_ex, test_ex = examples(train), examples(test)
-    if max_eval:
-        test_ex = test_ex[:max_eval]
+    if max_eval is not None:  # whole groups, seeded (cap_by_group), not the file's first prompts
+        test_ex = cap_by_group(test_ex, max_eval, seed=seed)
     config = SFTConfig(steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed, max_seq_length=max_seq_length,
                        max_tokens_per_micro_batch=max(8192, max_seq_length))
     started = time.perf_counter()
@@ -573,8 +575,11 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
             release_memory()  # the SFT model's blocks back to the device before GRPO's engine starts
             # `stop` is asked after each step: the step running at this time ends first, so leave room after it for
             # the GRPO student's measure and LLMBar
-            grpo_end = time.perf_counter() + min(grpo_budget_s, max(0.0, ph.left() - room_after_grpo(
-                measure_estimate(), llmbar_sets=llmbar_sets, llmbar_limit=bar_limit)))
+            # 30 s for the step that runs past the cap (as room_after_sft keeps), then its student's measure
+            # (the longer of the two measured so far) and LLMBar
+            measured = max(measure_estimate(), report["phases"].get("eval_distilled", 0.0))
+            grpo_end = time.perf_counter() + min(grpo_budget_s, max(0.0, ph.left() - 30 - room_after_grpo(
+                measured, llmbar_sets=llmbar_sets, llmbar_limit=bar_limit)))
             meta = {"base": student, "teacher": teacher, "method": "sft+grpo", "sft_steps": len(history),
                     "grpo_steps": grpo_steps, "grpo_learning_rate": grpo_lr or lr, "group_size": grpo_group_size}
             options = None if dry_run else {"gpu_memory_utilization": gpu_memory_utilization,
@@ -621,7 +626,9 @@ async def gpu_bench(*, data: Path | None, out: Path, budget_s: float = 400, trai
                     report["llmbar"][dataset] = {"skipped": f"{ph.left():.0f} s left of the budget"}
                     continue
                 bar = report["llmbar"][dataset] = {}
-                for label, judge in judges:
+                # the trained students first: when the budget cuts a set, it cuts the untrained one (table 1 of
+                # evals/reports/judges measures it on every set)
+                for label, judge in reversed(judges):
                     try:  # stops 10 s before the budget's end, leaving time to write the report
                         summary, _ = await asyncio.wait_for(
                             evaluate([dataset], judge, params=judge_params, limit=llmbar_limit, root=root,
@@ -750,7 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--lr", type=float, default=2e-4)
     r.add_argument("--batch-size", type=int, default=8)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--max-eval", type=int, default=None)
+    r.add_argument("--max-eval", type=int, default=None, help="measure on about this many held-out prompts: whole "
+                   "groups chosen by --seed (the smallest group when every one is larger)")
     r.add_argument("--llmbar-limit", type=int, default=200)
     r.add_argument("--llmbar-root", type=Path, default=None)
     r.add_argument("--max-seq-length", type=int, default=8192, help="longer prompts are skipped in training")
@@ -782,7 +790,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grpo-budget-s", type=float, default=240, help="GRPO stops after the first step that ends past "
                    "this many seconds from its start, its engine's start included (taken from the SFT's)")
     g.add_argument("--max-eval", type=int, default=None,
-                   help="measure every student on at most this many held-out prompts")
+                   help="measure every student on about this many held-out prompts: whole groups chosen by --seed "
+                        "(the smallest group when every one is larger)")
     g.add_argument("--llmbar-sets", nargs="+", default=["llmbar-natural"], choices=list(LLMBAR),
                    help="LLMBar sets measured (every student)")
     g.add_argument("--out", type=Path, required=True, help="report.json, README.md, train/test JSONL, vLLM's log")

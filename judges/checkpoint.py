@@ -136,8 +136,8 @@ def missing_parameters(folder: str | os.PathLike) -> list[str]:
         cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
         if cls is None:
             return []
-        with torch.device("meta"):
-            model = cls._from_config(config)
+        with torch.device("meta"):  # float32, torch's default: building under the config's dtype would set the
+            model = cls._from_config(config, dtype=torch.float32)  # process-wide default dtype for the while
         try:  # transformers' checkpoint -> module renaming, as from_pretrained applies it (semi-internal API)
             from transformers.conversion_mapping import get_model_conversion_mapping
             from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key

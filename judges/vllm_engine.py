@@ -53,7 +53,8 @@ class VLLMEngineLLM(CustomLLM):
                 from ruler_rl.judges.checkpoint import check_checkpoint
 
                 extra = engine_args()
-                check_checkpoint(model, extra.get("load_format"))  # vLLM would serve a missing tensor uninitialized
+                # vLLM would serve a missing tensor uninitialized; on this thread, as the engine's start below
+                check_checkpoint(model, extra.get("load_format"))
                 require("gpu", f"the judge {PROVIDER}/{model}")
                 from vllm import AsyncEngineArgs
                 from vllm.config import StructuredOutputsConfig

@@ -368,9 +368,11 @@ def test_cap_by_group_keeps_whole_groups_chosen_by_seed_not_the_oldest_prompts()
     assert cap_by_group(examples, 10, seed=0) == kept and cap_by_group(examples, 10, seed=1) != kept
     assert cap_by_group(examples, 11, seed=0) == kept  # no half group: 11 holds five whole ones
     assert cap_by_group(examples, 40) == examples
-    # every group larger than the cap: the smallest one, whole
+    # a group of one prompt fits a cap of 1, whatever the seed's order
     assert [e.group for e in cap_by_group(examples + [ex("solo", ["1", "2"])], 1)] == ["solo"]
-    assert len(cap_by_group(examples, 1)) == 2
+    # every group larger than the cap: the smallest one, whole (both orderings), rather than nothing
+    fallback = cap_by_group(examples, 1)
+    assert len(fallback) == 2 and fallback[0].group == fallback[1].group
     for bad in (0, -1, 2.5, True, None):
         with pytest.raises(ValueError, match="max_prompts"):
             cap_by_group(examples, bad)

@@ -685,13 +685,17 @@ def test_on_the_cpu_checkpointing_turns_on_when_a_pass_would_not_fit_the_memory_
     with caplog.at_level("WARNING", logger="ruler.trainer"):
         assert _cpu_checkpointing(ModelConfig(memory_check=tight), base, "transformers", "cpu") is True
     said = next(r.getMessage() for r in caplog.records if "gradient checkpointing on" in r.getMessage())
-    assert "8192-token training pass" in said and "of the 4.0 GiB this machine has available" in said
+    assert "passes of up to 8192 tokens" in said and "more than the 3.2 GiB kept for them (80% of the 4.0 GiB" in said
     assert _cpu_checkpointing(ModelConfig(memory_check=roomy), base, "transformers", "cpu") is None
-    # the plan is of the passes the run was told of: 2,048 tokens fit 80% of 10 GiB without checkpointing (~6 GiB),
-    # 8,192 do not (~22 GiB)
+    # the plan is of the passes the run was told of: 2,048 tokens without checkpointing are planned at ~4.6 GiB,
+    # 8,192 at ~22 GiB; a fifth of what is available is kept out (5.5 GiB: 4.4 for the pass, 6.5: 5.2)
     assert _cpu_checkpointing(ModelConfig(memory_check={"host_gib": 10}), base, "transformers", "cpu") is True
-    short = ModelConfig(memory_check={"host_gib": 10, "max_tokens_per_micro_batch": 2048})
-    assert _cpu_checkpointing(short, base, "transformers", "cpu") is None
+    for gib, on in ((5.5, True), (6.5, None)):
+        short = ModelConfig(memory_check={"host_gib": gib, "max_tokens_per_micro_batch": 2048})
+        assert _cpu_checkpointing(short, base, "transformers", "cpu") is on
+    # with device_gib (what _check_memory then plans the CPU against), no more than it: 8 GiB of 64 available
+    assert _cpu_checkpointing(ModelConfig(memory_check={**roomy, "device_gib": 8}), base, "transformers",
+                              "cpu") is True
     for kept in (ModelConfig(memory_check=tight, gradient_checkpointing=False),
                  ModelConfig(memory_check=tight, gradient_checkpointing=True),
                  ModelConfig(memory_check={**tight, "enabled": False})):

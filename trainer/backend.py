@@ -177,9 +177,10 @@ def _check_memory(cfg, base: str, kind: str, device: str):
 
 def _cpu_checkpointing(cfg, base: str, kind: str, device: str) -> bool | None:
     """`ModelConfig.gradient_checkpointing=None` on the CPU: True when one training pass without checkpointing would
-    not fit 80% of the memory the OS reports available (psutil; `memory_check.host_gib` when set), by the memory
-    plan (`plan_memory` with that as the device; the rest for what it does not count: the rollouts' logits, Python
-    and torch themselves); else None (the default rule: off). Never refuses a run: the
+    not fit 80% of the memory the OS reports available (psutil; `memory_check.host_gib` when set; at most
+    `memory_check.device_gib`), by the memory plan (`plan_memory` with that as the device, of passes of
+    `max(memory_check.max_tokens_per_micro_batch or 8192, max_seq_length)` tokens; the rest for what it does not
+    count: the rollouts' logits, Python and torch themselves); else None (the default rule: off). Never refuses a run: the
     CPU is not planned unless `memory_check.device_gib` says so. None as well when the config sets checkpointing,
     on a GPU, with `memory_check` off, or when the planner cannot read the model's config.json.
 
@@ -198,20 +199,26 @@ def _cpu_checkpointing(cfg, base: str, kind: str, device: str) -> bool | None:
         import psutil
 
         available = psutil.virtual_memory().available
-    try:  # a fifth of what is available kept for what the plan does not count (the rollouts' logits, Python, torch)
+    # a fifth of what is available kept for what the plan does not count (the rollouts' logits, Python, torch);
+    # with `device_gib`, which `_check_memory` then plans against, no more than that
+    room = int(0.8 * available)
+    if cfg.memory_check.device_gib is not None:
+        room = min(room, int(cfg.memory_check.device_gib * GIB))
+    try:
         plan = plan_memory(cfg.model_copy(update={"gradient_checkpointing": False}),
-                           AutoConfig.from_pretrained(base).to_dict(), device_bytes=int(0.8 * available), cuda=False,
+                           AutoConfig.from_pretrained(base).to_dict(), device_bytes=room, cuda=False,
                            engine=kind, base=base, host_bytes=available)
     except (ValueError, OSError) as exc:
         log.warning("no memory plan for %s on the CPU (%s): gradient checkpointing stays off", base, exc)
         return None
     if plan.fits:
         return None
-    log.warning("gradient checkpointing on: a %d-token training pass without it needs %.1f GiB (activations %.1f "
-                "GiB), more than 80%% of the %.1f GiB this machine has available (ModelConfig.gradient_checkpointing=False keeps it "
-                "off; a smaller TrainConfig.max_tokens_per_micro_batch, with ModelConfig.memory_check."
-                "max_tokens_per_micro_batch set to it, needs less)", plan.tokens_per_pass, plan.training_bytes / GIB,
-                plan.activations_bytes / GIB, available / GIB)
+    log.warning("gradient checkpointing on: training passes of up to %d tokens without it are planned at %.1f GiB "
+                "(activations %.1f GiB), more than the %.1f GiB kept for them (80%% of the %.1f GiB available, or "
+                "memory_check.device_gib). ModelConfig.gradient_checkpointing=False keeps it off; a smaller "
+                "TrainConfig.max_tokens_per_micro_batch, with ModelConfig.memory_check.max_tokens_per_micro_batch "
+                "set to it, needs less", plan.tokens_per_pass, plan.training_bytes / GIB,
+                plan.activations_bytes / GIB, room / GIB, available / GIB)
     return True
 
 

@@ -426,7 +426,8 @@ class MemoryCheckConfig(_Strict):
 
     enabled: bool = pydantic.Field(True, description=(
         "Make the plan at register and refuse a run that does not fit. Default True. It runs on a CUDA device, "
-        "or anywhere when `device_gib` is set; False skips it (for those who know their setup fits better than "
+        "or anywhere when `device_gib` is set (on the CPU a plan also decides `ModelConfig.gradient_checkpointing=None`, "
+        "never refusing); False skips both (for those who know their setup fits better than "
         "the estimate does). `ModelConfig(memory_check=False)` is short for this."))
     device_gib: float | None = pydantic.Field(None, gt=0, description=(
         "Plan as if the device had this many GiB (2^30 bytes) instead of asking CUDA: to size a run for another "
@@ -436,7 +437,8 @@ class MemoryCheckConfig(_Strict):
     host_gib: float | None = pydantic.Field(None, gt=0, description=(
         "Plan as if this many GiB (2^30 bytes) of CPU memory were free for the weight copies the run keeps on "
         "the host (vLLM's while it sleeps at level 1; the trainer's with `offload_during_rollouts`). Default "
-        "None: what the OS reports available at register (psutil). > 0."))
+        "None: what the OS reports available at register (psutil). > 0. On the CPU also the memory "
+        "`ModelConfig.gradient_checkpointing=None` is decided against."))
     max_tokens_per_micro_batch: int | None = pydantic.Field(None, ge=16, description=(
         "The `TrainConfig.max_tokens_per_micro_batch` the plan assumes, in tokens (register does not know the "
         "TrainConfig of later steps): set it to what the steps will use. A step whose "
@@ -460,8 +462,10 @@ class ModelConfig(_Strict):
     gradient_checkpointing: bool | None = pydantic.Field(None, description=(
         "Recompute activations in the backward pass instead of keeping them (less memory, more compute). "
         "Default None: on for models of 1B parameters or more on a GPU (activations of long agent sequences "
-        "dominate memory there); on the CPU, on when the memory plan of one training pass without it does not fit "
-        "the memory the OS reports available (`memory_check.host_gib` when set; a warning says so), off otherwise. Independent of the chunked logprobs, which always avoid the "
+        "dominate memory there); on the CPU, on when the memory plan of one training pass without it (passes of "
+        "`memory_check.max_tokens_per_micro_batch`, default 8192 tokens) does not fit 80% of the memory the OS "
+        "reports available (`memory_check.host_gib` when set, at most `memory_check.device_gib`; a warning says "
+        "so): SmolLM2-135M at the defaults below about 28 GiB available. Off otherwise. Independent of the chunked logprobs, which always avoid the "
         "full [tokens x vocabulary] logits."))
     block_attention: bool = pydantic.Field(True, description=(
         "Run a packed row's blocks (sequences, a shared prefix and its suffixes) as one SDPA call each, causal "

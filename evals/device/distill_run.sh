@@ -11,10 +11,11 @@
 # (evals.gguf_to_hf, once; on 2026-12-07 the kit's install.sh, which did it before, was not on the host).
 # Results: /tmp/distill/out (report.json, README.md, run.log, vLLM's log), packed as $OUT/distill.tgz.
 #   usage: bash evals/device/distill_run.sh [--detach] [evals.distill_bench gpu arguments ...]   (later ones override)
-# The 720-s budget: serving about 100-140 s, SFT up to 300 steps (95 took 68 s on an H200), GRPO about 150 s, the
-# three students' measures on at most 200 held-out prompts each (`--max-eval`; the 123 held-out groups of the
-# 2,444-judgment teacher cache hold 485, which took 142 s a student on an H100 on 2026-12-08; the SFT leaves room
-# for each later student's measure as long as the untrained one's); with judge_run.sh (~380 s) before it, two
+# The 720-s budget: serving about 100-140 s, then the SFT (at most 300 steps; 95 took 68 s on an H200) until only
+# the room for what follows is left (evals.distill_bench.room_after_sft: two later students' measures of about 200
+# held-out prompts each, `--max-eval`, whole groups; the untrained one's time plus a quarter each, ~75 s on an H100,
+# where all 485 took 142 s on 2026-12-08; GRPO's 150 s + 30; LLMBar Natural, 45 s a student): about 120 s of SFT;
+# GRPO (its own vLLM's start included), the three students' measures. With judge_run.sh (~380 s) before it, two
 # device calls:
 #   1: bash evals/device/judge_run.sh ...; bash evals/device/distill_run.sh --detach
 #      bash evals/device/distill_run.sh --collect $((585 - SECONDS))
