@@ -152,12 +152,7 @@ def _check_memory(cfg, base: str, kind: str, device: str):
                                else torch.cuda.mem_get_info(cfg.engine.inference_gpus[0])[1])
     hf_config: dict = {}
 
-    if check.host_gib is not None:
-        host = int(check.host_gib * GIB)
-    else:
-        import psutil
-
-        host = psutil.virtual_memory().available
+    host = _host_bytes(check)
 
     def replan(train=None):
         return plan_memory(cfg, hf_config, device_bytes=total, in_use_bytes=in_use, cuda=on_cuda, engine=kind,
@@ -173,6 +168,18 @@ def _check_memory(cfg, base: str, kind: str, device: str):
         raise MemoryPlanError(plan)
     log.info("%s", plan.summary())
     return plan, replan
+
+
+def _host_bytes(check) -> int:
+    """CPU memory free for the run: `check.host_gib` (a `MemoryCheckConfig`) when set, else what the OS reports
+    available now (psutil)."""
+    if check.host_gib is not None:
+        from ruler_rl.trainer.memory import GIB
+
+        return int(check.host_gib * GIB)
+    import psutil
+
+    return psutil.virtual_memory().available
 
 
 def _cpu_checkpointing(cfg, base: str, kind: str, device: str) -> bool | None:
@@ -193,12 +200,7 @@ def _cpu_checkpointing(cfg, base: str, kind: str, device: str) -> bool | None:
 
     from ruler_rl.trainer.memory import GIB, plan_memory
 
-    if cfg.memory_check.host_gib is not None:
-        available = int(cfg.memory_check.host_gib * GIB)
-    else:
-        import psutil
-
-        available = psutil.virtual_memory().available
+    available = _host_bytes(cfg.memory_check)
     # a fifth of what is available kept for what the plan does not count (the rollouts' logits, Python, torch);
     # with `device_gib`, which `_check_memory` then plans against, no more than that
     room = int(0.8 * available)
